@@ -1,0 +1,61 @@
+"""Forge's actor runtime: actors, endpoints, process meshes and supervision.
+
+Everything a program needs is importable from here::
+
+    from controller import Actor, endpoint, this_host, shutdown
+
+    class Counter(Actor):
+        def __init__(self, start: int):
+            self.n = start
+
+        @endpoint
+        async def incr(self, by: int = 1) -> int:
+            self.n += by
+            return self.n
+
+    counter = await Counter.options(procs=2).as_actor(10)
+    values = await counter.incr.call(5)          # ValueMesh: one value per rank
+    one = await counter.slice(procs=0).incr.call_one()
+    await shutdown()
+
+This package never imports ``forge`` or ``torch`` at module level.
+"""
+
+from controller._context import Point, current_rank, current_size
+from controller.actor import Actor, ActorOptions, shutdown
+from controller.endpoint import Endpoint, Future, endpoint
+from controller.errors import (
+    ActorDiedError,
+    ActorError,
+    CallTimeoutError,
+    ForgeRuntimeError,
+    ServiceUnavailable,
+    SpawnError,
+)
+from controller.mesh import ActorMesh, HostMesh, MeshFailure, ProcMesh, this_host
+from controller.shape import Shape, ValueMesh
+
+__all__ = [
+    "Actor",
+    "ActorDiedError",
+    "ActorError",
+    "ActorMesh",
+    "ActorOptions",
+    "CallTimeoutError",
+    "Endpoint",
+    "ForgeRuntimeError",
+    "Future",
+    "HostMesh",
+    "MeshFailure",
+    "Point",
+    "ProcMesh",
+    "ServiceUnavailable",
+    "Shape",
+    "SpawnError",
+    "ValueMesh",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "shutdown",
+    "this_host",
+]

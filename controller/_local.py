@@ -1,0 +1,172 @@
+"""The local backend: actor processes on this host, started and watched by this process.
+
+Each process gets two pipes besides stdout/stderr: a *lifeline* it reads until EOF (when
+its parent dies, however it dies, the kernel closes the pipe and the child exits at once,
+taking its own process group with it) and a *ready* pipe it writes one line to once it
+listens on its socket. A waiter thread per process reports its death within milliseconds;
+two reader threads forward its output prefixed with ``[mesh rank/size]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+from controller.errors import SpawnError, describe_exit
+
+logger = logging.getLogger("controller")
+
+SPAWN_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalProc:
+    """One actor process of a mesh, owned by this process."""
+
+    def __init__(
+        self,
+        mesh: str,
+        rank: int,
+        size: int,
+        address: str,
+        env: dict[str, str],
+        on_exit: Callable[[LocalProc], None],
+    ):
+        self.mesh, self.rank, self.size, self.address = mesh, rank, size, address
+        self.stopping = False
+        self.returncode: int | None = None
+        self._exited = threading.Event()
+        self._on_exit = on_exit
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
+        life_r, self._life_w = os.pipe()
+        self._ready_r, ready_w = os.pipe()
+        os.set_inheritable(life_r, True)
+        os.set_inheritable(ready_w, True)
+        full_env = {**os.environ, **env}
+        full_env["FORGE_LIFELINE_FD"] = str(life_r)
+        full_env["FORGE_READY_FD"] = str(ready_w)
+        full_env["FORGE_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+        full_env["PYTHONUNBUFFERED"] = "1"
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [pkg_root] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "controller._worker"],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(life_r, ready_w),
+                start_new_session=True,  # Ctrl-C goes to the controller, which stops us cleanly
+            )
+        finally:
+            os.close(life_r)
+            os.close(ready_w)
+        self.pid = self.popen.pid
+        prefix = f"[{mesh} {rank}/{size}] "
+        for stream, out, tail in (
+            (self.popen.stdout, sys.stdout, None),
+            (self.popen.stderr, sys.stderr, self.stderr_tail),
+        ):
+            threading.Thread(
+                target=_forward, args=(stream, out, prefix, tail), daemon=True, name=f"log-{mesh}"
+            ).start()
+        threading.Thread(target=self._wait, daemon=True, name=f"wait-{mesh}-{rank}").start()
+
+    def _wait(self) -> None:
+        rc = self.popen.wait()
+        self.returncode = rc
+        try:
+            os.close(self._life_w)
+        except OSError:
+            pass
+        self._exited.set()
+        self._on_exit(self)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the process exits (or ``timeout``); returns its returncode or None."""
+        self._exited.wait(timeout)
+        return self.returncode
+
+    def signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    async def wait_ready(self, timeout: float = SPAWN_TIMEOUT_S) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            line = await asyncio.wait_for(
+                loop.run_in_executor(None, _read_line, self._ready_r), timeout
+            )
+        except asyncio.TimeoutError:
+            raise SpawnError(
+                f"process for mesh {self.mesh!r} rank {self.rank} (pid {self.pid}) did not "
+                f"start within {timeout:.0f} s"
+            ) from None
+        finally:
+            os.close(self._ready_r)
+        if not line:
+            rc = await loop.run_in_executor(None, self.wait, 5.0)
+            await asyncio.sleep(0.05)  # let the stderr reader catch the last lines
+            tail = "".join(self.stderr_tail).rstrip()
+            raise SpawnError(
+                f"process for mesh {self.mesh!r} rank {self.rank} (pid {self.pid}) exited "
+                f"during start-up ({describe_exit(rc)})" + (f":\n{tail}" if tail else "")
+            )
+
+    def describe(self) -> str:
+        state = "alive" if self.returncode is None else describe_exit(self.returncode)
+        return f"mesh {self.mesh!r} rank {self.rank} pid {self.pid} ({state})"
+
+
+def _read_line(fd: int) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 256)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _forward(stream, out, prefix: str, tail) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if tail is not None:
+            tail.append(line)
+        try:
+            out.write(prefix + line)
+            out.flush()
+        except (ValueError, OSError):  # the controller's stream was closed at exit
+            pass
+    stream.close()
+
+
+def kill_all(procs: list[LocalProc], grace_s: float = 2.0) -> None:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL the stragglers (blocking)."""
+    for p in procs:
+        p.stopping = True
+        p.signal(signal.SIGTERM)
+    for p in procs:
+        if p.wait(grace_s) is None:
+            p.signal(signal.SIGKILL)
+            p.wait(2.0)

@@ -1,0 +1,282 @@
+"""Per-process runtime state: the session, event loops, connections, and owned processes.
+
+One ``Runtime`` exists per process (``get_runtime()``; tests may ``reset_runtime()``). The
+root controller creates the session: a private directory (mode 0700) for sockets and a random
+secret every peer must prove it holds. Actor processes inherit the session through their
+environment, so any process of a session can call any other.
+
+Connections are per event loop: ``await`` uses the caller's running loop; ``.get()`` in plain
+synchronous code uses a background loop thread owned by this runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from controller import _serialization as ser
+from controller import _wire
+from controller.errors import ActorDiedError
+
+logger = logging.getLogger("controller")
+
+ENV_DIR = "FORGE_SESSION_DIR"
+ENV_KEY = "FORGE_SESSION_KEY"
+ENV_SHM = "FORGE_SHM_PREFIX"
+
+
+@dataclass
+class Session:
+    dir: str
+    authkey: bytes
+    shm_prefix: str
+    is_root: bool
+
+    def env(self) -> dict[str, str]:
+        return {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale_sessions(tmp: str) -> None:
+    """Remove socket dirs and shm payloads of root controllers that died without cleanup."""
+    for base, names in ((tmp, os.listdir(tmp)), (ser.SHM_DIR, os.listdir(ser.SHM_DIR or tmp))):
+        if base is None:
+            continue
+        for name in names:
+            parts = name.split("-")
+            if len(parts) < 3 or parts[0] != "forge" or not parts[1].isdigit():
+                continue
+            if _pid_alive(int(parts[1])):
+                continue
+            path = os.path.join(base, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _new_session() -> Session:
+    if os.environ.get(ENV_DIR) and os.environ.get(ENV_KEY):
+        prefix = os.environ.get(ENV_SHM, ser.shm_prefix())
+        ser.set_shm_prefix(prefix)
+        return Session(os.environ[ENV_DIR], bytes.fromhex(os.environ[ENV_KEY]), prefix, False)
+    tmp = tempfile.gettempdir()
+    try:
+        _sweep_stale_sessions(tmp)
+    except OSError as e:
+        logger.debug("stale session sweep failed: %s", e)
+    d = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")  # mkdtemp makes it mode 0700
+    prefix = f"forge-{os.getpid()}-{os.path.basename(d).rsplit('-', 1)[-1]}"
+    ser.set_shm_prefix(prefix)
+    return Session(d, os.urandom(32), prefix, True)
+
+
+class Client:
+    """The calls from one event loop to one actor process."""
+
+    def __init__(self, runtime: Runtime, address: str, mesh: str, rank: int, pid: int | None):
+        self.runtime = runtime
+        self.address = address
+        self.mesh, self.rank, self.pid = mesh, rank, pid
+        self.pending: dict[int, asyncio.Future] = {}
+        self.in_flight = 0
+        self.proto: _wire.FrameProtocol | None = None
+        self.dead: Exception | None = None
+        self._connecting: asyncio.Task | None = None
+        self._ids = itertools.count(1)
+
+    async def channel(self) -> _wire.FrameProtocol:
+        if self.dead is not None:
+            raise self.dead
+        if self.proto is not None and not self.proto.closed:
+            return self.proto
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._connect())
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> _wire.FrameProtocol:
+        try:
+            self.proto = await _wire.open_channel(
+                self.address, self.runtime.session.authkey, self._on_frame, self._on_lost
+            )
+        except (ConnectionError, FileNotFoundError, OSError, asyncio.TimeoutError) as e:
+            err = await self._death_error(f"cannot connect to {self.address}: {e}")
+            self.dead = err
+            raise err from None
+        return self.proto
+
+    def request(self, kind: int, body: bytes) -> asyncio.Future:
+        cid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[cid] = fut
+        self.in_flight += 1
+        fut.add_done_callback(self._done)
+        self.proto.send(kind, cid, body)
+        fut.cid = cid  # type: ignore[attr-defined]
+        return fut
+
+    def _done(self, _fut):
+        self.in_flight -= 1
+
+    def _on_frame(self, proto, kind, cid, body):
+        fut = self.pending.pop(cid, None)
+        if fut is not None and not fut.done():
+            fut.set_result((kind, body))
+
+    def _on_lost(self, proto, exc):
+        if self.dead is None and not self.pending:
+            return
+        asyncio.ensure_future(self._fail_pending())
+
+    async def _fail_pending(self):
+        err = await self._death_error("")
+        self.dead = err
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    async def _death_error(self, detail: str) -> ActorDiedError:
+        """Build the error for a lost process; if this process owns it, wait (up to 1 s) for
+        its exit status so the error can name the exit code or signal."""
+        proc = self.runtime.local_procs.get(self.address)
+        returncode = None
+        if proc is not None:
+            returncode = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 1.0)
+            if proc.stopping and not detail:
+                detail = "the mesh was stopped"
+        return ActorDiedError(self.mesh, self.rank, self.pid, returncode, detail)
+
+    def abort(self) -> None:
+        """Close the socket of a client whose event loop is already closed."""
+        if self.proto is not None and self.proto.transport is not None:
+            sock = getattr(self.proto.transport, "_sock", None)
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+
+class Runtime:
+    """Everything this process knows about the session."""
+
+    def __init__(self):
+        self.session = _new_session()
+        self.lock = threading.RLock()
+        self._clients: dict[asyncio.AbstractEventLoop, dict[str, Client]] = {}
+        self._bg_loop: asyncio.AbstractEventLoop | None = None
+        self._bg_thread: threading.Thread | None = None
+        self.local_procs: dict[str, object] = {}  # address -> _local.LocalProc owned here
+        self.proc_meshes: list = []  # ProcMeshes owned by this process, in spawn order
+        self.services: list = []  # services created by this process
+        self._names = itertools.count()
+        self.closed = False
+        atexit.register(self.close)
+
+    def unique_name(self, base: str) -> str:
+        return f"{base}-{next(self._names)}"
+
+    # -- loops -----------------------------------------------------------------------------
+    def background_loop(self) -> asyncio.AbstractEventLoop:
+        with self.lock:
+            if self._bg_loop is None:
+                loop = asyncio.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="forge-runtime", daemon=True)
+                t.start()
+                self._bg_loop, self._bg_thread = loop, t
+            return self._bg_loop
+
+    def client(self, address: str, mesh: str, rank: int, pid: int | None) -> Client:
+        loop = asyncio.get_running_loop()
+        clients = self._clients.get(loop)
+        if clients is None:
+            self._forget_closed_loops()
+            clients = self._clients[loop] = {}
+        c = clients.get(address)
+        if c is None:
+            c = clients[address] = Client(self, address, mesh, rank, pid)
+        return c
+
+    def _forget_closed_loops(self) -> None:
+        for loop in [lp for lp in self._clients if lp.is_closed()]:
+            for c in self._clients.pop(loop).values():
+                c.abort()
+
+    def clients_for(self, address: str) -> list[Client]:
+        return [cs[address] for cs in self._clients.values() if address in cs]
+
+    # -- shutdown --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill every process this runtime spawned (SIGTERM, then SIGKILL after 2 s) and remove
+        the session's files. Runs at interpreter exit; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        procs = [p for p in self.local_procs.values() if p.returncode is None]
+        for p in procs:
+            p.stopping = True
+            p.signal(signal.SIGTERM)
+        for p in procs:
+            if p.wait(2.0) is None:
+                p.signal(signal.SIGKILL)
+                p.wait(1.0)
+        if self.session.is_root:
+            shutil.rmtree(self.session.dir, ignore_errors=True)
+            ser.sweep_shm(self.session.shm_prefix)
+        if self._bg_loop is not None:
+            self._bg_loop.call_soon_threadsafe(self._bg_loop.stop)
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime()
+    return _runtime
+
+
+def reset_runtime() -> None:
+    """Close the current runtime (killing its processes) and start afresh on next use."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+        _runtime = None
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGTERM into a normal exit (so atexit cleanup runs) if nobody else handles it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+
+        def _on_term(signum, frame):
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _on_term)

@@ -1,0 +1,200 @@
+"""Authenticated, framed message channels over Unix-domain (or TCP) sockets.
+
+Every connection starts with a mutual HMAC-SHA256 challenge-response on the session's shared
+secret; until both sides have proven they hold it, no byte is unpickled. After that a frame is
+
+    [u64 body length][u8 kind][u64 call id][body]
+
+where ``body`` is a pickle (see ``_serialization``). Keeping the kind and call id outside
+the pickle lets one pickled request be sent to many ranks, and lets a reply be routed
+without unpickling it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import struct
+from collections.abc import Callable
+
+logger = logging.getLogger("controller")
+
+_HEADER = struct.Struct("<QBQ")
+_MAGIC = b"FRG1"
+_NONCE = 32
+
+# Frame kinds.
+CALL, SPAWN, STOP_ACTOR, CANCEL, EXIT, PING = 1, 2, 3, 4, 5, 6
+OK, ERR = 16, 17
+
+
+def _proof(key: bytes, nonce: bytes, role: bytes) -> bytes:
+    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Both ends of a channel: handshake first, then frames handed to ``on_frame``."""
+
+    def __init__(
+        self,
+        authkey: bytes,
+        server: bool,
+        on_frame: Callable[[FrameProtocol, int, int, memoryview], None],
+        on_lost: Callable[[FrameProtocol, Exception | None], None] | None = None,
+    ):
+        self._key = authkey
+        self._server = server
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._buf = bytearray()
+        self._state = "init"
+        self._nonce = os.urandom(_NONCE)
+        self.transport: asyncio.Transport | None = None
+        self.ready: asyncio.Future = asyncio.get_event_loop().create_future()
+        self.closed = False
+
+    # -- handshake -------------------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        if self._server:
+            transport.write(_MAGIC + self._nonce)
+            self._state = "await_client_proof"
+        else:
+            self._state = "await_server_nonce"
+
+    def _handshake(self) -> bool:
+        buf = self._buf
+        if self._state == "await_server_nonce":
+            if len(buf) < len(_MAGIC) + _NONCE:
+                return False
+            if bytes(buf[:4]) != _MAGIC:
+                return self._reject("peer is not a Forge actor endpoint (bad magic)")
+            server_nonce = bytes(buf[4 : 4 + _NONCE])
+            del buf[: 4 + _NONCE]
+            self.transport.write(_proof(self._key, server_nonce, b"c") + self._nonce)
+            self._state = "await_server_proof"
+            return True
+        if self._state == "await_server_proof":
+            if len(buf) < 32:
+                return False
+            if not hmac.compare_digest(bytes(buf[:32]), _proof(self._key, self._nonce, b"s")):
+                return self._reject("server failed authentication")
+            del buf[:32]
+            return self._open()
+        if self._state == "await_client_proof":
+            if len(buf) < 32 + _NONCE:
+                return False
+            if not hmac.compare_digest(bytes(buf[:32]), _proof(self._key, self._nonce, b"c")):
+                return self._reject("client failed authentication")
+            client_nonce = bytes(buf[32 : 32 + _NONCE])
+            del buf[: 32 + _NONCE]
+            self.transport.write(_proof(self._key, client_nonce, b"s"))
+            return self._open()
+        return False
+
+    def _open(self) -> bool:
+        self._state = "open"
+        if not self.ready.done():
+            self.ready.set_result(None)
+        return True
+
+    def _reject(self, why: str) -> bool:
+        logger.warning("rejected connection: %s", why)
+        self._fail_ready(ConnectionError(f"authentication failed: {why}"))
+        self._state = "rejected"
+        self.transport.abort()
+        return False
+
+    def _fail_ready(self, err: Exception) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(err)
+            if self._server:
+                self.ready.exception()  # nobody awaits a server's handshake; mark it seen
+
+    # -- frames ----------------------------------------------------------------------------
+    def data_received(self, data: bytes):
+        if self._state == "open" and not self._buf:
+            # Fast path: the chunk is exactly one frame.
+            if len(data) >= _HEADER.size:
+                n, kind, cid = _HEADER.unpack_from(data)
+                if len(data) == _HEADER.size + n:
+                    self._on_frame(self, kind, cid, memoryview(data)[_HEADER.size :])
+                    return
+        self._buf += data
+        while self._state != "open":
+            if self._state == "rejected" or not self._handshake():
+                return
+        buf = self._buf
+        while len(buf) >= _HEADER.size:
+            n, kind, cid = _HEADER.unpack_from(buf)
+            end = _HEADER.size + n
+            if len(buf) < end:
+                return
+            body = bytes(buf[_HEADER.size : end])
+            del buf[:end]
+            self._on_frame(self, kind, cid, memoryview(body))
+
+    def send(self, kind: int, cid: int, body: bytes = b"") -> None:
+        if self.closed:
+            raise ConnectionError("channel is closed")
+        self.transport.write(_HEADER.pack(len(body), kind, cid) + body)
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self._fail_ready(
+            ConnectionError(
+                "connection closed during authentication: the peer rejected our credentials "
+                f"(different session?) or exited ({exc})"
+            )
+        )
+        if self._on_lost is not None:
+            self._on_lost(self, exc)
+
+
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
+    """``unix:/path`` or ``tcp:host:port`` -> (family, target)."""
+    family, _, rest = address.partition(":")
+    if family == "unix":
+        return family, rest
+    if family == "tcp":
+        host, _, port = rest.rpartition(":")
+        return family, (host, int(port))
+    raise ValueError(f"unknown address {address!r}; expected unix:/path or tcp:host:port")
+
+
+async def open_channel(
+    address: str,
+    authkey: bytes,
+    on_frame: Callable,
+    on_lost: Callable | None,
+    timeout: float = 10.0,
+) -> FrameProtocol:
+    """Connect and authenticate; raises ``ConnectionError`` on failure."""
+    loop = asyncio.get_running_loop()
+    family, target = parse_address(address)
+
+    def factory():
+        return FrameProtocol(authkey, False, on_frame, on_lost)
+
+    if family == "unix":
+        _, proto = await asyncio.wait_for(loop.create_unix_connection(factory, target), timeout)
+    else:
+        _, proto = await asyncio.wait_for(loop.create_connection(factory, *target), timeout)
+    await asyncio.wait_for(proto.ready, timeout)
+    return proto
+
+
+async def serve(address: str, authkey: bytes, on_frame: Callable, on_lost: Callable | None):
+    """Listen on ``address``; each accepted peer must authenticate before any frame is read."""
+    loop = asyncio.get_running_loop()
+    family, target = parse_address(address)
+
+    def factory():
+        return FrameProtocol(authkey, True, on_frame, on_lost)
+
+    if family == "unix":
+        return await loop.create_unix_server(factory, target)
+    return await loop.create_server(factory, *target)

@@ -1,0 +1,213 @@
+"""Entry point of an actor process: ``python -m controller._worker``.
+
+Serves the actors spawned into this process over one authenticated socket. Async endpoints
+run as tasks on the event loop, started in arrival order; plain ``def`` endpoints run in a
+one-thread executor per actor (off the loop, in arrival order). Exits when told to, or as soon
+as its parent dies (the lifeline pipe reaches EOF), killing its own process group on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+
+from controller import _context, _wire
+from controller import _serialization as ser
+from controller._runtime import get_runtime
+
+logger = logging.getLogger("controller.worker")
+
+
+def _error_body(exc: BaseException) -> bytes:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        pickled = ser.dumps(exc, use_shm=False)[0]
+    except Exception:  # noqa: BLE001 - some exceptions cannot be pickled; send text only
+        pickled = None
+    info = (f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb, pickled)
+    return ser.dumps(info, use_shm=False)[0]
+
+
+class Worker:
+    def __init__(self, mesh: str, rank: int, size: int, address: str):
+        self.mesh, self.rank, self.size, self.address = mesh, rank, size, address
+        self.actors: dict[str, object] = {}
+        self.executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        self.tasks: dict[tuple[int, int], asyncio.Task] = {}
+        self.stopped = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+
+    # -- dispatch --------------------------------------------------------------------------
+    def on_frame(self, proto: _wire.FrameProtocol, kind: int, cid: int, body) -> None:
+        if kind == _wire.CALL:
+            self._call(proto, cid, body)
+        elif kind == _wire.SPAWN:
+            self._spawn(proto, cid, body)
+        elif kind == _wire.CANCEL:
+            task = self.tasks.get((id(proto), cid))
+            if task is not None:
+                task.cancel()
+        elif kind == _wire.STOP_ACTOR:
+            name = ser.loads(body)
+            self.actors.pop(name, None)
+            ex = self.executors.pop(name, None)
+            if ex is not None:
+                ex.shutdown(wait=False)
+            self._reply(proto, _wire.OK, cid, None)
+        elif kind == _wire.PING:
+            self._reply(proto, _wire.OK, cid, os.getpid())
+        elif kind == _wire.EXIT:
+            self._reply(proto, _wire.OK, cid, None)
+            self.stopped.set()
+
+    def _reply(self, proto, kind: int, cid: int, value) -> None:
+        if proto.closed:
+            return  # the caller is gone; nobody to answer
+        if kind == _wire.OK:
+            try:
+                body = ser.dumps(value)[0]
+            except Exception as e:  # noqa: BLE001
+                err = TypeError(f"the endpoint's return value could not be pickled: {e}")
+                proto.send(_wire.ERR, cid, _error_body(err))
+                return
+            proto.send(kind, cid, body)
+        else:
+            proto.send(kind, cid, _error_body(value))
+
+    def _spawn(self, proto, cid, body) -> None:
+        try:
+            name, cls, args, kwargs = ser.loads(body)
+            inst = cls.__new__(cls)
+            inst._forge_name = name
+            token = _context.current_actor.set(inst)
+            try:
+                inst.__init__(*args, **kwargs)
+            finally:
+                _context.current_actor.reset(token)
+            self.actors[name] = inst
+            self.executors[name] = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"{name}-sync"
+            )
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self._reply(proto, _wire.ERR, cid, e)
+            return
+        self._reply(proto, _wire.OK, cid, None)
+
+    def _call(self, proto, cid, body) -> None:
+        try:
+            actor_name, ep_name, args, kwargs = ser.loads(body)
+            inst = self.actors.get(actor_name)
+            if inst is None:
+                raise LookupError(
+                    f"no actor {actor_name!r} in process {os.getpid()} (mesh {self.mesh!r} rank "
+                    f"{self.rank}); it was stopped or never spawned here"
+                )
+            prop = getattr(type(inst), ep_name, None)
+            if not getattr(prop, "_forge_endpoint", False):
+                raise AttributeError(
+                    f"{type(inst).__name__}.{ep_name} is not an endpoint; decorate it with "
+                    "@endpoint to call it remotely"
+                )
+        except BaseException as e:  # noqa: BLE001
+            self._reply(proto, _wire.ERR, cid, e)
+            return
+        fn = prop.fn
+        key = (id(proto), cid)
+        if prop.is_async:
+            coro = self._run_async(proto, cid, key, inst, fn, args, kwargs)
+            self.tasks[key] = self.loop.create_task(coro)
+        else:
+            ctx = contextvars.copy_context()
+            ctx.run(_context.current_actor.set, inst)
+            call = functools.partial(ctx.run, fn, inst, *args, **kwargs)
+            fut = self.loop.run_in_executor(self.executors[actor_name], call)
+            fut.add_done_callback(lambda f: self._finish(proto, cid, f))
+
+    async def _run_async(self, proto, cid, key, inst, fn, args, kwargs) -> None:
+        _context.current_actor.set(inst)
+        try:
+            value = await fn(inst, *args, **kwargs)
+        except asyncio.CancelledError:
+            self._reply(proto, _wire.ERR, cid, TimeoutError("call cancelled by the caller"))
+            raise
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self._reply(proto, _wire.ERR, cid, e)
+        else:
+            self._reply(proto, _wire.OK, cid, value)
+        finally:
+            self.tasks.pop(key, None)
+
+    def _finish(self, proto, cid, fut) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            self._reply(proto, _wire.ERR, cid, exc)
+        else:
+            self._reply(proto, _wire.OK, cid, fut.result())
+
+
+def _watch_lifeline(fd: int) -> None:
+    """Exit the moment the parent's end of the lifeline closes (the parent died)."""
+    while True:
+        try:
+            if not os.read(fd, 1):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    _die()
+
+
+def _die() -> None:
+    try:
+        os.killpg(0, signal.SIGKILL)  # we lead our own group: take any children with us
+    finally:
+        os._exit(1)
+
+
+async def _main() -> None:
+    mesh = os.environ["FORGE_MESH"]
+    rank, size = int(os.environ["FORGE_RANK"]), int(os.environ["FORGE_SIZE"])
+    address = os.environ["FORGE_ADDRESS"]
+    _context.set_process_rank(mesh, rank, json.loads(os.environ["FORGE_SHAPE"]))
+    rt = get_runtime()
+    worker = Worker(mesh, rank, size, address)
+    server = await _wire.serve(address, rt.session.authkey, worker.on_frame, None)
+    ready = int(os.environ["FORGE_READY_FD"])
+    os.write(ready, f"{os.getpid()}\n".encode())
+    os.close(ready)
+    async with server:
+        await worker.stopped.wait()
+    if address.startswith("unix:"):
+        try:
+            os.unlink(address[5:])
+        except FileNotFoundError:
+            pass
+
+
+def main() -> None:
+    for p in reversed(json.loads(os.environ.get("FORGE_SYS_PATH", "[]"))):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    logging.basicConfig(level=os.environ.get("FORGE_LOG_LEVEL", "WARNING"))
+    signal.signal(signal.SIGTERM, lambda *_: _die())
+    lifeline = int(os.environ["FORGE_LIFELINE_FD"])
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    asyncio.run(_main())
+    get_runtime().close()  # stop any meshes this process spawned, then leave
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

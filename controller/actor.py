@@ -1,0 +1,138 @@
+"""The ``Actor`` base class: ``options()``, ``as_actor()`` and (with services) ``as_service()``."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from controller._runtime import get_runtime
+from controller.endpoint import EndpointProperty, Future
+from controller.mesh import ActorMesh
+
+A = TypeVar("A", bound="Actor")
+
+
+@dataclass(frozen=True)
+class ActorOptions:
+    """How to place an actor. ``extra`` holds service options (``health_poll_rate``, ...)."""
+
+    procs: int = 1
+    hosts: int | None = None
+    with_gpus: bool = False
+    num_replicas: int = 1
+    mesh_name: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for key in ("procs", "num_replicas"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"options({key}=...) must be a positive int, got {v!r}")
+        if self.hosts is not None and (not isinstance(self.hosts, int) or self.hosts < 1):
+            raise ValueError(
+                f"options(hosts=...) must be a positive int or None, got {self.hosts!r}"
+            )
+
+
+class Actor:
+    """Base class of everything that runs in an actor process.
+
+    Subclass it, decorate methods with ``@endpoint``, then place it with
+    ``await MyActor.options(procs=2).as_actor(*init_args)``. An optional ``setup()`` endpoint
+    runs on every rank before ``as_actor`` returns, so heavy initialisation errors reach the
+    caller. An optional ``__supervise__(failure) -> bool`` is called when a mesh this actor
+    spawned loses a process (return True if handled).
+    """
+
+    _forge_options: ActorOptions = ActorOptions()
+
+    @classmethod
+    def options(
+        cls: type[A],
+        procs: int = 1,
+        hosts: int | None = None,
+        with_gpus: bool = False,
+        num_replicas: int = 1,
+        mesh_name: str | None = None,
+        env: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> type[A]:
+        """A configured subclass of this actor (each call independent of the others)."""
+        opts = ActorOptions(
+            procs, hosts, with_gpus, num_replicas, mesh_name, dict(env or {}), dict(extra)
+        )
+        base = getattr(cls, "_forge_base", cls)
+        return type(
+            base.__name__,
+            (base,),
+            {
+                "_forge_options": opts,
+                "_forge_base": base,
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+            },
+        )
+
+    @classmethod
+    def _options(cls) -> ActorOptions:
+        return cls.__dict__.get("_forge_options", ActorOptions())
+
+    @classmethod
+    def as_actor(cls: type[A], *args: Any, **kwargs: Any) -> Future[ActorMesh]:
+        """Spawn ``procs`` processes, construct the actor on each, run ``setup()`` on every
+        rank, and return the ``ActorMesh``. ``mesh.shutdown()`` stops it all again."""
+        opts = cls._options()
+        base = getattr(cls, "_forge_base", cls)
+        if opts.num_replicas != 1:
+            raise ValueError(
+                f"{base.__name__}.options(num_replicas={opts.num_replicas}) makes a service: "
+                "use .as_service(...) instead of .as_actor(...)"
+            )
+
+        async def run() -> ActorMesh:
+            return await spawn_actor(base, opts, args, kwargs)
+
+        return Future(run, f"{base.__name__}.as_actor")
+
+
+async def spawn_actor(cls: type, opts: ActorOptions, args, kwargs, name: str | None = None):
+    """Spawn a proc mesh for ``opts``, construct ``cls`` on it and run ``setup``."""
+    from controller._backend import spawn_procs_for
+
+    mesh_name = name or opts.mesh_name or cls.__name__
+    pm = await spawn_procs_for(opts, mesh_name)
+    try:
+        am = pm.spawn(mesh_name, cls, *args, **kwargs)
+        am._owns_proc_mesh = True
+        await am
+        if isinstance(getattr(cls, "setup", None), EndpointProperty):
+            await am.endpoint("setup").call()
+    except BaseException:
+        await asyncio.shield(asyncio.ensure_future(_stop_quietly(pm)))
+        raise
+    return am
+
+
+async def _stop_quietly(pm) -> None:
+    try:
+        await pm.stop()
+    except Exception:  # noqa: BLE001 - the original error matters more
+        pass
+
+
+def shutdown() -> Future[None]:
+    """Stop everything this process spawned (services first, then meshes, newest first)."""
+
+    async def run():
+        rt = get_runtime()
+        for svc in reversed(list(rt.services)):
+            try:
+                await svc.shutdown()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                pass
+        for pm in reversed(list(rt.proc_meshes)):
+            await pm.stop()
+
+    return Future(run, "shutdown")

@@ -1,0 +1,191 @@
+"""``@endpoint``, the call adverbs, and the ``Future`` they return.
+
+Each way of calling an endpoint is its own method (``call``, ``call_one``, ``choose``,
+``broadcast``, ``stream``). They pickle the arguments at the call site (an unpicklable
+argument fails there, named) and return a lazy ``Future``: ``await fut`` runs it on the
+caller's event loop; ``fut.get(timeout)`` runs it on the runtime's background loop, so it
+works in plain scripts and even inside a running loop (Jupyter). ``broadcast`` starts at
+once (fire and forget).
+
+``timeout=`` given to an adverb bounds the call (``CallTimeoutError``, a ``TimeoutError``)
+unless the endpoint itself declares a parameter named ``timeout``; ``ep.with_timeout(s)``
+is the explicit form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+
+from controller._runtime import get_runtime
+from controller.errors import CallTimeoutError
+
+if TYPE_CHECKING:
+    from controller.mesh import ActorMesh
+    from controller.shape import ValueMesh
+
+logger = logging.getLogger("controller")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class EndpointProperty(Generic[P, R]):
+    """What ``@endpoint`` turns a method into. On an instance it is the plain bound method
+    (an actor calls its own endpoints directly); on a mesh it becomes an ``Endpoint``."""
+
+    _forge_endpoint = True
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.name = fn.__name__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.takes_timeout = "timeout" in inspect.signature(fn).parameters
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return self.fn.__get__(obj, objtype)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+
+def endpoint(
+    fn: Callable[Concatenate[Any, P], Awaitable[R]] | Callable[Concatenate[Any, P], R],
+) -> EndpointProperty[P, R]:
+    """Mark an actor method as callable from other processes.
+
+    ``async def`` endpoints run as tasks on the actor's event loop (concurrently, started in
+    arrival order); plain ``def`` endpoints run one at a time in a worker thread, off the loop.
+    """
+    if not callable(fn):
+        raise TypeError(f"@endpoint decorates a method, got {fn!r}")
+    return EndpointProperty(fn)
+
+
+class Future(Generic[T]):
+    """The pending result of a call: ``await fut`` or ``fut.get(timeout=None)``."""
+
+    __slots__ = ("_factory", "_cf", "_task", "_what")
+
+    def __init__(self, factory: Callable[[], Coroutine[Any, Any, T]], what: str = "call"):
+        self._factory = factory
+        self._cf: concurrent.futures.Future | None = None
+        self._task: asyncio.Future | None = None
+        self._what = what
+
+    def __await__(self):
+        if self._cf is not None:
+            return (yield from asyncio.wrap_future(self._cf).__await__())
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._factory())
+        return (yield from self._task.__await__())
+
+    def _start_background(self) -> concurrent.futures.Future:
+        if self._cf is None:
+            if self._task is not None:
+                raise RuntimeError(f"{self._what} is already being awaited; await it again")
+            rt = get_runtime()
+            self._cf = asyncio.run_coroutine_threadsafe(self._factory(), rt.background_loop())
+        return self._cf
+
+    def get(self, timeout: float | None = None) -> T:
+        """Block until the result is ready. Raises ``CallTimeoutError`` after ``timeout`` s."""
+        rt = get_runtime()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is rt._bg_loop:
+            raise RuntimeError("Future.get() on the runtime's own loop would deadlock; use await")
+        cf = self._start_background()
+        try:
+            return cf.result(timeout)
+        except concurrent.futures.TimeoutError:
+            cf.cancel()
+            raise CallTimeoutError(f"{self._what} did not finish within {timeout} s") from None
+
+    def start(self) -> Future[T]:
+        """Send now (on the running loop if there is one) instead of at first await."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._start_background()
+            return self
+        if self._task is None and self._cf is None:
+            self._task = asyncio.ensure_future(self._factory())
+        return self
+
+
+class Endpoint(Generic[P, R]):
+    """An endpoint of an actor mesh; pick how to call it with an adverb."""
+
+    def __init__(self, mesh: ActorMesh, prop: EndpointProperty, timeout: float | None = None):
+        self._mesh = mesh
+        self._prop = prop
+        self._timeout = timeout
+
+    @property
+    def name(self) -> str:
+        return self._prop.name
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh._display}.{self.name}>"
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            f"{self!r} is remote: call it with an adverb, e.g. "
+            f"`await mesh.{self.name}.call_one(...)`, `.call(...)`, `.choose(...)`, "
+            "`.broadcast(...)` or `.stream(...)`"
+        )
+
+    def with_timeout(self, seconds: float | None) -> Endpoint[P, R]:
+        """The same endpoint, with every call bounded by ``seconds``."""
+        return Endpoint(self._mesh, self._prop, seconds)
+
+    def _split(self, kwargs: dict) -> tuple[float | None, dict]:
+        if "timeout" in kwargs and not self._prop.takes_timeout:
+            kwargs = dict(kwargs)
+            return kwargs.pop("timeout"), kwargs
+        return self._timeout, kwargs
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
+        """Call every rank of the mesh; the result has one value per rank."""
+        timeout, kwargs = self._split(kwargs)
+        return self._mesh._call_all(self.name, args, kwargs, timeout)
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call the single rank of a one-rank mesh (slice a larger one first)."""
+        timeout, kwargs = self._split(kwargs)
+        n = len(self._mesh._shape)
+        if n != 1:
+            raise ValueError(
+                f"call_one needs a mesh of exactly one rank, but {self._mesh._display} has {n}; "
+                f"use .call() for all of them, .choose() for any one, or slice first: "
+                f"mesh.slice({self._mesh._shape.labels[0] if self._mesh._shape.labels else 'procs'}=0)"
+            )
+        return self._mesh._call_rank(self.name, 0, args, kwargs, timeout)
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call one rank, preferring the one with the fewest calls in flight from here."""
+        timeout, kwargs = self._split(kwargs)
+        return self._mesh._call_rank(self.name, None, args, kwargs, timeout)
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Send to every rank without waiting. Failures are logged and reported to the
+        calling actor's ``__supervise__`` hook."""
+        timeout, kwargs = self._split(kwargs)
+        self._mesh._broadcast(self.name, args, kwargs, timeout)
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[R]:
+        """Call every rank; yield each value as soon as its rank answers."""
+        timeout, kwargs = self._split(kwargs)
+        return self._mesh._stream(self.name, args, kwargs, timeout)

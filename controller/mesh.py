@@ -1,0 +1,532 @@
+"""Process meshes and actor meshes (the local backend).
+
+``this_host().spawn_procs(per_host={"procs": N})`` starts N actor processes;
+``proc_mesh.spawn(name, ActorCls, *args)`` constructs the actor on every one of them and
+returns an ``ActorMesh``, a picklable handle whose attributes are the actor's endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controller import _context, _wire
+from controller import _serialization as ser
+from controller._local import LocalProc, free_port, kill_all
+from controller._runtime import get_runtime, install_signal_handlers
+from controller.endpoint import Endpoint, EndpointProperty, Future
+from controller.errors import ActorError, CallTimeoutError, describe_exit
+from controller.shape import Shape, ValueMesh
+
+logger = logging.getLogger("controller")
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """How to reach one process of a mesh (picklable)."""
+
+    address: str
+    pid: int
+
+
+@dataclass
+class MeshFailure:
+    """What ``__supervise__`` receives when a process of a mesh it owns dies unexpectedly,
+    or a ``broadcast`` it sent fails."""
+
+    mesh: str
+    rank: int | None
+    pid: int | None
+    returncode: int | None
+    message: str
+    error: BaseException | None = None
+
+
+def _supervise(owner, loop, failure: MeshFailure) -> None:
+    """Hand ``failure`` to ``owner.__supervise__``; log loudly if nobody handles it."""
+
+    def deliver():
+        handled = False
+        hook = getattr(owner, "__supervise__", None)
+        if hook is not None:
+            try:
+                handled = bool(hook(failure))
+            except Exception:
+                logger.exception("__supervise__ of %r raised", owner)
+        if not handled:
+            logger.error("UNHANDLED FAILURE: %s", failure.message)
+            print(f"[forge] UNHANDLED FAILURE: {failure.message}", file=sys.stderr, flush=True)
+
+    if loop is not None and not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(deliver)
+            return
+        except RuntimeError:
+            pass
+    deliver()
+
+
+class ProcMesh:
+    """A set of actor processes with named dimensions (``procs``, ``hosts``, ``gpus``)."""
+
+    def __init__(self, name: str, shape: Shape, procs: list[LocalProc]):
+        self.name = name
+        self._shape = shape
+        self._procs = procs
+        self._infos = [ProcInfo(p.address, p.pid) for p in procs]
+        self._stopped = False
+        self._owner = _context.current_actor.get()
+        try:
+            self._owner_loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._owner_loop = None
+        self._death_callbacks: list[Callable[[MeshFailure], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self.name} {self._shape} pids={[p.pid for p in self._procs]}>"
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def size(self, dim: str = "procs") -> int:
+        return self._shape.size(dim)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self._shape.sizes_dict()
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def add_death_callback(self, cb: Callable[[MeshFailure], None]) -> None:
+        """Call ``cb(failure)`` (from a watcher thread) when a process dies unexpectedly."""
+        self._death_callbacks.append(cb)
+
+    def _on_proc_exit(self, proc: LocalProc) -> None:
+        if proc.stopping or self._stopped:
+            return
+        failure = MeshFailure(
+            self.name,
+            proc.rank,
+            proc.pid,
+            proc.returncode,
+            f"process for mesh {self.name!r} rank {proc.rank} (pid {proc.pid}) died: "
+            f"{describe_exit(proc.returncode)}",
+        )
+        for cb in self._death_callbacks:
+            try:
+                cb(failure)
+            except Exception:
+                logger.exception("death callback failed")
+        _supervise(self._owner, self._owner_loop, failure)
+
+    def spawn(self, name: str, actor_cls: type, *args: Any, **kwargs: Any) -> ActorMesh:
+        """Construct ``actor_cls(*args, **kwargs)`` on every process. Returns the mesh at
+        once; calls wait for construction (``await`` the mesh to wait explicitly)."""
+        if self._stopped:
+            raise RuntimeError(f"{self!r} is stopped; spawn a new proc mesh")
+        cls = getattr(actor_cls, "_forge_base", actor_cls)
+        rt = get_runtime()
+        actor_name = rt.unique_name(name)
+        mesh = ActorMesh(actor_name, name, cls, self._infos, self._shape, self.name)
+        mesh._proc_mesh = self
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        mesh._ready = ready
+        encoded = _encode_per_rank((actor_name, cls, args, kwargs), len(self._infos), name)
+
+        async def construct():
+            try:
+                await asyncio.gather(
+                    *(
+                        mesh._request(r, _wire.SPAWN, body, "__init__", None)
+                        for r, body in zip(range(len(self._infos)), encoded)
+                    )
+                )
+            except BaseException as e:
+                ready.set_exception(e)
+            else:
+                ready.set_result(None)
+
+        Future(construct, f"spawn {name}").start()
+        return mesh
+
+    def stop(self) -> Future[None]:
+        """Stop every process of the mesh (graceful exit, then SIGKILL after 2 s)."""
+
+        async def run():
+            if self._stopped:
+                return
+            self._stopped = True
+            for p in self._procs:
+                p.stopping = True
+            await asyncio.gather(*(self._ask_exit(r) for r in range(len(self._procs))))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                None, kill_all, [p for p in self._procs if p.returncode is None]
+            )
+            rt = get_runtime()
+            for p in self._procs:
+                rt.local_procs.pop(p.address, None)
+            if self in rt.proc_meshes:
+                rt.proc_meshes.remove(self)
+
+        return Future(run, f"stop {self.name}")
+
+    async def _ask_exit(self, rank: int) -> None:
+        p = self._procs[rank]
+        if p.returncode is not None:
+            return
+        try:
+            client = get_runtime().client(p.address, self.name, rank, p.pid)
+            proto = await asyncio.wait_for(client.channel(), 1.0)
+            proto.send(_wire.EXIT, 0)
+            await asyncio.get_running_loop().run_in_executor(None, p.wait, 2.0)
+        except Exception:  # noqa: BLE001 - we fall back to signals
+            pass
+
+
+def _encode_per_rank(obj, n: int, what: str) -> list[bytes]:
+    """Pickle once; re-pickle per rank only when shared-memory payloads are involved (each
+    receiver claims, and removes, its own copy)."""
+    try:
+        body, shm = ser.dumps(obj)
+    except Exception as e:
+        detail = None
+        if isinstance(obj, tuple) and len(obj) == 4:
+            detail = ser.find_unpicklable(obj[2], obj[3])
+        raise TypeError(
+            f"cannot send the arguments of {what}: {detail or e}. Arguments travel to another "
+            "process: pass picklable data, tensors or actor handles (not locks, open files or "
+            "sockets)."
+        ) from e
+    if not shm or n == 1:
+        return [body] * n
+    return [body] + [ser.dumps(obj)[0] for _ in range(n - 1)]
+
+
+class ActorMesh:
+    """A handle to one actor on every process of a mesh. Picklable: pass it to other actors.
+
+    Endpoints are attributes: ``await mesh.my_endpoint.call_one(...)``. ``mesh.slice(procs=1)``
+    narrows the ranks addressed.
+    """
+
+    def __init__(self, actor_name, display, cls, infos, shape, mesh_name):
+        self._actor_name = actor_name
+        self._display = display
+        self._cls = cls
+        self._infos: list[ProcInfo] = infos
+        self._shape: Shape = shape
+        self._mesh_name = mesh_name
+        self._ready: concurrent.futures.Future | None = None
+        self._proc_mesh: ProcMesh | None = None
+        self._owns_proc_mesh = False
+        self._rr = itertools.count()
+
+    # -- identity --------------------------------------------------------------------------
+    def __reduce__(self):
+        return (
+            _rebuild_actor_mesh,
+            (self._actor_name, self._display, self._cls, self._infos, self._shape, self._mesh_name),
+        )
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._display} ({self._cls.__name__}) {self._shape}>"
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def size(self, dim: str = "procs") -> int:
+        return self._shape.size(dim)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self._shape.sizes_dict()
+
+    @property
+    def pids(self) -> list[int]:
+        return [self._infos[r].pid for r in self._shape.ranks]
+
+    def slice(self, **dims: int | slice) -> ActorMesh:
+        """The same actor on a subset of ranks, e.g. ``mesh.slice(procs=0)``."""
+        sub = ActorMesh(
+            self._actor_name,
+            self._display,
+            self._cls,
+            self._infos,
+            self._shape.slice(**dims),
+            self._mesh_name,
+        )
+        sub._ready = self._ready
+        return sub
+
+    def __getattr__(self, name: str) -> Endpoint:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.endpoint(name)
+
+    def endpoint(self, name: str) -> Endpoint:
+        """The endpoint called ``name`` (also reachable as ``mesh.<name>``)."""
+        attr = getattr(self._cls, name, None)
+        if isinstance(attr, EndpointProperty):
+            return Endpoint(self, attr)
+        eps = sorted(
+            k for k in dir(self._cls) if isinstance(getattr(self._cls, k, None), EndpointProperty)
+        )
+        if attr is None:
+            raise AttributeError(
+                f"{self._cls.__name__} has no endpoint {name!r}; its endpoints are {eps}"
+            )
+        raise AttributeError(
+            f"{self._cls.__name__}.{name} is not an endpoint; decorate it with @endpoint to "
+            "call it remotely"
+        )
+
+    def __await__(self):
+        yield from self._await_ready().__await__()
+        return self
+
+    async def _await_ready(self) -> None:
+        r = self._ready
+        if r is None or (r.done() and r.exception() is None):
+            return
+        await asyncio.wrap_future(r)
+
+    # -- sending ---------------------------------------------------------------------------
+    async def _request(self, rank: int, kind: int, body: bytes, ep: str, timeout):
+        info = self._infos[rank]
+        client = get_runtime().client(info.address, self._mesh_name, rank, info.pid)
+        proto = client.proto
+        if proto is None or proto.closed:
+            await client.channel()
+        fut = client.request(kind, body)
+        if timeout is None:
+            kind, payload = await fut
+        else:
+            try:
+                kind, payload = await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                client.pending.pop(fut.cid, None)
+                if client.proto is not None and not client.proto.closed:
+                    client.proto.send(_wire.CANCEL, fut.cid)
+                raise CallTimeoutError(
+                    f"{self._display}.{ep} on rank {rank} (pid {info.pid}) did not answer "
+                    f"within {timeout} s"
+                ) from None
+        if kind == _wire.OK:
+            return ser.loads(payload)
+        rtype, msg, tb, pickled = ser.loads(payload)
+        exc = None
+        if pickled is not None:
+            try:
+                exc = ser.loads(pickled)
+            except Exception:  # noqa: BLE001 - the type may not exist here; keep the text
+                exc = None
+        raise ActorError(self._display, ep, rank, rtype, msg, tb, exc)
+
+    def _encode(self, ep: str, args, kwargs, n: int) -> list[bytes]:
+        return _encode_per_rank((self._actor_name, ep, args, kwargs), n, f"{self._display}.{ep}")
+
+    def _call_all(self, ep: str, args, kwargs, timeout) -> Future[ValueMesh]:
+        ranks = self._shape.ranks
+        bodies = self._encode(ep, args, kwargs, len(ranks))
+
+        async def run():
+            await self._await_ready()
+            values = await asyncio.gather(
+                *(self._request(r, _wire.CALL, b, ep, timeout) for r, b in zip(ranks, bodies))
+            )
+            return ValueMesh(self._shape, list(values))
+
+        return Future(run, f"{self._display}.{ep}.call")
+
+    def _pick_rank(self) -> int:
+        ranks = self._shape.ranks
+        if len(ranks) == 1:
+            return ranks[0]
+        rt = get_runtime()
+        start = next(self._rr)
+        best, best_load = ranks[start % len(ranks)], None
+        for i in range(len(ranks)):
+            r = ranks[(start + i) % len(ranks)]
+            info = self._infos[r]
+            load = rt.client(info.address, self._mesh_name, r, info.pid).in_flight
+            if best_load is None or load < best_load:
+                best, best_load = r, load
+        return best
+
+    def _call_rank(self, ep: str, index: int | None, args, kwargs, timeout) -> Future:
+        body = self._encode(ep, args, kwargs, 1)[0]
+        ranks = self._shape.ranks
+
+        async def run():
+            await self._await_ready()
+            r = ranks[index] if index is not None else self._pick_rank()
+            return await self._request(r, _wire.CALL, body, ep, timeout)
+
+        return Future(run, f"{self._display}.{ep}")
+
+    def _broadcast(self, ep: str, args, kwargs, timeout) -> None:
+        fut = self._call_all(ep, args, kwargs, timeout)
+        owner = _context.current_actor.get()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+
+        async def run():
+            try:
+                await fut
+            except Exception as e:  # noqa: BLE001 - reported, not raised: nobody awaits
+                _supervise(
+                    owner,
+                    loop,
+                    MeshFailure(
+                        self._mesh_name,
+                        getattr(e, "rank", None),
+                        None,
+                        None,
+                        f"broadcast {self._display}.{ep} failed: {e}",
+                        e,
+                    ),
+                )
+
+        Future(run, f"{self._display}.{ep}.broadcast").start()
+
+    def _stream(self, ep: str, args, kwargs, timeout) -> AsyncIterator:
+        ranks = self._shape.ranks
+        bodies = self._encode(ep, args, kwargs, len(ranks))
+
+        async def gen():
+            await self._await_ready()
+            tasks = [
+                asyncio.ensure_future(self._request(r, _wire.CALL, b, ep, timeout))
+                for r, b in zip(ranks, bodies)
+            ]
+            try:
+                for nxt in asyncio.as_completed(tasks):
+                    yield await nxt
+            finally:
+                for t in tasks:
+                    t.cancel()
+
+        return gen()
+
+    # -- lifetime --------------------------------------------------------------------------
+    def shutdown(self) -> Future[None]:
+        """Stop this actor; if it was made by ``as_actor``, stop its processes too."""
+
+        async def run():
+            if self._owns_proc_mesh and self._proc_mesh is not None:
+                await self._proc_mesh.stop()
+                return
+            body = ser.dumps(self._actor_name)[0]
+            await asyncio.gather(
+                *(
+                    self._request(r, _wire.STOP_ACTOR, body, "shutdown", 5.0)
+                    for r in self._shape.ranks
+                ),
+                return_exceptions=True,
+            )
+
+        return Future(run, f"shutdown {self._display}")
+
+
+def _rebuild_actor_mesh(actor_name, display, cls, infos, shape, mesh_name) -> ActorMesh:
+    return ActorMesh(actor_name, display, cls, infos, shape, mesh_name)
+
+
+class HostMesh:
+    """The hosts to spawn processes on. ``this_host()`` is the local one."""
+
+    def __init__(self, hosts: int = 1):
+        self.hosts = hosts
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> Future[ProcMesh]:
+        """Start ``per_host`` processes (e.g. ``{"procs": 4}``) with extra ``env``."""
+        per_host = dict(per_host or {"procs": 1})
+        for k, v in per_host.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"per_host[{k!r}] must be a positive int, got {v!r}")
+        sizes = ({"hosts": self.hosts} if self.hosts > 1 else {}) | per_host
+        if self.hosts > 1:
+            raise ValueError(
+                f"the local backend runs on one host, but {self.hosts} hosts were asked for; "
+                "use the monarch backend (FORGE_BACKEND=monarch) for multi-host meshes"
+            )
+        return Future(lambda: spawn_local(sizes, env or {}, name or "procs"), "spawn_procs")
+
+
+def this_host() -> HostMesh:
+    """The host this controller runs on."""
+    return HostMesh(1)
+
+
+async def spawn_local(sizes: dict[str, int], env: dict[str, str], name: str) -> ProcMesh:
+    rt = get_runtime()
+    install_signal_handlers()
+    shape = Shape.full(sizes)
+    mesh_name = rt.unique_name(name)
+    n = len(shape)
+    port = free_port()
+    procs: list[LocalProc] = []
+    holder: list[ProcMesh] = []
+
+    def on_exit(p: LocalProc) -> None:
+        if holder:
+            holder[0]._on_proc_exit(p)
+
+    try:
+        for rank in range(n):
+            address = f"unix:{os.path.join(rt.session.dir, f'{mesh_name}-{rank}.sock')}"
+            penv = {
+                **rt.session.env(),
+                "FORGE_MESH": mesh_name,
+                "FORGE_RANK": str(rank),
+                "FORGE_SIZE": str(n),
+                "FORGE_ADDRESS": address,
+                "FORGE_SHAPE": _json(sizes),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(n),
+                "LOCAL_WORLD_SIZE": str(n),
+                **env,
+            }
+            p = LocalProc(mesh_name, rank, n, address, penv, on_exit)
+            procs.append(p)
+            rt.local_procs[address] = p
+        await asyncio.gather(*(p.wait_ready() for p in procs))
+    except BaseException:
+        for p in procs:
+            p.stopping = True
+            rt.local_procs.pop(p.address, None)
+        await asyncio.get_running_loop().run_in_executor(None, kill_all, procs, 0.5)
+        raise
+    pm = ProcMesh(mesh_name, shape, procs)
+    holder.append(pm)
+    for p in procs:  # a process that died between ready and now
+        if p.returncode is not None:
+            pm._on_proc_exit(p)
+    rt.proc_meshes.append(pm)
+    return pm
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj)

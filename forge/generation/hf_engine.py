@@ -1,0 +1,331 @@
+"""Batched generation on a plain transformers causal LM, with a KV cache and continuous batching.
+
+The Generator actor wraps this; it is plain PyTorch so it is testable in-process::
+
+    engine = HFEngine(model, tokenizer, max_batch_size=32, version=0)
+    [[c1, c2]] = engine.generate([("Q: 1+1=", SamplingParams(n=2, max_tokens=8))])
+
+    # or step-wise (continuous batching): requests join between decode steps
+    rid = engine.add_request(messages, SamplingParams(seed=3))
+    while engine.has_work():
+        for rid, completions in engine.step(): ...
+
+How a step works: waiting rows are admitted while fewer than ``max_batch_size`` are running;
+they are left-padded, prefilled together and their KV cache is appended to the running one.
+Then every running row samples one token (``sampling.sample_next``) and finished rows are
+dropped from the batch and its cache, so they stop costing compute.
+
+Conventions (see ``forge.types.Completion``):
+- ``token_ids`` include a generated EOS token (so the trainer learns to stop); ``text`` is
+  decoded without special tokens.
+- Stop strings: ``token_ids``/``logprobs`` keep every token up to and including the one that
+  completed the stop string; ``text`` is cut just before the stop string.
+- ``logprobs[i]`` is log softmax(logits / temperature)[token] before top-k/top-p filtering
+  (temperature 0 reports temperature 1), so ``forge.models.token_logprobs`` recomputes it.
+- ``generator_version`` is ``self.version`` when the request was added, so a weight update
+  that bumps ``version`` mid-flight cannot relabel requests already running.
+- Each sample draws from its own ``torch.Generator``, seeded from ``(seed, sample index)``
+  when ``SamplingParams.seed`` is set, so results do not depend on batch neighbours.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from forge.generation import kv_cache
+from forge.generation.sampling import sample_next
+from forge.models.logprobs import position_ids_from_mask
+from forge.types import Completion, SamplingParams
+
+Prompt = str | list[dict[str, Any]]
+_SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, sample) pairs apart
+
+
+@dataclass
+class _Row:
+    """One sample being generated."""
+
+    request_id: int
+    sample_idx: int
+    prompt: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    version: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str | None = None
+
+
+@dataclass
+class _Running:
+    """The decode batch: rows aligned with the tensors' batch dimension."""
+
+    rows: list[_Row]
+    cache: DynamicCache
+    attention_mask_bt: torch.Tensor
+    next_pos_b: torch.Tensor  # position id the next fed token gets
+    logits_bv: torch.Tensor  # next-token logits, fp32
+
+
+class HFEngine:
+    """Generation core over an HF ``model`` (eval mode) and its ``tokenizer``."""
+
+    def __init__(
+        self, model, tokenizer, max_batch_size: int = 32, version: int = 0, seed: int = 0
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.version = version
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = tokenizer.eos_token_id
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        # Seeds for requests without one: reproducible per engine, no global RNG state.
+        self._seed_rng = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._waiting: deque[_Row] = deque()
+        self._running: _Running | None = None
+        self._pending: dict[int, list[_Row | None]] = {}
+
+    # ---- public API -------------------------------------------------------------------
+
+    def generate(self, requests: list[tuple[Prompt, SamplingParams]]) -> list[list[Completion]]:
+        """Generate ``params.n`` completions for each ``(prompt, params)``, in request order.
+
+        Needs an idle engine (requests added with ``add_request`` would be drained and their
+        results dropped). All prompts are validated before any is queued.
+        """
+        if self.has_work():
+            raise RuntimeError(
+                "generate() called while step()-API requests are in flight; "
+                "drain them with step() first"
+            )
+        encoded = [(*self._encode_prompt(prompt), params) for prompt, params in requests]
+        ids = [self._enqueue(text, prompt_ids, params) for text, prompt_ids, params in encoded]
+        done: dict[int, list[Completion]] = {}
+        while self.has_work():
+            done.update(self.step())
+        return [done.pop(i) for i in ids]
+
+    def add_request(self, prompt: Prompt, params: SamplingParams) -> int:
+        """Queue a request (string or chat messages); returns its id for ``step()`` results."""
+        return self._enqueue(*self._encode_prompt(prompt), params)
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self._waiting) or self._running is not None
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, list[Completion]]]:
+        """Admit waiting rows, sample one token per running row; return finished requests."""
+        self._admit()
+        if self._running is None:
+            return []
+        finished = self._decode_step()
+        out = []
+        for row in finished:
+            slots = self._pending[row.request_id]
+            slots[row.sample_idx] = row
+            if all(r is not None for r in slots):
+                del self._pending[row.request_id]
+                out.append((row.request_id, [self._to_completion(r) for r in slots]))
+        return out
+
+    # ---- prefill / decode ---------------------------------------------------------------
+
+    def _admit(self) -> None:
+        running = 0 if self._running is None else len(self._running.rows)
+        free = self.max_batch_size - running
+        if free <= 0 or not self._waiting:
+            return
+        rows = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        new = self._prefill(rows)
+        self._running = new if self._running is None else _merge(self._running, new)
+
+    def _prefill(self, rows: list[_Row]) -> _Running:
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids_bt = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask_bt = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every row's last token is at column -1
+            input_ids_bt[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attention_mask_bt[i, width - len(r.prompt_ids) :] = 1
+        input_ids_bt = input_ids_bt.to(self.device)
+        attention_mask_bt = attention_mask_bt.to(self.device)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=input_ids_bt,
+            attention_mask=attention_mask_bt,
+            position_ids=position_ids_from_mask(attention_mask_bt),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_pos_b = attention_mask_bt.sum(-1)
+        return _Running(
+            rows, out.past_key_values, attention_mask_bt, next_pos_b, out.logits[:, -1].float()
+        )
+
+    def _decode_step(self) -> list[_Row]:
+        """Sample for every running row, drop finished rows, run the model on the rest."""
+        run = self._running
+        assert run is not None
+        token_ids_b, logprobs_b = sample_next(
+            run.logits_bv, [r.params for r in run.rows], [r.generator for r in run.rows]
+        )
+        finished, keep = [], []
+        for i, (row, tok, lp) in enumerate(
+            zip(run.rows, token_ids_b.tolist(), logprobs_b.tolist())
+        ):
+            row.token_ids.append(tok)
+            row.logprobs.append(lp)
+            self._check_stop(row)
+            (finished if row.stop_reason else keep).append(i)
+        done = [run.rows[i] for i in finished]
+        if not keep:
+            self._running = None
+            return done
+        if finished:
+            run = _select(run, keep)
+            token_ids_b = token_ids_b[keep]
+        run.attention_mask_bt = torch.cat(
+            [run.attention_mask_bt, run.attention_mask_bt.new_ones(len(keep), 1)], dim=1
+        )
+        out = self.model(
+            input_ids=token_ids_b.unsqueeze(1),
+            attention_mask=run.attention_mask_bt,
+            position_ids=run.next_pos_b.unsqueeze(1),
+            past_key_values=run.cache,
+            use_cache=True,
+        )
+        run.cache, run.logits_bv = out.past_key_values, out.logits[:, -1].float()
+        run.next_pos_b = run.next_pos_b + 1
+        self._running = run
+        return done
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _check_stop(self, row: _Row) -> None:
+        """Set ``row.stop_reason`` (and the final text) if the row is done."""
+        if row.token_ids[-1] in self.eos_ids:
+            row.stop_reason = "stop"
+            row.text = self._decode(row.token_ids)
+            return
+        text = self._decode(row.token_ids)
+        hits = [i for i in (text.find(s) for s in row.params.stop if s) if i >= 0]
+        if hits:
+            row.stop_reason, row.text = "stop", text[: min(hits)]
+            return
+        row.text = text
+        at_context_end = (
+            self.max_positions is not None
+            and len(row.prompt_ids) + len(row.token_ids) >= self.max_positions
+        )
+        if len(row.token_ids) >= row.params.max_tokens or at_context_end:
+            row.stop_reason = "length"
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _encode_prompt(self, prompt: Prompt) -> tuple[str, list[int]]:
+        if isinstance(prompt, str):
+            text, add_special = prompt, True
+        elif isinstance(prompt, list):
+            text = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=False
+            )
+            add_special = False  # the template already holds any BOS
+        else:
+            raise TypeError(
+                f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
+            )
+        ids = list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+        if not ids:
+            raise ValueError("prompt encodes to zero tokens; pass a non-empty prompt")
+        if self.max_positions is not None and len(ids) >= self.max_positions:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but the model's max_position_embeddings "
+                f"is {self.max_positions}; shorten the prompt"
+            )
+        return text, ids
+
+    def _enqueue(self, text: str, prompt_ids: list[int], params: SamplingParams) -> int:
+        request_id = next(self._ids)
+        self._pending[request_id] = [None] * params.n
+        for j in range(params.n):
+            gen = self._make_generator(params, j)
+            self._waiting.append(_Row(request_id, j, text, prompt_ids, params, gen, self.version))
+        return request_id
+
+    def _make_generator(self, params: SamplingParams, sample_idx: int) -> torch.Generator:
+        if params.seed is None:
+            base = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        else:
+            base = params.seed
+        seed = (base * _SEED_MIX + sample_idx) % 2**63
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    @staticmethod
+    def _to_completion(row: _Row) -> Completion:
+        return Completion(
+            prompt=row.prompt,
+            prompt_ids=list(row.prompt_ids),
+            token_ids=row.token_ids,
+            logprobs=row.logprobs,
+            text=row.text,
+            stop_reason=row.stop_reason or "length",
+            generator_version=row.version,
+        )
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(source)
+    return ids
+
+
+def _select(run: _Running, keep: list[int]) -> _Running:
+    """Keep rows ``keep``; then drop leading columns that are now padding for every row."""
+    keep_b = torch.tensor(keep, device=run.attention_mask_bt.device)
+    mask_bt = run.attention_mask_bt[keep_b]
+    lead = int(mask_bt.any(dim=0).long().argmax())  # first column some row attends to
+    cache = kv_cache.drop_leading_columns(kv_cache.select_rows(run.cache, keep_b), lead)
+    return _Running(
+        [run.rows[i] for i in keep],
+        cache,
+        mask_bt[:, lead:],
+        run.next_pos_b[keep_b],
+        run.logits_bv[keep_b],
+    )
+
+
+def _merge(a: _Running, b: _Running) -> _Running:
+    """Append the rows of a freshly prefilled batch ``b`` to the running batch ``a``."""
+    t = max(a.attention_mask_bt.shape[1], b.attention_mask_bt.shape[1])
+
+    def pad(mask_bt: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(mask_bt, (t - mask_bt.shape[1], 0))
+
+    return _Running(
+        a.rows + b.rows,
+        kv_cache.concat_left_padded(a.cache, b.cache),
+        torch.cat([pad(a.attention_mask_bt), pad(b.attention_mask_bt)]),
+        torch.cat([a.next_pos_b, b.next_pos_b]),
+        torch.cat([a.logits_bv, b.logits_bv]),
+    )

@@ -1,0 +1,196 @@
+"""``LossConfig`` and ``build_loss``: the one place a loss is chosen by its ``type``.
+
+    loss_fn = build_loss(LossConfig(type="grpo", clip_eps_high=0.28, kl_coef=0.01))
+    loss, metrics = loss_fn(
+        logprobs_bt=lp_bt, generator_logprobs_bt=gen_bt, advantages_b=adv_b, mask_bt=mask_bt,
+        old_logprobs_bt=old_bt, ref_logprobs_bt=ref_bt,   # both optional
+    )
+    loss.backward()
+
+The total is ``policy loss + kl_coef * aggregate(kl_penalty(logprobs, ref))``, both reduced
+with the same ``aggregation``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from forge.losses.kl import KL_ESTIMATORS, kl_penalty
+from forge.losses.normalize import AGGREGATION_MODES, aggregate
+from forge.losses.policy import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
+
+__all__ = ["LOSS_TYPES", "LossConfig", "LossFn", "build_loss"]
+
+
+@dataclass(frozen=True)
+class _TypeDefaults:
+    clip_eps_low: float
+    clip_eps_high: float
+    aggregation: str
+
+
+# Per-type defaults used where the config leaves a field as None: GSPO's sequence ratios need
+# a clip range three orders of magnitude tighter than token ratios.
+_DEFAULTS = {
+    "grpo": _TypeDefaults(0.2, 0.2, "token_mean"),
+    "ppo": _TypeDefaults(0.2, 0.2, "token_mean"),
+    "reinforce": _TypeDefaults(0.0, 0.0, "token_mean"),
+    "gspo": _TypeDefaults(3e-4, 4e-4, "seq_mean"),
+}
+LOSS_TYPES = tuple(_DEFAULTS)
+
+
+def _unknown_type(t: str) -> ValueError:
+    return ValueError(f"unknown loss type: {t!r}; choose one of {LOSS_TYPES}")
+
+
+@dataclass
+class LossConfig:
+    """Which policy loss to use and its knobs.
+
+    ``type``: ``grpo`` | ``ppo`` | ``reinforce`` | ``gspo``. ``clip_eps_low`` /
+    ``clip_eps_high`` (ignored by ``reinforce``) and ``aggregation`` default, when ``None``,
+    to the type's usual values: 0.2 / 0.2 / ``token_mean`` for grpo and ppo, 3e-4 / 4e-4 /
+    ``seq_mean`` for gspo. ``kl_coef`` weighs the KL to the reference (0 disables it; any
+    ``ref_logprobs_bt`` passed is then only logged) estimated with ``kl_estimator``
+    (``k1`` | ``k2`` | ``k3``). ``tis_cap`` enables truncated importance sampling with that cap
+    (2.0 is a common choice). ``max_tokens`` is the constant divisor of ``dr_grpo``
+    aggregation, normally the generation ``max_tokens``; required for that mode.
+    """
+
+    type: str = "grpo"
+    clip_eps_low: float | None = None
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    tis_cap: float | None = None
+    aggregation: str | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in _DEFAULTS:
+            raise _unknown_type(self.type)
+        for name in ("clip_eps_low", "clip_eps_high"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"LossConfig.{name} must be >= 0, got {value}")
+        if self.kl_coef < 0:
+            raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"LossConfig.kl_estimator: unknown kl estimator {self.kl_estimator!r}; "
+                f"choose one of {KL_ESTIMATORS}"
+            )
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise ValueError(f"LossConfig.tis_cap must be > 0 or None, got {self.tis_cap}")
+        if self.aggregation is not None and self.aggregation not in AGGREGATION_MODES:
+            raise ValueError(
+                f"LossConfig.aggregation: unknown aggregation mode {self.aggregation!r}; "
+                f"choose one of {AGGREGATION_MODES}"
+            )
+        if self.resolved_aggregation() == "dr_grpo" and self.max_tokens is None:
+            raise ValueError(
+                "LossConfig.aggregation='dr_grpo' needs LossConfig.max_tokens (the generation "
+                "max_tokens), the constant the summed loss is divided by"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"LossConfig.max_tokens must be >= 1, got {self.max_tokens}")
+
+    def resolved_aggregation(self) -> str:
+        """``aggregation``, or the type's default when it is ``None``."""
+        return self.aggregation or _DEFAULTS[self.type].aggregation
+
+    def resolved_clip(self) -> tuple[float, float]:
+        """``(clip_eps_low, clip_eps_high)`` with ``None`` replaced by the type's defaults."""
+        d = _DEFAULTS[self.type]
+        low = d.clip_eps_low if self.clip_eps_low is None else self.clip_eps_low
+        high = d.clip_eps_high if self.clip_eps_high is None else self.clip_eps_high
+        return low, high
+
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+def _policy_loss(cfg: LossConfig, **t: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+    """Dispatch to the policy loss of ``cfg.type`` with the resolved knobs."""
+    agg = {"aggregation": cfg.resolved_aggregation(), "max_tokens": cfg.max_tokens}
+    low, high = cfg.resolved_clip()
+    clip = {"clip_eps_low": low, "clip_eps_high": high}
+    lp, gen, adv, mask, old = (
+        t["logprobs_bt"],
+        t["generator_logprobs_bt"],
+        t["advantages_b"],
+        t["mask_bt"],
+        t["old_logprobs_bt"],
+    )
+    if cfg.type == "grpo":
+        return grpo_loss(
+            lp, gen, adv, mask, old_logprobs_bt=old, tis_cap=cfg.tis_cap, **clip, **agg
+        )
+    if cfg.type == "gspo":
+        return gspo_loss(
+            lp, gen, adv, mask, old_logprobs_bt=old, tis_cap=cfg.tis_cap, **clip, **agg
+        )
+    if cfg.type == "ppo":
+        old_bt = gen if old is None else old
+        return ppo_clip_loss(
+            lp, old_bt, adv, mask, generator_logprobs_bt=gen, tis_cap=cfg.tis_cap, **clip, **agg
+        )
+    if cfg.type == "reinforce":
+        return reinforce_loss(
+            lp,
+            adv,
+            mask,
+            old_logprobs_bt=old,
+            generator_logprobs_bt=gen,
+            tis_cap=cfg.tis_cap,
+            **agg,
+        )
+    raise _unknown_type(cfg.type)
+
+
+def build_loss(config: LossConfig) -> LossFn:
+    """Return ``loss_fn(**tensors) -> (loss, metrics)`` for ``config`` (see module docstring).
+
+    Keyword tensors: ``logprobs_bt`` (with grad), ``generator_logprobs_bt``, ``advantages_b``
+    (``[B]``; ``ppo`` also takes ``[B, T]``), ``mask_bt``, and optionally ``old_logprobs_bt``
+    and ``ref_logprobs_bt``. Metrics add ``kl_ref`` when a reference is given, and ``loss``.
+    """
+    if config.type not in _DEFAULTS:
+        raise _unknown_type(config.type)
+
+    def loss_fn(
+        *,
+        logprobs_bt: torch.Tensor,
+        generator_logprobs_bt: torch.Tensor,
+        advantages_b: torch.Tensor,
+        mask_bt: torch.Tensor,
+        old_logprobs_bt: torch.Tensor | None = None,
+        ref_logprobs_bt: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = _policy_loss(
+            config,
+            logprobs_bt=logprobs_bt,
+            generator_logprobs_bt=generator_logprobs_bt,
+            advantages_b=advantages_b,
+            mask_bt=mask_bt,
+            old_logprobs_bt=old_logprobs_bt,
+        )
+        if ref_logprobs_bt is not None:
+            kl_bt = kl_penalty(logprobs_bt, ref_logprobs_bt, config.kl_estimator)
+            kl = aggregate(kl_bt, mask_bt, config.resolved_aggregation(), config.max_tokens)
+            metrics["kl_ref"] = kl.item()
+            if config.kl_coef > 0:
+                loss = loss + config.kl_coef * kl
+        elif config.kl_coef > 0:
+            raise ValueError(
+                f"kl_coef={config.kl_coef} needs ref_logprobs_bt; pass the reference model's "
+                "logprobs or set kl_coef=0"
+            )
+        metrics["loss"] = loss.item()
+        return loss, metrics
+
+    return loss_fn

@@ -1,0 +1,94 @@
+"""Load HF causal LMs and tokenizers from a local directory or a hub id.
+
+Attention runs with ``attn_implementation="eager"`` by default. Generation (incremental, KV
+cache, left padding) and teacher-forced logprob recomputation (full sequence, right padding)
+then use the same plain matmul + softmax kernels, and in float32 they agree to ~1e-6. SDPA
+agrees about as well on CPU, but its fused kernels differ by backend and shape, so eager is the
+deterministic choice for the tiny models this is used with; pass ``attn_implementation="sdpa"``
+for speed on real models.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+# "name" or "org/name" as the hub accepts them; anything else can only be a local path.
+_HUB_ID_RE = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def resolve_dtype(dtype: Any):
+    """Map ``"float32"``/``"bfloat16"``/``"float16"`` (or a ``torch.dtype``) to a torch dtype."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype: {dtype!r}; choose one of {list(DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def _looks_like_path(s: str) -> bool:
+    return os.path.isabs(s) or s.startswith((".", "~")) or not _HUB_ID_RE.match(s)
+
+
+def _missing_model_error(path_or_id: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"no model directory at {path_or_id!r} (and it is not a hub id, or the hub is "
+        f"unreachable). Build a small local model with `forge make-tiny-model {path_or_id}` "
+        "or `forge.models.make_tiny_model(path)`."
+    )
+
+
+def _check_source(path_or_id: str | os.PathLike) -> str:
+    """Return ``path_or_id`` as a string, raising early if it is a path that does not exist."""
+    s = os.fspath(path_or_id)
+    if Path(s).expanduser().exists():
+        return str(Path(s).expanduser())
+    if isinstance(path_or_id, Path) or _looks_like_path(s):
+        raise _missing_model_error(s)
+    return s
+
+
+def load_model(
+    path_or_id: str | os.PathLike,
+    dtype: Any = "float32",
+    device: str = "cpu",
+    attn_implementation: str = "eager",
+):
+    """Load an ``AutoModelForCausalLM`` in eval mode on ``device``.
+
+    Raises:
+        FileNotFoundError: ``path_or_id`` is a path that does not exist, or a hub id that
+            cannot be fetched; the message says how to build a tiny local model.
+        ValueError: unknown ``dtype``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = resolve_dtype(dtype)
+    source = _check_source(path_or_id)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, attn_implementation=attn_implementation
+        )
+    except OSError as e:
+        raise _missing_model_error(source) from e
+    return model.to(device).eval()
+
+
+def load_tokenizer(path_or_id: str | os.PathLike):
+    """Load the ``AutoTokenizer`` saved with a model; errors as in ``load_model``."""
+    from transformers import AutoTokenizer
+
+    source = _check_source(path_or_id)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as e:
+        raise _missing_model_error(source) from e
+    if tokenizer.pad_token_id is None:
+        # Batched generation and padding need a pad id; eos is the usual stand-in.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

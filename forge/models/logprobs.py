@@ -1,0 +1,132 @@
+"""Teacher-forced per-token logprobs and the padded batch layout shared by trainer and reference.
+
+Layout: ``input_ids_bt`` is prompt + response per row, right-padded. Logprob tensors are aligned
+with it: position t holds log p(token_t | tokens_<t); position 0 and padding hold 0. The
+generator reports logprobs under the same convention (temperature applied, before top-k/top-p
+filtering), so ``token_logprobs(model, ..., temperature=T)`` recomputes them exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Tokens per chunk when projecting hidden states to the vocabulary: bounds the fp32
+# [B, chunk, V] logits alive at once (large for 150k-entry vocabularies).
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def position_ids_from_mask(attention_mask_bt: torch.Tensor) -> torch.Tensor:
+    """Positions counting only attended tokens, so left padding does not shift RoPE.
+
+    Padding positions get 0 (they are masked out anyway).
+    """
+    mask_bt = attention_mask_bt.long()
+    return ((mask_bt.cumsum(-1) - 1) * mask_bt).clamp(min=0)
+
+
+def effective_temperature(temperature: float) -> float:
+    """Temperature 0 (greedy) reports logprobs of the unscaled distribution (temperature 1)."""
+    return temperature if temperature > 0 else 1.0
+
+
+def gather_logprobs(logits_btv: torch.Tensor, targets_bt: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[target] in fp32, via logsumexp + gather (no [B, T, V] log_softmax)."""
+    logits_btv = logits_btv.float()
+    picked_bt = logits_btv.gather(-1, targets_bt.unsqueeze(-1)).squeeze(-1)
+    return picked_bt - torch.logsumexp(logits_btv, dim=-1)
+
+
+def _split_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder body, lm_head) if the model exposes them, so logits can be made in chunks."""
+    body = getattr(model, "model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # Models with logit soft-capping or scaling post-process logits; use their full forward.
+    extra = getattr(model.config, "final_logit_softcapping", None) or getattr(
+        model.config, "logit_scale", None
+    )
+    if body is None or head is None or extra:
+        return None
+    return body, head
+
+
+def token_logprobs(
+    model,
+    input_ids_bt: torch.Tensor,
+    attention_mask_bt: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Per-token logprobs ``[B, T]`` (fp32) of ``input_ids_bt`` under ``model``.
+
+    Position t holds log softmax(logits_{t-1} / temperature)[token_t]; position 0 and
+    positions with ``attention_mask_bt == 0`` hold 0. Works for left or right padding
+    (position ids come from the mask). Differentiable: the trainer calls it under grad.
+    """
+    temp = effective_temperature(temperature)
+    position_ids_bt = position_ids_from_mask(attention_mask_bt)
+    targets_bt = input_ids_bt[:, 1:]
+    split = _split_head(model)
+    if split is None:
+        out = model(
+            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
+        )
+        lp_bt = gather_logprobs(out.logits[:, :-1].float() / temp, targets_bt)
+    else:
+        body, head = split
+        hidden_btd = body(
+            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
+        ).last_hidden_state[:, :-1]
+        pieces = []
+        for start in range(0, hidden_btd.shape[1], chunk_tokens):
+            logits_btv = head(hidden_btd[:, start : start + chunk_tokens]).float() / temp
+            pieces.append(gather_logprobs(logits_btv, targets_bt[:, start : start + chunk_tokens]))
+        lp_bt = torch.cat(pieces, dim=1)
+    lp_bt = torch.cat([lp_bt.new_zeros(lp_bt.shape[0], 1), lp_bt], dim=1)
+    # A token's logprob only means something if it and its predecessor are real tokens.
+    valid_bt = attention_mask_bt.bool().clone()
+    valid_bt[:, 1:] &= attention_mask_bt[:, :-1].bool()
+    valid_bt[:, 0] = False
+    return torch.where(valid_bt, lp_bt, torch.zeros_like(lp_bt))
+
+
+def pad_and_stack(
+    prompt_ids_list: list[list[int]],
+    response_ids_list: list[list[int]],
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad prompt+response rows into ``(input_ids_bt, attention_mask_bt, response_mask_bt)``.
+
+    ``input_ids_bt`` and ``attention_mask_bt`` are int64; ``response_mask_bt`` is float32 with
+    1.0 on response tokens (ready to multiply into per-token losses).
+    """
+    if len(prompt_ids_list) != len(response_ids_list):
+        raise ValueError(
+            f"pad_and_stack got {len(prompt_ids_list)} prompts but "
+            f"{len(response_ids_list)} responses; pass one response per prompt"
+        )
+    width = max(len(p) + len(r) for p, r in zip(prompt_ids_list, response_ids_list))
+    b = len(prompt_ids_list)
+    input_ids_bt = torch.full((b, width), pad_id, dtype=torch.long)
+    attention_mask_bt = torch.zeros((b, width), dtype=torch.long)
+    response_mask_bt = torch.zeros((b, width), dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompt_ids_list, response_ids_list)):
+        n = len(p) + len(r)
+        input_ids_bt[i, :n] = torch.tensor(p + r, dtype=torch.long)
+        attention_mask_bt[i, :n] = 1
+        response_mask_bt[i, len(p) : n] = 1.0
+    return input_ids_bt, attention_mask_bt, response_mask_bt
+
+
+def pad_response_values(
+    prompt_lens: list[int], values_list: list[list[float]], width: int
+) -> torch.Tensor:
+    """Place per-response-token values (e.g. behaviour logprobs) into the ``pad_and_stack``
+    layout: row i gets ``values_list[i]`` at columns ``prompt_lens[i]:``, zeros elsewhere."""
+    out_bt = torch.zeros((len(values_list), width), dtype=torch.float32)
+    for i, (start, vals) in enumerate(zip(prompt_lens, values_list)):
+        if start + len(vals) > width:
+            raise ValueError(
+                f"row {i}: prompt length {start} + {len(vals)} values exceeds width {width}"
+            )
+        out_bt[i, start : start + len(vals)] = torch.tensor(vals, dtype=torch.float32)
+    return out_bt

@@ -1,0 +1,74 @@
+"""Turn a list of :class:`~forge.types.Episode` into one padded :class:`~forge.types.TrainBatch`.
+
+Layout of row ``b`` (prompt length ``p``, response length ``r``, right padding to ``T``)::
+
+    position      0 .. p-1        p .. p+r-1              p+r .. T-1
+    input_ids     prompt ids      response ids            pad_id
+    attention     1               1                       0
+    response      0               1                       0
+    logprobs      0               logprob of token t      0
+
+so position ``t`` of a logprob tensor holds the log-probability of ``input_ids[t]`` given the
+tokens before it, matching :class:`~forge.types.TrainBatch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from forge.types import Episode, TrainBatch
+
+__all__ = ["collate_episodes"]
+
+
+def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch:
+    """Pad ``episodes`` into a :class:`TrainBatch` (tensors on CPU).
+
+    Dtypes: ids and ``attention_mask_bt`` int64 (what HF models take); ``response_mask_bt``,
+    logprobs and ``advantages_b`` float32 (masks multiply losses); ``policy_versions_b``
+    int64. ``ref_logprobs_bt`` is filled only when every episode has ``ref_logprobs``.
+    """
+    if not episodes:
+        raise ValueError("collate_episodes needs at least one episode, got an empty list")
+    for ep in episodes:
+        _check_lengths(ep)
+    with_ref = all(ep.ref_logprobs is not None for ep in episodes)
+    batch, seq = len(episodes), max(ep.num_tokens for ep in episodes)
+    input_ids_bt = torch.full((batch, seq), pad_id, dtype=torch.long)
+    attention_mask_bt = torch.zeros((batch, seq), dtype=torch.long)
+    response_mask_bt = torch.zeros((batch, seq), dtype=torch.float32)
+    behavior_logprobs_bt = torch.zeros((batch, seq), dtype=torch.float32)
+    ref_logprobs_bt = torch.zeros((batch, seq), dtype=torch.float32) if with_ref else None
+    for b, ep in enumerate(episodes):
+        p, n = len(ep.prompt_ids), ep.num_tokens
+        input_ids_bt[b, :n] = torch.tensor(ep.prompt_ids + ep.response_ids, dtype=torch.long)
+        attention_mask_bt[b, :n] = 1
+        response_mask_bt[b, p:n] = 1.0
+        behavior_logprobs_bt[b, p:n] = torch.tensor(ep.behavior_logprobs, dtype=torch.float32)
+        if ref_logprobs_bt is not None:
+            ref_logprobs_bt[b, p:n] = torch.tensor(ep.ref_logprobs, dtype=torch.float32)
+    return TrainBatch(
+        input_ids_bt=input_ids_bt,
+        attention_mask_bt=attention_mask_bt,
+        response_mask_bt=response_mask_bt,
+        behavior_logprobs_bt=behavior_logprobs_bt,
+        advantages_b=torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32),
+        ref_logprobs_bt=ref_logprobs_bt,
+        policy_versions_b=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
+    )
+
+
+def _check_lengths(ep: Episode) -> None:
+    r = len(ep.response_ids)
+    if len(ep.behavior_logprobs) != r:
+        raise ValueError(
+            f"episode {ep.episode_id!r} has {r} response tokens but "
+            f"{len(ep.behavior_logprobs)} behavior_logprobs; they must be one per token"
+        )
+    if ep.ref_logprobs is not None and len(ep.ref_logprobs) != r:
+        raise ValueError(
+            f"episode {ep.episode_id!r} has {r} response tokens but "
+            f"{len(ep.ref_logprobs)} ref_logprobs; they must be one per token"
+        )

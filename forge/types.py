@@ -1,0 +1,107 @@
+"""Message types passed between Forge components.
+
+Endpoints exchange these small dataclasses, never loose dicts. Token ids are plain lists of
+ints (cheap to pickle, no tensor aliasing); per-token float sequences are lists too, and the
+trainer turns a batch of them into padded tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """How to sample a completion. Mirrors the common subset of vLLM's ``SamplingParams``.
+
+    ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy.
+    ``logprobs`` asks for the logprob of each *sampled* token (always returned by Forge's
+    generators, since RL needs them); ``seed`` makes sampling reproducible per request.
+    """
+
+    n: int = 1
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of a prompt.
+
+    ``logprobs[i]`` is the generator's log-probability of ``token_ids[i]`` under the weights
+    of ``generator_version``. ``stop_reason`` is ``"stop"`` (EOS or a stop string) or
+    ``"length"`` (hit ``max_tokens``).
+    """
+
+    prompt: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    stop_reason: str
+    generator_version: int
+
+
+@dataclass
+class Episode:
+    """A completion scored and ready for training.
+
+    ``policy_version`` is the weight version that generated the response (the replay buffer
+    uses it for its policy-age limit). ``advantage`` is filled once the whole group is scored.
+    ``ref_logprobs`` is set only when a reference model is used.
+    """
+
+    episode_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behavior_logprobs: list[float]
+    reward: float
+    policy_version: int
+    group_id: str = ""
+    advantage: float = 0.0
+    ref_logprobs: list[float] | None = None
+    target: Any = None
+    reward_breakdown: dict[str, float] = field(default_factory=dict)
+    stop_reason: str = "stop"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class TrainBatch:
+    """A padded batch for one data-parallel rank. Shapes: ``[B, T]``.
+
+    ``response_mask_bt`` is 1 on response tokens that count in the loss; logprob tensors are
+    aligned with ``input_ids_bt`` (position t holds the logprob of token t given tokens < t;
+    position 0 and prompt positions are 0 and masked out).
+    """
+
+    input_ids_bt: Any
+    attention_mask_bt: Any
+    response_mask_bt: Any
+    behavior_logprobs_bt: Any
+    advantages_b: Any
+    ref_logprobs_bt: Any = None
+    policy_versions_b: Any = None

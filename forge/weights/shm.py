@@ -1,0 +1,257 @@
+"""Same-host weight transport: one shared-memory file per version under ``/dev/shm``.
+
+Push copies every tensor once into ``/dev/shm/forge-w-<prefix>-v<version>``; any process on
+the host maps that file and copies out of it (into the model's own tensors, or into fresh
+ones), so the cost is two memcpys per byte and no pickling. File layout::
+
+    [ b"FORGEW01" | u64 header length | JSON header | pad ] [ tensor 0 | pad ] [ tensor 1 ] ...
+
+Every tensor starts at a 64-byte-aligned offset (cache line; also any dtype's alignment). The
+JSON header repeats the manifest so a process that only knows the version can still pull it.
+The file is written under a temporary name and hard-linked to its final name only when
+complete, so a reader never sees a half-written version.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import struct
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from forge.weights.store import (
+    TensorMeta,
+    WeightHandle,
+    WeightTransport,
+    check_into_keys,
+    copy_into,
+    dtype_from_name,
+    dtype_name,
+)
+
+__all__ = ["SharedMemoryTransport", "read_shm_file", "write_shm_file"]
+
+_MAGIC = b"FORGEW01"
+_ALIGN = 64
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of ``t``'s data (made contiguous first if it is not)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def write_shm_file(
+    path: str, state_dict: dict[str, torch.Tensor], version: int
+) -> dict[str, TensorMeta]:
+    """Write ``state_dict`` to a new file ``path`` (mode 0600); return the manifest.
+
+    Fails with ``FileExistsError`` if ``path`` exists (``O_EXCL``): files are never reused.
+    """
+    manifest: dict[str, TensorMeta] = {}
+    # The header size depends on the offsets it lists; reserve a generous upper bound.
+    rows = [
+        (n, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size())
+        for n, t in state_dict.items()
+    ]
+    reserve = _align(16 + len(json.dumps({"version": version, "tensors": rows})) + 24 * len(rows))
+    offset = reserve
+    for name, dtype, shape, nbytes in rows:
+        manifest[name] = TensorMeta(dtype, tuple(shape), offset, nbytes)
+        offset = _align(offset + nbytes)
+    header = json.dumps(
+        {
+            "version": version,
+            "tensors": [
+                [n, m.dtype, list(m.shape), m.offset, m.nbytes] for n, m in manifest.items()
+            ],
+        }
+    ).encode()
+    assert 16 + len(header) <= reserve, "header reserve too small"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, offset)
+        with mmap.mmap(fd, offset) as mm:
+            mm[: 16 + len(header)] = _MAGIC + struct.pack("<Q", len(header)) + header
+            file_u8 = torch.frombuffer(mm, dtype=torch.uint8)
+            for name, meta in manifest.items():
+                if meta.nbytes:
+                    # One memcpy per tensor (copy_ also handles a CUDA source).
+                    file_u8[meta.offset : meta.offset + meta.nbytes].copy_(
+                        _as_bytes(state_dict[name])
+                    )
+            # The tensor exports mm's buffer; it must die before mm can close.
+            del file_u8
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return manifest
+
+
+def _read_manifest(mm: mmap.mmap, path: str) -> tuple[int, dict[str, TensorMeta]]:
+    if mm[:8] != _MAGIC:
+        raise ValueError(f"{path} is not a Forge weight file (bad magic {mm[:8]!r})")
+    (length,) = struct.unpack("<Q", mm[8:16])
+    header = json.loads(mm[16 : 16 + length])
+    manifest = {n: TensorMeta(d, tuple(s), o, b) for n, d, s, o, b in header["tensors"]}
+    return header["version"], manifest
+
+
+def read_shm_file(
+    path: str,
+    version: int,
+    manifest: dict[str, TensorMeta] | None = None,
+    into: dict[str, torch.Tensor] | None = None,
+    wait_s: float = 0.0,
+) -> dict[str, torch.Tensor]:
+    """Copy a version out of its shm file into ``into`` (returned) or into fresh tensors.
+
+    ``manifest=None`` reads it from the file header. Waits up to ``wait_s`` seconds for the
+    file to appear, then raises ``FileNotFoundError`` naming the version and the file.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            break
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise FileNotFoundError(
+                    f"weight version {version} is not in shared memory: {path} does not exist "
+                    f"(waited {wait_s:g}s). It was never pushed, was dropped by the pusher's "
+                    "retention, or was pushed on another host (use safetensors_dir there)"
+                ) from None
+            time.sleep(0.01)
+    try:
+        size = os.fstat(fd).st_size
+        # ACCESS_COPY (private, copy-on-write) gives a writable buffer, which torch.frombuffer
+        # wants, while never writing to the file; we only read, so no page is ever copied.
+        with mmap.mmap(fd, size, access=mmap.ACCESS_COPY) as mm:
+            if manifest is None:
+                _, manifest = _read_manifest(mm, path)
+            out = _copy_out(mm, manifest, version, into)
+    finally:
+        os.close(fd)
+    return out
+
+
+def _copy_out(
+    mm: mmap.mmap,
+    manifest: dict[str, TensorMeta],
+    version: int,
+    into: dict[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    if into is not None:
+        check_into_keys(into, list(manifest), f"weight version {version}")
+    out = into if into is not None else {}
+    file_u8 = torch.frombuffer(mm, dtype=torch.uint8)
+    for name, meta in manifest.items():
+        dtype = dtype_from_name(meta.dtype)
+        src = file_u8[meta.offset : meta.offset + meta.nbytes].view(dtype).view(meta.shape)
+        if into is not None:
+            copy_into(into, name, src, f"weight version {version}")
+        else:
+            # Fresh, owned memory: the result must not alias the (soon unmapped) file.
+            out[name] = torch.empty(meta.shape, dtype=dtype).copy_(src)
+        del src
+    del file_u8
+    return out
+
+
+def _unlink_all(paths: set[str]) -> None:
+    for path in list(paths):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        paths.discard(path)
+
+
+class SharedMemoryTransport(WeightTransport):
+    """Weights in ``<shm_dir>/forge-w-<prefix>-v<version>``, one file per version.
+
+    Args:
+        prefix: names this run's files (letters, digits, ``_.-``); pusher and pullers agree.
+        shm_dir: a RAM-backed directory (``/dev/shm`` on Linux).
+        wait_s: how long ``pull(version)`` waits for a version's file to appear.
+
+    Files this instance pushed are unlinked by ``drop``/``close``, and at garbage collection
+    or interpreter exit as a safety net; a crash (SIGKILL) can still leave them behind.
+    """
+
+    name = "shm"
+
+    def __init__(self, prefix: str, shm_dir: str = "/dev/shm", wait_s: float = 0.0) -> None:
+        if not _PREFIX_RE.match(prefix):
+            raise ValueError(
+                f"SharedMemoryTransport prefix {prefix!r} must be non-empty letters, digits, "
+                "'_', '.' or '-' (it becomes part of a file name)"
+            )
+        if not Path(shm_dir).is_dir():
+            raise ValueError(f"SharedMemoryTransport shm_dir {shm_dir!r} is not a directory")
+        self.prefix = prefix
+        self.shm_dir = shm_dir
+        self.wait_s = wait_s
+        self._owned: set[str] = set()
+        self._finalizer = weakref.finalize(self, _unlink_all, self._owned)
+
+    def path(self, version: int) -> str:
+        """File holding ``version``."""
+        return os.path.join(self.shm_dir, f"forge-w-{self.prefix}-v{int(version)}")
+
+    def push(self, state_dict: dict[str, torch.Tensor], version: int) -> WeightHandle:
+        final = self.path(version)
+        if os.path.exists(final):
+            raise ValueError(f"weight version {version} already exists at {final}; drop it first")
+        tmp = f"{final}.tmp-{os.getpid()}-{id(self)}"
+        manifest = write_shm_file(tmp, state_dict, version)
+        try:
+            # link() never replaces an existing name: an atomic, no-clobber publish.
+            os.link(tmp, final)
+        except FileExistsError:
+            raise ValueError(
+                f"weight version {version} was pushed concurrently by another process ({final})"
+            ) from None
+        finally:
+            os.unlink(tmp)
+        self._owned.add(final)
+        return WeightHandle(version, self.name, final, manifest)
+
+    def pull(
+        self,
+        handle_or_version: WeightHandle | int,
+        into: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        if isinstance(handle_or_version, WeightHandle):
+            h = handle_or_version
+            return read_shm_file(h.location, h.version, h.manifest, into, self.wait_s)
+        version = int(handle_or_version)
+        return read_shm_file(self.path(version), version, None, into, self.wait_s)
+
+    def drop(self, version: int) -> None:
+        path = self.path(version)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._owned.discard(path)
+
+    def versions(self) -> list[int]:
+        pattern = re.compile(rf"^forge-w-{re.escape(self.prefix)}-v(\d+)$")
+        found = (pattern.match(name) for name in os.listdir(self.shm_dir))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def close(self) -> None:
+        _unlink_all(self._owned)

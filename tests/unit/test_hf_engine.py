@@ -1,0 +1,211 @@
+"""HFEngine and sampling: filtering on hand-made logits, stop rules, seeds, logprob agreement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from forge.generation import HFEngine, kv_cache, sample_next, top_k_top_p_mask
+from forge.models import load_model, load_tokenizer, make_tiny_model, pad_and_stack, token_logprobs
+from forge.types import SamplingParams
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
+LOGITS_V = PROBS.log()
+
+
+def _mask(top_k: int, top_p: float) -> list[int]:
+    keep = top_k_top_p_mask(LOGITS_V[None], torch.tensor([top_k]), torch.tensor([top_p]))
+    return keep[0].nonzero().flatten().tolist()
+
+
+@pytest.mark.parametrize(
+    "top_k, top_p, kept",
+    [
+        (0, 1.0, [0, 1, 2, 3]),
+        (2, 1.0, [0, 1]),
+        (1, 1.0, [0]),
+        (0, 0.5, [0]),  # mass before token 1 is 0.5, not < 0.5
+        (0, 0.7, [0, 1]),
+        (0, 0.81, [0, 1, 2]),  # mass before token 2 is 0.8
+        (0, 0.84, [0, 1, 2]),
+        # top-k first, then top-p on the renormalised top 3: mass before token 2 = 0.8/0.95
+        (3, 0.84, [0, 1]),
+        (0, 1e-6, [0]),  # the most likely token always survives
+    ],
+)
+def test_top_k_top_p_mask(top_k, top_p, kept):
+    assert _mask(top_k, top_p) == kept
+
+
+def test_mask_handles_unsorted_rows_independently():
+    logits_bv = torch.stack([LOGITS_V.flip(0), LOGITS_V])
+    keep_bv = top_k_top_p_mask(logits_bv, torch.tensor([2, 0]), torch.tensor([1.0, 0.7]))
+    assert keep_bv.tolist() == [[False, False, True, True], [True, True, False, False]]
+
+
+def test_greedy_and_logprob_convention():
+    logits_bv = torch.stack([LOGITS_V, LOGITS_V, LOGITS_V])
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=2.0, top_k=1),
+    ]
+    tokens_b, logprobs_b = sample_next(logits_bv, params, [torch.Generator()] * 3)
+    assert tokens_b.tolist() == [0, 0, 0]
+    # Logprobs come from the temperature-scaled distribution before top-k filtering.
+    sqrt_sum = sum(math.sqrt(p) for p in PROBS.tolist())
+    expected = [math.log(0.5), math.log(0.5), math.log(math.sqrt(0.5) / sqrt_sum)]
+    assert logprobs_b.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_sampling_frequencies_respect_top_p_and_seed():
+    n = 3000
+    params = [SamplingParams(top_p=0.81)] * n
+    g = torch.Generator().manual_seed(0)
+    tokens_b, logprobs_b = sample_next(LOGITS_V.expand(n, 4), params, [g] * n)
+    counts = torch.bincount(tokens_b, minlength=4).tolist()
+    assert counts[3] == 0
+    assert counts[0] / n == pytest.approx(0.5 / 0.95, abs=0.03)
+    assert logprobs_b[tokens_b == 1].unique().tolist() == pytest.approx([math.log(0.3)], abs=1e-6)
+    g2 = torch.Generator().manual_seed(0)
+    assert torch.equal(sample_next(LOGITS_V.expand(n, 4), params, [g2] * n)[0], tokens_b)
+
+
+def test_kv_cache_concat_then_select_round_trips():
+    g = torch.Generator().manual_seed(0)
+    a = DynamicCache([(torch.randn(2, 1, 3, 2, generator=g), torch.randn(2, 1, 3, 2, generator=g))])
+    b = DynamicCache([(torch.randn(1, 1, 5, 2, generator=g), torch.randn(1, 1, 5, 2, generator=g))])
+    ka, kb = a.layers[0].keys.clone(), b.layers[0].keys.clone()
+    merged = kv_cache.concat_left_padded(a, b)
+    assert merged.layers[0].keys.shape == (3, 1, 5, 2)
+    assert torch.equal(merged.layers[0].keys[:2, :, :2], torch.zeros(2, 1, 2, 2))
+    picked = kv_cache.drop_leading_columns(kv_cache.select_rows(merged, torch.tensor([1, 0])), 2)
+    assert torch.equal(picked.layers[0].keys, ka.flip(0))
+    assert torch.equal(kv_cache.select_rows(merged, torch.tensor([2])).layers[0].keys, kb)
+
+
+# ---- engine on a real tiny model --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny"))
+    return load_model(path), load_tokenizer(path)
+
+
+@pytest.fixture
+def engine(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    return HFEngine(model, tok, max_batch_size=32, version=7)
+
+
+CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+def test_generates_n_samples_with_max_tokens(engine):
+    [a, b] = engine.generate(
+        [("Once upon", SamplingParams(n=4, max_tokens=6, seed=0)), (CHAT, SamplingParams(n=1))]
+    )
+    assert len(a) == 4 and len(b) == 1
+    for c in a:
+        assert c.prompt == "Once upon" and engine.tokenizer.decode(c.prompt_ids) == "Once upon"
+        assert len(c.token_ids) == len(c.logprobs) <= 6
+        assert c.stop_reason == ("length" if len(c.token_ids) == 6 else "stop")
+        assert c.generator_version == 7
+        assert all(lp <= 0 for lp in c.logprobs)
+    assert len({tuple(c.token_ids) for c in a}) > 1  # the 4 samples differ
+    assert b[0].prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_version_captured_when_request_is_added(engine):
+    rid = engine.add_request("abc", SamplingParams(max_tokens=3, seed=1))
+    engine.version = 8  # a weight update lands mid-flight
+    done = {}
+    while engine.has_work():
+        done.update(engine.step())
+    assert done[rid][0].generator_version == 7
+
+
+def test_seed_reproducible_regardless_of_batch(engine):
+    params = SamplingParams(n=2, max_tokens=12, seed=1234, top_k=40, top_p=0.9)
+    [alone] = engine.generate([("Seeded prompt", params)])
+    # Other requests with shorter and longer prompts and different lengths, in a batch of 3:
+    # rows finish at different steps and waiting rows join the running batch mid-flight.
+    small = HFEngine(engine.model, engine.tokenizer, max_batch_size=3)
+    _, crowded, _ = small.generate(
+        [
+            ("a", SamplingParams(n=1, max_tokens=3)),
+            ("Seeded prompt", params),
+            ("a much longer other prompt here", SamplingParams(n=3, max_tokens=5)),
+        ]
+    )
+    for x, y in zip(alone, crowded):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+    assert alone[0].token_ids != alone[1].token_ids  # per-sample streams differ
+
+
+def test_stop_string_truncates_text_and_keeps_completing_token(engine):
+    params = SamplingParams(max_tokens=40, seed=5, temperature=0.8)
+    [[full]] = engine.generate([("Stop test", params)])
+    printable = [ch for ch in full.text[3:] if ch.isascii() and ch.isprintable()]
+    assert printable, full.text  # this seed yields printable characters after position 3
+    stop = printable[0]
+    stopped_params = SamplingParams(max_tokens=40, seed=5, temperature=0.8, stop=["\x00@@", stop])
+    [[cut]] = engine.generate([("Stop test", stopped_params)])
+    assert cut.stop_reason == "stop"
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    assert cut.logprobs == pytest.approx(full.logprobs[: len(cut.token_ids)], abs=1e-5)
+    assert cut.text == full.text[: full.text.index(stop)]
+    decode = engine.tokenizer.decode
+    assert stop in decode(cut.token_ids) and stop not in decode(cut.token_ids[:-1])
+
+
+def test_eos_stops_and_is_kept(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    [[greedy]] = HFEngine(model, tok).generate([("xyz", SamplingParams(temperature=0))])
+    first = greedy.token_ids[0]
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [first]  # make the greedy token an eos id
+    try:
+        [[c]] = HFEngine(model, tok).generate([("xyz", SamplingParams(temperature=0))])
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert c.token_ids == [first] and c.stop_reason == "stop"
+
+
+def test_prompt_type_errors(engine):
+    with pytest.raises(TypeError, match="string or a list of chat messages"):
+        engine.generate([(42, SamplingParams())])
+    with pytest.raises(ValueError, match="zero tokens"):
+        engine.generate([("", SamplingParams())])
+
+
+@pytest.mark.parametrize("max_batch_size", [32, 3])
+def test_logprobs_match_teacher_forced_recompute(engine, max_batch_size):
+    """The key RL property: behaviour logprobs == trainer's recomputation (same temperature)."""
+    eng = HFEngine(engine.model, engine.tokenizer, max_batch_size=max_batch_size)
+    requests = [
+        ("Hi", SamplingParams(n=3, max_tokens=16, temperature=1.0, seed=1)),
+        (
+            "A considerably longer prompt to force left padding",
+            SamplingParams(n=2, max_tokens=20, temperature=0.7, top_k=30, top_p=0.9, seed=2),
+        ),
+        (CHAT, SamplingParams(n=2, max_tokens=12, temperature=1.3, seed=3)),
+        ("Greedy", SamplingParams(n=1, max_tokens=8, temperature=0)),
+    ]
+    worst = 0.0
+    for (_, params), comps in zip(requests, eng.generate(requests)):
+        ids_bt, mask_bt, resp_bt = pad_and_stack(
+            [c.prompt_ids for c in comps], [c.token_ids for c in comps], eng.pad_id
+        )
+        with torch.no_grad():
+            lp_bt = token_logprobs(eng.model, ids_bt, mask_bt, temperature=params.temperature)
+        for i, c in enumerate(comps):
+            recomputed = lp_bt[i][resp_bt[i].bool()]
+            worst = max(worst, (recomputed - torch.tensor(c.logprobs)).abs().max().item())
+    print(f"max |engine - teacher-forced| logprob diff: {worst:.3g}")
+    assert worst < 1e-4
