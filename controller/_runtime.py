@@ -99,7 +99,6 @@ class Client:
         self.address = address
         self.mesh, self.rank, self.pid = mesh, rank, pid
         self.pending: dict[int, asyncio.Future] = {}
-        self.in_flight = 0
         self.proto: _wire.FrameProtocol | None = None
         self.dead: Exception | None = None
         self._connecting: asyncio.Task | None = None
@@ -129,14 +128,14 @@ class Client:
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[cid] = fut
-        self.in_flight += 1
-        fut.add_done_callback(self._done)
         self.proto.send(kind, cid, body)
         fut.cid = cid  # type: ignore[attr-defined]
         return fut
 
-    def _done(self, _fut):
-        self.in_flight -= 1
+    @property
+    def in_flight(self) -> int:
+        """Calls sent from this loop to this process and not yet answered."""
+        return len(self.pending)
 
     def _on_frame(self, proto, kind, cid, body):
         fut = self.pending.pop(cid, None)
@@ -241,6 +240,7 @@ class Runtime:
             if p.wait(2.0) is None:
                 p.signal(signal.SIGKILL)
                 p.wait(1.0)
+        ser.close_pool()
         if self.session.is_root:
             shutil.rmtree(self.session.dir, ignore_errors=True)
             ser.sweep_shm(self.session.shm_prefix)

@@ -74,25 +74,42 @@ def endpoint(
 class Future(Generic[T]):
     """The pending result of a call: ``await fut`` or ``fut.get(timeout=None)``."""
 
-    __slots__ = ("_factory", "_cf", "_task", "_what")
+    __slots__ = ("_factory", "_cf", "_task", "_what", "_outcome")
 
     def __init__(self, factory: Callable[[], Coroutine[Any, Any, T]], what: str = "call"):
         self._factory = factory
         self._cf: concurrent.futures.Future | None = None
         self._task: asyncio.Future | None = None
         self._what = what
+        self._outcome: tuple[bool, Any] | None = None
 
     def __await__(self):
         if self._cf is not None:
             return (yield from asyncio.wrap_future(self._cf).__await__())
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._factory())
-        return (yield from self._task.__await__())
+        if self._task is not None:
+            return (yield from self._task.__await__())
+        if self._outcome is not None:  # awaited before: same result again
+            ok, value = self._outcome
+            if ok:
+                return value
+            raise value
+        # First await: run the call inline in the awaiting task (no extra Task, no extra
+        # event-loop iteration on the hot path).
+        self._task = _INLINE
+        try:
+            value = yield from self._factory().__await__()
+        except BaseException as e:
+            self._outcome = (False, e)
+            raise
+        finally:
+            self._task = None
+        self._outcome = (True, value)
+        return value
 
     def _start_background(self) -> concurrent.futures.Future:
         if self._cf is None:
-            if self._task is not None:
-                raise RuntimeError(f"{self._what} is already being awaited; await it again")
+            if self._task is not None or self._outcome is not None:
+                raise RuntimeError(f"{self._what} is already being awaited; await it instead")
             rt = get_runtime()
             self._cf = asyncio.run_coroutine_threadsafe(self._factory(), rt.background_loop())
         return self._cf
@@ -120,9 +137,19 @@ class Future(Generic[T]):
         except RuntimeError:
             self._start_background()
             return self
-        if self._task is None and self._cf is None:
+        if self._task is None and self._cf is None and self._outcome is None:
             self._task = asyncio.ensure_future(self._factory())
         return self
+
+
+class _Inline:
+    """Marker: the future is being awaited inline by some task right now."""
+
+    def __await__(self):
+        raise RuntimeError("this call is already being awaited by another task; use .start()")
+
+
+_INLINE: Any = _Inline()
 
 
 class Endpoint(Generic[P, R]):

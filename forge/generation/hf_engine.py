@@ -76,7 +76,11 @@ class _Running:
 
 
 class HFEngine:
-    """Generation core over an HF ``model`` (eval mode) and its ``tokenizer``."""
+    """Generation core over an HF ``model`` (eval mode) and its ``tokenizer``.
+
+    Not thread-safe: one caller drives ``generate``/``add_request``/``step``. Bump
+    ``version`` after loading new weights; ``seed`` fixes the streams of unseeded requests.
+    """
 
     def __init__(
         self, model, tokenizer, max_batch_size: int = 32, version: int = 0, seed: int = 0

@@ -114,41 +114,33 @@ class LossConfig:
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
-def _policy_loss(cfg: LossConfig, **t: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+def _policy_loss(
+    cfg: LossConfig,
+    lp: torch.Tensor,
+    gen: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    old: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Dispatch to the policy loss of ``cfg.type`` with the resolved knobs."""
-    agg = {"aggregation": cfg.resolved_aggregation(), "max_tokens": cfg.max_tokens}
     low, high = cfg.resolved_clip()
-    clip = {"clip_eps_low": low, "clip_eps_high": high}
-    lp, gen, adv, mask, old = (
-        t["logprobs_bt"],
-        t["generator_logprobs_bt"],
-        t["advantages_b"],
-        t["mask_bt"],
-        t["old_logprobs_bt"],
-    )
-    if cfg.type == "grpo":
-        return grpo_loss(
-            lp, gen, adv, mask, old_logprobs_bt=old, tis_cap=cfg.tis_cap, **clip, **agg
-        )
-    if cfg.type == "gspo":
-        return gspo_loss(
-            lp, gen, adv, mask, old_logprobs_bt=old, tis_cap=cfg.tis_cap, **clip, **agg
-        )
-    if cfg.type == "ppo":
-        old_bt = gen if old is None else old
-        return ppo_clip_loss(
-            lp, old_bt, adv, mask, generator_logprobs_bt=gen, tis_cap=cfg.tis_cap, **clip, **agg
-        )
+    knobs = {
+        "tis_cap": cfg.tis_cap,
+        "aggregation": cfg.resolved_aggregation(),
+        "max_tokens": cfg.max_tokens,
+    }
     if cfg.type == "reinforce":
         return reinforce_loss(
-            lp,
-            adv,
-            mask,
-            old_logprobs_bt=old,
-            generator_logprobs_bt=gen,
-            tis_cap=cfg.tis_cap,
-            **agg,
+            lp, adv, mask, old_logprobs_bt=old, generator_logprobs_bt=gen, **knobs
         )
+    knobs.update(clip_eps_low=low, clip_eps_high=high)
+    if cfg.type == "grpo":
+        return grpo_loss(lp, gen, adv, mask, old_logprobs_bt=old, **knobs)
+    if cfg.type == "gspo":
+        return gspo_loss(lp, gen, adv, mask, old_logprobs_bt=old, **knobs)
+    if cfg.type == "ppo":
+        old_bt = gen if old is None else old
+        return ppo_clip_loss(lp, old_bt, adv, mask, generator_logprobs_bt=gen, **knobs)
     raise _unknown_type(cfg.type)
 
 
@@ -172,12 +164,7 @@ def build_loss(config: LossConfig) -> LossFn:
         ref_logprobs_bt: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         loss, metrics = _policy_loss(
-            config,
-            logprobs_bt=logprobs_bt,
-            generator_logprobs_bt=generator_logprobs_bt,
-            advantages_b=advantages_b,
-            mask_bt=mask_bt,
-            old_logprobs_bt=old_logprobs_bt,
+            config, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt
         )
         if ref_logprobs_bt is not None:
             kl_bt = kl_penalty(logprobs_bt, ref_logprobs_bt, config.kl_estimator)

@@ -1,7 +1,9 @@
 """Versioned weights from trainer to generators: a registry plus pluggable transports.
 
-Importing this package does not import ``torch.distributed`` collectives' backends or touch
-``/dev/shm``; transports act only when called.
+``WeightStore`` (pusher side) keeps versions and retention; ``SharedMemoryTransport`` (same
+host) and ``SafetensorsDirTransport`` (shared filesystem) move the bytes; ``pull_handle``
+pulls a picklable ``WeightHandle`` in any process; ``broadcast_state_dict`` sends weights over
+an existing ``torch.distributed`` group. Importing touches no file and no process group.
 """
 
 from forge.weights.dist import broadcast_state_dict, plan_buckets

@@ -28,6 +28,7 @@ from forge.weights.store import (
 __all__ = ["SafetensorsDirTransport", "read_safetensors_dir"]
 
 FILENAME = "model.safetensors"
+_ORDER_KEY = "forge_param_order"
 
 
 def _unshared_contiguous(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -45,11 +46,18 @@ def _unshared_contiguous(state_dict: dict[str, torch.Tensor]) -> dict[str, torch
     return out
 
 
-def _manifest_from_file(path: Path) -> dict[str, TensorMeta]:
-    """Manifest with absolute byte offsets, read from the safetensors header."""
+def _read_header(path: Path) -> dict:
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
+    header["__header_len__"] = length
+    return header
+
+
+def _manifest_from_file(path: Path) -> dict[str, TensorMeta]:
+    """Manifest with absolute byte offsets, read from the safetensors header."""
+    header = _read_header(path)
+    length = header.pop("__header_len__")
     header.pop("__metadata__", None)
     dtypes = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
               "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
@@ -84,6 +92,10 @@ def read_safetensors_dir(
             )
         time.sleep(0.05)
     loaded = load_file(str(path))
+    # safetensors stores tensors sorted by dtype and name; restore the pusher's order.
+    order = json.loads(_read_header(path).get("__metadata__", {}).get(_ORDER_KEY, "[]"))
+    if sorted(order) == sorted(loaded):
+        loaded = {name: loaded[name] for name in order}
     if into is None:
         return loaded
     check_into_keys(into, list(loaded), f"weight version {version}")
@@ -118,7 +130,8 @@ class SafetensorsDirTransport(WeightTransport):
         tmp = self.root / f".v{int(version)}.tmp-{os.getpid()}-{id(self)}"
         tmp.mkdir()
         try:
-            save_file(_unshared_contiguous(state_dict), str(tmp / FILENAME))
+            metadata = {_ORDER_KEY: json.dumps(list(state_dict))}
+            save_file(_unshared_contiguous(state_dict), str(tmp / FILENAME), metadata=metadata)
             manifest = _manifest_from_file(tmp / FILENAME)
             os.rename(tmp, final)
         except BaseException:

@@ -181,7 +181,25 @@ def test_prompt_type_errors(engine):
     with pytest.raises(TypeError, match="string or a list of chat messages"):
         engine.generate([(42, SamplingParams())])
     with pytest.raises(ValueError, match="zero tokens"):
-        engine.generate([("", SamplingParams())])
+        engine.generate([("fine", SamplingParams()), ("", SamplingParams())])
+    assert not engine.has_work()  # nothing from the failed call is left queued
+
+
+def test_step_api_admits_requests_mid_flight(engine):
+    pa = SamplingParams(n=2, max_tokens=10, seed=11)
+    pb = SamplingParams(n=1, max_tokens=6, seed=12, temperature=0.5)
+    expected_a, expected_b = engine.generate([("first request", pa), ("second, later", pb)])
+    ra = engine.add_request("first request", pa)
+    assert engine.step() == [] and engine.step() == []
+    rb = engine.add_request("second, later", pb)  # joins the running batch
+    done = {}
+    while engine.has_work():
+        done.update(engine.step())
+    for got, want in ((done[ra], expected_a), (done[rb], expected_b)):
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    with pytest.raises(RuntimeError, match="drain them with step"):
+        engine.add_request("x", SamplingParams())
+        engine.generate([("y", SamplingParams())])
 
 
 @pytest.mark.parametrize("max_batch_size", [32, 3])

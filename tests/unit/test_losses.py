@@ -238,9 +238,7 @@ def test_reinforce():
 def test_gspo_sequence_ratio_unclipped():
     lp = _leaf([[0.2, 0.0, 7.0]])
     mask = _t([[1.0, 1.0, 0.0]])
-    loss, m = gspo_loss(
-        lp, torch.zeros(1, 3), _t([1.0]), mask, clip_eps_low=0.2, clip_eps_high=0.2
-    )
+    loss, m = gspo_loss(lp, torch.zeros(1, 3), _t([1.0]), mask, clip_eps_low=0.2, clip_eps_high=0.2)
     s = math.exp(0.1)  # geometric mean of token ratios exp(0.2), exp(0)
     assert loss.item() == pytest.approx(-s)
     assert m["ratio_mean"] == pytest.approx(s)
@@ -341,3 +339,20 @@ def test_build_loss_unknown_type():
 def test_loss_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LossConfig(**kwargs)
+
+
+def test_build_loss_matches_direct_call():
+    batch = _batch(old_logprobs_bt=_t([[-1.2, -1.8], [-0.5, -0.9]]))
+    loss, _ = build_loss(LossConfig(clip_eps_high=0.28, tis_cap=1.1))(**batch)
+    direct, _ = grpo_loss(
+        batch["logprobs_bt"],
+        batch["generator_logprobs_bt"],
+        batch["advantages_b"],
+        batch["mask_bt"],
+        old_logprobs_bt=batch["old_logprobs_bt"],
+        clip_eps_high=0.28,
+        tis_cap=1.1,
+    )
+    assert loss.item() == pytest.approx(direct.item())
+    per_token, _ = build_loss(LossConfig(type="ppo"))(**_batch(advantages_b=_t([[1.0, 2.0]] * 2)))
+    assert torch.isfinite(per_token)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install Forge and its dependencies into the current Python environment.
+#
+# torch is installed first, pinned to the CPU build 2.13.0, so that resolving Forge's own
+# `torch>=2.6` requirement never pulls a multi-GB CUDA build onto a CPU machine. On a GPU
+# machine, install the torch build you want first; this script keeps an existing torch.
+# Set FORGE_TORCH_INDEX to an extra package index that serves CPU wheels if your pip
+# configuration does not already provide torch==2.13.0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PIP=("$PY" -m pip install --disable-pip-version-check -q)
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  echo "[setup] installing torch==2.13.0 (CPU build)"
+  if [[ -n "${FORGE_TORCH_INDEX:-}" ]]; then
+    "${PIP[@]}" "torch==2.13.0" --extra-index-url "$FORGE_TORCH_INDEX"
+  else
+    "${PIP[@]}" "torch==2.13.0"
+  fi
+fi
+echo "[setup] installing forge (editable) with the dev extra"
+"${PIP[@]}" -e ".[dev]" 2>&1 | grep -v "Running pip as the 'root' user" || true
+"$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"
