@@ -4,9 +4,9 @@
 
 Measures: a raw multiprocessing Pipe ping-pong (the floor for a cross-process round trip);
 Forge ``call_one`` no-op round trip (median, p99); pipelined throughput with 64 calls in
-flight; a 100 MB tensor argument round trip; a 100 MB memcpy into fresh memory (the floor:
-every transfer has to produce the receiver's own copy); and the same calls on torchmonarch
-when it is installed. The last line is machine-readable:
+flight; a 100 MB tensor argument round trip; a 100 MB memcpy (the floor: a round trip moves
+the bytes at least twice) and, for reference, a memcpy into freshly allocated memory (page
+faults included); and the same calls on torchmonarch when it is installed. The last line is machine-readable:
 ``call_vs_pipe=<x> call_vs_monarch=<x> tensor_vs_memcpy=<x>``.
 """
 
@@ -59,9 +59,13 @@ def bench_pipe(n: int) -> list[float]:
     return times
 
 
-def bench_memcpy(repeats: int) -> list[float]:
+def bench_memcpy(repeats: int, fresh: bool) -> list[float]:
+    """memcpy of 100 MB: into preallocated memory (the floor), or into fresh memory."""
     src = torch.randn(MB100)
-    return time_sync(lambda: torch.empty_like(src).copy_(src), repeats, warmup=1)
+    if fresh:
+        return time_sync(lambda: torch.empty_like(src).copy_(src), repeats, warmup=1)
+    dst = torch.empty_like(src)
+    return time_sync(lambda: dst.copy_(src), repeats, warmup=1)
 
 
 async def bench_forge(n: int, repeats: int) -> dict:
@@ -120,24 +124,36 @@ def main() -> None:
     args = ap.parse_args()
 
     pipe = summarize(bench_pipe(args.calls))
-    memcpy = statistics.median(bench_memcpy(args.repeats))
+    memcpy = statistics.median(bench_memcpy(args.repeats * 2, fresh=False))
+    memcpy_fresh = statistics.median(bench_memcpy(args.repeats, fresh=True))
     forge = asyncio.run(bench_forge(args.calls, args.repeats))
     monarch = None if args.no_monarch else asyncio.run(bench_monarch(args.calls, args.repeats))
 
     fc = summarize(forge["call"])
-    print(f"{'pipe round trip (floor)':40s} median {fmt_us(pipe['median'])}  p99 {fmt_us(pipe['p99'])}")
+    print(
+        f"{'pipe round trip (floor)':40s} median {fmt_us(pipe['median'])}  p99 {fmt_us(pipe['p99'])}"
+    )
     print(f"{'forge call_one no-op':40s} median {fmt_us(fc['median'])}  p99 {fmt_us(fc['p99'])}")
-    print(f"{'forge pipelined (64 in flight)':40s} {statistics.median(forge['tput']):10.0f} calls/s")
+    print(
+        f"{'forge pipelined (64 in flight)':40s} {statistics.median(forge['tput']):10.0f} calls/s"
+    )
     ft = statistics.median(forge["tensor"])
-    print(f"{'memcpy 100 MB into fresh memory':40s} median {fmt_ms(memcpy)}")
+    print(f"{'memcpy 100 MB (floor)':40s} median {fmt_ms(memcpy)}")
+    print(f"{'memcpy 100 MB into fresh memory':40s} median {fmt_ms(memcpy_fresh)}")
     print(f"{'forge 100 MB tensor round trip':40s} median {fmt_ms(ft)}")
     call_vs_monarch = float("nan")
     if monarch is not None:
         mc = summarize(monarch["call"])
         mt = statistics.median(monarch["tensor"])
-        print(f"{'monarch call_one no-op':40s} median {fmt_us(mc['median'])}  p99 {fmt_us(mc['p99'])}")
-        print(f"{'monarch pipelined (64 in flight)':40s} {statistics.median(monarch['tput']):10.0f} calls/s")
-        print(f"{'monarch 100 MB tensor round trip':40s} median {fmt_ms(mt)}  (forge is {mt / ft:.1f}x faster)")
+        print(
+            f"{'monarch call_one no-op':40s} median {fmt_us(mc['median'])}  p99 {fmt_us(mc['p99'])}"
+        )
+        print(
+            f"{'monarch pipelined (64 in flight)':40s} {statistics.median(monarch['tput']):10.0f} calls/s"
+        )
+        print(
+            f"{'monarch 100 MB tensor round trip':40s} median {fmt_ms(mt)}  (forge is {mt / ft:.1f}x faster)"
+        )
         call_vs_monarch = fc["median"] / mc["median"]
     else:
         print("monarch: not installed (pip install 'forge[monarch]')")

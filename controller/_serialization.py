@@ -2,13 +2,15 @@
 
 Closures, lambdas and locally defined classes travel by value (cloudpickle). A torch tensor
 or numpy array of at least ``SHM_THRESHOLD`` bytes is not copied into the byte stream: the
-sender copies it into a shared-memory segment from its own pool and pickles a reference; the
-receiver copies it out into fresh memory it owns (no aliasing with the sender) and marks the
-segment released, so the sender can reuse it. Reused segments are already faulted in, so a
-transfer costs one warm memcpy plus the receiver's unavoidable copy into new memory.
+sender copies it into a shared-memory segment and pickles a reference, and ownership of the
+segment moves with the message. The receiver maps the segment and its tensor *is* that
+memory (no second copy); the sender never touches it again, so nothing is aliased. When the
+receiver's tensor is freed, the segment joins that process's pool of warm segments for its
+own sends, so a steady exchange costs one memcpy per direction and no page faults.
 
-Segment files are named ``forge-<root pid>-<session>-...`` so the root controller can remove
-any that a crashed process left behind.
+If /dev/shm lacks space, the payload travels in-band instead (slower, still correct).
+Segment files are named ``forge-<root pid>-<session>-...``; the root controller removes any
+left when the session ends (e.g. in flight to a process that died).
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ import pickle
 import sys
 import threading
 import uuid
+import weakref
 
 import cloudpickle
 
 SHM_THRESHOLD = 64 * 1024
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-POOL_CAP_BYTES = int(os.environ.get("FORGE_SHM_POOL_BYTES", str(2 << 30)))
-_HEADER = 64  # byte 0: 1 while a receiver has not copied the payload out yet
+POOL_CAP_BYTES = int(os.environ.get("FORGE_SHM_POOL_BYTES", str(1 << 30)))
+_HEADER = 64  # payload offset (keeps the data 64-byte aligned)
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-_BUSY, _RELEASED = 1, 0
 
 _shm_prefix = f"forge-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -44,23 +46,51 @@ def shm_prefix() -> str:
 
 
 class _Segment:
-    __slots__ = ("path", "mm", "size")
+    __slots__ = ("path", "mm", "size", "__weakref__")
 
-    def __init__(self, size: int):
-        self.size = size
-        self.path = os.path.join(SHM_DIR, f"{_shm_prefix}-{uuid.uuid4().hex}")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    def __init__(self, path: str, mm: mmap.mmap, size: int):
+        self.path, self.mm, self.size = path, mm, size
+
+    @classmethod
+    def create(cls, size: int) -> _Segment | None:
+        """A new segment, or None if /dev/shm has no room (the caller sends in-band)."""
+        path = os.path.join(SHM_DIR, f"{_shm_prefix}-{uuid.uuid4().hex}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, _HEADER + size)
-            self.mm = mmap.mmap(fd, _HEADER + size, flags=mmap.MAP_SHARED | _MAP_POPULATE)
-        except BaseException:
-            os.unlink(self.path)
-            raise
+            # fallocate, not ftruncate: a full tmpfs must fail here, not SIGBUS on first touch.
+            os.posix_fallocate(fd, 0, _HEADER + size)
+            mm = mmap.mmap(fd, _HEADER + size, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+        except OSError:
+            os.unlink(path)
+            return None
         finally:
             os.close(fd)
+        return cls(path, mm, size)
 
-    def released(self) -> bool:
-        return self.mm[0] == _RELEASED
+    @classmethod
+    def open(cls, path: str, size: int) -> _Segment:
+        cached = _mapped.pop(path)
+        if cached is not None and cached.size >= size:
+            return cached
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"shared-memory payload {path} is gone: the session ended before the message "
+                "was read"
+            ) from None
+        try:
+            full = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, full, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+        finally:
+            os.close(fd)
+        return cls(path, mm, full - _HEADER)
+
+    def unmap(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
 
     def close(self) -> None:
         try:
@@ -69,105 +99,99 @@ class _Segment:
             pass
         try:
             self.mm.close()
-        except BufferError:
+        except BufferError:  # still exported by a live tensor; the mapping dies with it
             pass
 
 
 class _Pool:
-    """This process's reusable send segments (bounded by ``POOL_CAP_BYTES``)."""
+    """Warm segments this process owns and may send (bounded by ``POOL_CAP_BYTES``)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.segments: list[_Segment] = []
-        self.busy: set[str] = set()
+        self.lock = threading.RLock()  # RLock: a GC finalizer may give back while we hold it
+        self.free: list[_Segment] = []
 
-    def acquire(self, nbytes: int) -> _Segment:
+    def take(self, nbytes: int) -> _Segment | None:
         with self.lock:
-            for seg in self.segments:
-                if seg.path in self.busy and seg.released():
-                    self.busy.discard(seg.path)
             best = None
-            for seg in self.segments:
-                if seg.path not in self.busy and nbytes <= seg.size <= 2 * nbytes + (1 << 20):
+            for seg in self.free:
+                if nbytes <= seg.size <= 2 * nbytes + (1 << 20):
                     if best is None or seg.size < best.size:
                         best = seg
-            if best is None:
-                self._make_room(nbytes)
-                best = _Segment(max(nbytes, 1 << 16))
-                self.segments.append(best)
-            else:  # most recently used last
-                self.segments.remove(best)
-                self.segments.append(best)
-            self.busy.add(best.path)
-            best.mm[0] = _BUSY
-            return best
+            if best is not None:
+                self.free.remove(best)
+                return best
+        return _Segment.create(max(nbytes, SHM_THRESHOLD))
 
-    def _make_room(self, nbytes: int) -> None:
-        total = sum(s.size for s in self.segments) + nbytes
-        for seg in list(self.segments):
-            if total <= POOL_CAP_BYTES:
-                break
-            if seg.path not in self.busy:
-                self.segments.remove(seg)
-                total -= seg.size
-                seg.close()
-
-    def forget(self, paths: list[str]) -> None:
-        """Drop segments whose message was never sent."""
+    def give(self, seg: _Segment) -> None:
         with self.lock:
-            for seg in [s for s in self.segments if s.path in paths]:
-                self.segments.remove(seg)
-                self.busy.discard(seg.path)
-                seg.close()
+            self.free.append(seg)
+            total = sum(s.size for s in self.free)
+            while total > POOL_CAP_BYTES and self.free:
+                old = self.free.pop(0)
+                total -= old.size
+                old.close()
 
     def close(self) -> None:
         with self.lock:
-            for seg in self.segments:
+            for seg in self.free:
                 seg.close()
-            self.segments.clear()
-            self.busy.clear()
+            self.free.clear()
+
+
+class _MappedCache:
+    """Mappings of segments this process has sent away. A segment often comes back (two
+    processes trading tensors), and re-mapping 100 MB costs ~10 ms; the mapping is never
+    written while another process owns the segment. Bounded by ``POOL_CAP_BYTES``."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.segs: dict[str, _Segment] = {}
+
+    def put(self, seg: _Segment) -> None:
+        with self.lock:
+            self.segs[seg.path] = seg
+            total = sum(s.size for s in self.segs.values())
+            while total > POOL_CAP_BYTES:
+                old = self.segs.pop(next(iter(self.segs)))
+                total -= old.size
+                old.unmap()
+
+    def pop(self, path: str) -> _Segment | None:
+        with self.lock:
+            return self.segs.pop(path, None)
+
+    def close(self) -> None:
+        with self.lock:
+            for seg in self.segs.values():
+                seg.unmap()
+            self.segs.clear()
 
 
 _pool = _Pool()
+_mapped = _MappedCache()
 
 
 def close_pool() -> None:
     _pool.close()
+    _mapped.close()
 
 
-def _claim(path: str, nbytes: int):
-    """Map a received segment; returns (mmap, uint8 view of the payload)."""
-    import torch
+def _adopt(path: str, nbytes: int):
+    """Map a received segment as a uint8 ndarray; when the last tensor or array using it is
+    freed, the segment returns to this process's pool."""
+    import numpy as np
 
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise RuntimeError(
-            f"shared-memory payload {path} is gone: the sending process exited before the "
-            "message was read"
-        ) from None
-    try:
-        mm = mmap.mmap(fd, _HEADER + nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
-    finally:
-        os.close(fd)
-    return mm, torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=_HEADER)
-
-
-def _release(mm) -> None:
-    mm[0] = _RELEASED
-    mm.close()
+    seg = _Segment.open(path, nbytes)
+    arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=_HEADER)
+    weakref.finalize(arr, _pool.give, seg)
+    return arr
 
 
 def _rebuild_tensor(path, nbytes, dtype_name, shape, device, requires_grad):
     import torch
 
     dtype = getattr(torch, dtype_name)
-    mm, src = _claim(path, nbytes)
-    out = torch.empty(nbytes, dtype=torch.uint8)
-    out.copy_(src)
-    del src
-    _release(mm)
-    t = out.view(dtype).view(shape)
+    t = torch.from_numpy(_adopt(path, nbytes)).view(dtype).view(shape)
     if device != "cpu":
         t = t.to(device)
     if requires_grad:
@@ -178,19 +202,14 @@ def _rebuild_tensor(path, nbytes, dtype_name, shape, device, requires_grad):
 def _rebuild_array(path, nbytes, dtype_str, shape):
     import numpy as np
 
-    mm, src = _claim(path, nbytes)
-    out = np.empty(nbytes, dtype=np.uint8)
-    out[:] = src.numpy()
-    del src
-    _release(mm)
-    return out.view(np.dtype(dtype_str)).reshape(shape)
+    return _adopt(path, nbytes).view(np.dtype(dtype_str)).reshape(shape)
 
 
 class _Pickler(cloudpickle.Pickler):
     def __init__(self, file, use_shm: bool):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.use_shm = use_shm and SHM_DIR is not None
-        self.shm_paths: list[str] = []
+        self.segments: list[_Segment] = []
 
     def reducer_override(self, obj):
         if self.use_shm:
@@ -215,8 +234,10 @@ class _Pickler(cloudpickle.Pickler):
             src = src.cpu()
         src = src.contiguous()
         nbytes = src.numel() * src.element_size()
-        seg = _pool.acquire(nbytes)
-        self.shm_paths.append(seg.path)
+        seg = _pool.take(nbytes)
+        if seg is None:
+            return super().reducer_override(obj)
+        self.segments.append(seg)
         dst = torch.frombuffer(seg.mm, dtype=torch.uint8, count=nbytes, offset=_HEADER)
         dst.copy_(src.reshape(-1).view(torch.uint8))
         del dst
@@ -226,8 +247,10 @@ class _Pickler(cloudpickle.Pickler):
 
     def _reduce_array(self, obj, np):
         src = np.ascontiguousarray(obj)
-        seg = _pool.acquire(src.nbytes)
-        self.shm_paths.append(seg.path)
+        seg = _pool.take(src.nbytes)
+        if seg is None:
+            return super().reducer_override(obj)
+        self.segments.append(seg)
         dst = np.frombuffer(seg.mm, dtype=np.uint8, count=src.nbytes, offset=_HEADER)
         dst[:] = src.reshape(-1).view(np.uint8)
         del dst
@@ -262,7 +285,7 @@ def _is_plain(obj, depth: int = 0) -> bool:
     return False
 
 
-def dumps(obj, use_shm: bool = True) -> tuple[bytes, list[str]]:
+def dumps(obj, use_shm: bool = True) -> tuple[bytes, list]:
     """Serialize ``obj``; returns the bytes and the shared-memory files it created.
 
     Small messages of plain data take the C pickler directly (the hot path of a call);
@@ -276,19 +299,27 @@ def dumps(obj, use_shm: bool = True) -> tuple[bytes, list[str]]:
     try:
         p.dump(obj)
     except BaseException:
-        discard_shm(p.shm_paths)
+        discard_shm(p.segments)
         raise
-    return buf.getvalue(), p.shm_paths
+    for seg in p.segments:  # ownership moves with the message: we never write these again
+        _mapped.put(seg)
+    return buf.getvalue(), [seg.path for seg in p.segments]
 
 
 def loads(data) -> object:
     return pickle.loads(data)
 
 
-def discard_shm(paths: list[str]) -> None:
-    """Remove shared-memory payloads that will never be claimed (e.g. the send failed)."""
-    if paths:
-        _pool.forget(paths)
+def discard_shm(segments: list) -> None:
+    """Take back payload segments whose message was never sent."""
+    for seg in segments:
+        if isinstance(seg, _Segment):
+            _pool.give(seg)
+        else:
+            try:
+                os.unlink(seg)
+            except FileNotFoundError:
+                pass
 
 
 def sweep_shm(prefix: str) -> int:

@@ -15,10 +15,6 @@ def _shm_files() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("forge-")}
 
 
-def _pool_all_released() -> bool:
-    return all(seg.released() for seg in ser._pool.segments)
-
-
 async def test_100mb_tensor_roundtrip_is_equal():
     m = await Tensors.as_actor()
     before = _shm_files()
@@ -27,12 +23,14 @@ async def test_100mb_tensor_roundtrip_is_equal():
     assert out.dtype == t.dtype and out.shape == t.shape
     assert torch.equal(out, t)
     assert out.data_ptr() != t.data_ptr()
-    # the send segment went back to this process's pool, released by the receiver
-    assert _pool_all_released()
-    assert len(_shm_files() - before) <= 2  # at most our pooled segment and the worker's
-    again = await m.roundtrip.call_one(t)  # reuses the pooled segment
-    assert torch.equal(again, t)
-    assert len(_shm_files() - before) <= 2
+    # segments are recycled, not accumulated: ownership moves with each message and a
+    # freed received tensor's segment becomes a warm send segment
+    del out
+    for _ in range(3):
+        again = await m.roundtrip.call_one(t)
+        assert torch.equal(again, t)
+        del again
+    assert len(_shm_files() - before) <= 3
 
 
 async def test_receiver_gets_its_own_tensor():
@@ -87,14 +85,15 @@ async def test_failed_pickle_leaves_no_shm():
         ser.dumps([torch.randn(100_000), threading.Lock()])
     except TypeError:
         pass
-    assert _shm_files() - before == set()
-    assert not ser._pool.busy
+    assert _shm_files() - before <= {os.path.basename(s.path) for s in ser._pool.free}
 
 
 def test_session_shutdown_removes_all_shm(tmp_path):
     from tests.helpers import run_script
 
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import os, torch
         from controller import shutdown
         from controller._runtime import get_runtime
@@ -103,7 +102,8 @@ def test_session_shutdown_removes_all_shm(tmp_path):
         m.roundtrip.call(torch.randn(1_000_000)).get(timeout=60)
         print("PREFIX", get_runtime().session.shm_prefix)
         shutdown().get(timeout=30)
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
     prefix = out.stdout.split("PREFIX ")[1].split()[0]
     assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []

@@ -16,6 +16,7 @@ PATHS = ["controller", "forge", "apps", "tests", "benchmarks"]
 def test_ruff_check_and_format():
     lint = subprocess.run(["ruff", "check", *PATHS], cwd=REPO, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    fmt = subprocess.run(["ruff", "format", "--check", *PATHS], cwd=REPO, capture_output=True,
-                         text=True)
+    fmt = subprocess.run(
+        ["ruff", "format", "--check", *PATHS], cwd=REPO, capture_output=True, text=True
+    )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
