@@ -12,7 +12,6 @@ import concurrent.futures
 import itertools
 import logging
 import os
-import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +61,6 @@ def _supervise(owner, loop, failure: MeshFailure) -> None:
                 logger.exception("__supervise__ of %r raised", owner)
         if not handled:
             logger.error("UNHANDLED FAILURE: %s", failure.message)
-            print(f"[forge] UNHANDLED FAILURE: {failure.message}", file=sys.stderr, flush=True)
 
     if loop is not None and not loop.is_closed():
         try:
