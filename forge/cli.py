@@ -2,7 +2,6 @@
 ``forge --help`` answers at once.
 
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
-    forge demo                      # a tour of the actor runtime on this machine
 """
 
 from __future__ import annotations
@@ -19,15 +18,6 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from apps.runtime_demo.main import main as demo_main
-
-    asyncio.run(demo_main())
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -36,8 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "small", "llama"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_make_tiny_model)
-    demo = sub.add_parser("demo", help="a tour of the actor runtime on this machine")
-    demo.set_defaults(fn=_demo)
     return p
 
 
