@@ -28,6 +28,18 @@ class RewardError(RuntimeError):
     def __init__(self, reward_name: str, cause: BaseException) -> None:
         super().__init__(f"reward function {reward_name!r} raised {type(cause).__name__}: {cause}")
         self.reward_name = reward_name
+        self._cause_text = f"{type(cause).__name__}: {cause}"
+
+    def __reduce__(self):
+        # Travels between processes: rebuild from text (the cause object may not pickle).
+        return (_rebuild_reward_error, (self.reward_name, self._cause_text))
+
+
+def _rebuild_reward_error(name: str, cause_text: str) -> RewardError:
+    err = RewardError.__new__(RewardError)
+    RuntimeError.__init__(err, f"reward function {name!r} raised {cause_text}")
+    err.reward_name, err._cause_text = name, cause_text
+    return err
 
 
 @dataclass

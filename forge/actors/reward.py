@@ -1,0 +1,58 @@
+"""RewardActor: scores responses with a list of reward functions (run as a service).
+
+Endpoints (called with ``route`` on a service, or ``call_one`` on a single actor):
+
+- ``evaluate_response(prompt, response, target) -> RewardResult``: the total (weighted sum by
+  default, or a custom aggregator) and every component by name, kept for logging.
+- ``evaluate_batch(items) -> list[RewardResult]`` for ``(prompt, response, target)`` tuples.
+
+Both are plain ``def`` endpoints: they run in the actor's worker thread, off its event loop,
+which is why ``MathReward`` calls math-verify with its signal-based timeouts disabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from controller import Actor, endpoint
+from forge.rewards import RewardResult, evaluate_rewards, reward_name
+
+
+class RewardActor(Actor):
+    """Evaluates ``reward_fns`` ``(prompt, response, target) -> float``.
+
+    Args:
+        reward_fns: the reward functions (picklable callables; lambdas travel too).
+        weights: one weight per function, or a dict by function name (default 1.0 each).
+        aggregator: ``components -> total``; replaces the weighted sum.
+    """
+
+    def __init__(
+        self,
+        reward_fns: Sequence[Callable[[str, str, Any], float]],
+        weights: Sequence[float] | dict[str, float] | None = None,
+        aggregator: Callable[[dict[str, float]], float] | None = None,
+    ):
+        if not reward_fns:
+            raise ValueError("RewardActor needs at least one reward function")
+        self.reward_fns = list(reward_fns)
+        self.weights = weights
+        self.aggregator = aggregator
+
+    @endpoint
+    def evaluate_response(self, prompt: str, response: str, target: Any) -> RewardResult:
+        return evaluate_rewards(
+            self.reward_fns, prompt, response, target, self.weights, self.aggregator
+        )
+
+    @endpoint
+    def evaluate_batch(self, items: list[tuple[str, str, Any]]) -> list[RewardResult]:
+        return [
+            evaluate_rewards(self.reward_fns, p, r, t, self.weights, self.aggregator)
+            for p, r, t in items
+        ]
+
+    @endpoint
+    def names(self) -> list[str]:
+        return [reward_name(fn) for fn in self.reward_fns]

@@ -1,0 +1,9 @@
+import pytest
+
+from controller import shutdown
+
+
+@pytest.fixture(autouse=True)
+async def _stop_everything():
+    yield
+    await shutdown()
