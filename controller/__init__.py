@@ -33,6 +33,8 @@ from controller.errors import (
     SpawnError,
 )
 from controller.mesh import ActorMesh, HostMesh, MeshFailure, ProcMesh, this_host
+from controller.router import LeastLoadedRouter, RoundRobinRouter, Router
+from controller.service import Service, ServiceConfig, ServiceEndpoint
 from controller.shape import Shape, ValueMesh
 
 __all__ = [
@@ -46,9 +48,15 @@ __all__ = [
     "ForgeRuntimeError",
     "Future",
     "HostMesh",
+    "LeastLoadedRouter",
     "MeshFailure",
     "Point",
     "ProcMesh",
+    "RoundRobinRouter",
+    "Router",
+    "Service",
+    "ServiceConfig",
+    "ServiceEndpoint",
     "ServiceUnavailable",
     "Shape",
     "SpawnError",

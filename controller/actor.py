@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from controller._runtime import get_runtime
 from controller.endpoint import EndpointProperty, Future
 from controller.mesh import ActorMesh
+
+if TYPE_CHECKING:
+    from controller.service import Service
 
 A = TypeVar("A", bound="Actor")
 
@@ -95,6 +98,25 @@ class Actor:
             return await spawn_actor(base, opts, args, kwargs)
 
         return Future(run, f"{base.__name__}.as_actor")
+
+    @classmethod
+    def as_service(cls, *args: Any, **kwargs: Any) -> Future[Service]:
+        """Start ``num_replicas`` replicas (each its own proc mesh of ``procs`` processes, in
+        parallel, ``setup()`` run on each) and return a ``Service`` routing between them.
+        Service options (``health_poll_rate``, ``replica_max_concurrent_requests``,
+        ``max_retries``, ``unavailable_timeout``, ``router``) are checked here, before any
+        process starts. If a replica fails to start, the others stop and the error is raised.
+        See docs/services.md."""
+        from controller.service import Service, ServiceConfig
+
+        opts = cls._options()
+        base = getattr(cls, "_forge_base", cls)
+        config = ServiceConfig.from_options(opts)
+
+        async def run() -> Service:
+            return await Service._start(base, opts, config, args, kwargs)
+
+        return Future(run, f"{base.__name__}.as_service")
 
 
 async def spawn_actor(cls: type, opts: ActorOptions, args, kwargs, name: str | None = None):

@@ -1,0 +1,171 @@
+"""The parts a ``Service`` is made of: its config, its replicas and its endpoints (see
+controller/service.py and docs/services.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from controller.endpoint import EndpointProperty, Future
+from controller.mesh import ActorMesh
+from controller.router import Router, build_router
+
+if TYPE_CHECKING:
+    from controller.service import Service
+
+HEALTHY, UNHEALTHY, RECOVERING, DRAINING, STOPPED = (
+    "healthy",
+    "unhealthy",
+    "recovering",
+    "draining",
+    "stopped",
+)
+MAX_RESTART_DELAY_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Service options, given to ``options(...)`` next to ``num_replicas`` and ``procs``."""
+
+    num_replicas: int = 1
+    health_poll_rate: float = 0.2  # seconds between checks while waiting for a healthy replica
+    replica_max_concurrent_requests: int = 10  # per replica (and per event loop); rest queue
+    max_retries: int = 2  # re-sends of a request whose replica died, each to another replica
+    unavailable_timeout: float = 30.0  # how long route() waits for a replica to recover
+    router: str | Router = "round_robin"
+
+    @classmethod
+    def from_options(cls, opts) -> ServiceConfig:
+        known = [k for k in cls.__dataclass_fields__ if k != "num_replicas"]
+        unknown = sorted(set(opts.extra) - set(known))
+        if unknown:
+            raise ValueError(f"unknown service option(s) {unknown}; known options: {known}")
+        cfg = cls(num_replicas=opts.num_replicas, **opts.extra)
+        for key in ("health_poll_rate", "unavailable_timeout"):
+            v = getattr(cfg, key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"options({key}=...) must be a number of seconds > 0, got {v!r}")
+        for key, lo in (("replica_max_concurrent_requests", 1), ("max_retries", 0)):
+            v = getattr(cfg, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"options({key}=...) must be an int >= {lo}, got {v!r}")
+        build_router(cfg.router)  # raises ValueError for an unknown name
+        return cfg
+
+
+class Replica:
+    """One replica: its actor mesh, state and counters. Routers see these."""
+
+    def __init__(self, index: int, cap: int):
+        self.index = index
+        self.mesh: ActorMesh | None = None
+        self.gen = 0  # bumped on every (re)start; a death report for an older gen is stale
+        self.state = RECOVERING
+        self.wanted = True  # False once draining or shut down: restarts stop
+        self.sessions = 0
+        self.in_flight = 0
+        self.total = self.ok = self.failed = self.restarts = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=1000)
+        self.last_error: str | None = None
+        self.lock = threading.Lock()
+        self._cap = cap
+        self._sems: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    def __repr__(self) -> str:
+        return f"<Replica {self.index} {self.state} in_flight={self.in_flight}>"
+
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._sems.get(loop)
+        if sem is None:
+            self._sems = {lp: s for lp, s in self._sems.items() if not lp.is_closed()}
+            sem = self._sems[loop] = asyncio.Semaphore(self._cap)
+        return sem
+
+    def metrics(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+
+        def pct(q: float) -> float | None:
+            return round(lat[int(q * (len(lat) - 1))] * 1000, 3) if lat else None
+
+        return {
+            "state": self.state,
+            "pids": list(self.mesh.pids) if self.mesh is not None else [],
+            "requests_total": self.total,
+            "requests_ok": self.ok,
+            "requests_failed": self.failed,
+            "in_flight": self.in_flight,
+            "latency_p50_ms": pct(0.5),
+            "latency_p99_ms": pct(0.99),
+            "sessions": self.sessions,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+        }
+
+
+class Stale(Exception):
+    """The replica picked for a request went down before the request was sent."""
+
+
+class ServiceEndpoint:
+    """An endpoint of a service: call it with ``route`` or ``fanout``."""
+
+    def __init__(self, svc: Service, prop: EndpointProperty):
+        self._svc = svc
+        self.name = prop.name
+
+    def __repr__(self) -> str:
+        return f"<service endpoint {self._svc.name}.{self.name}>"
+
+    def route(self, *args: Any, sess_id: str | None = None, **kwargs: Any) -> Future:
+        """One healthy replica answers (rank 0's value). ``sess_id`` (or an enclosing
+        ``async with svc.session()``) keeps a conversation on one replica."""
+        sid = sess_id if sess_id is not None else self._svc._session_var.get()
+        return Future(
+            lambda: self._svc._route(self.name, args, kwargs, sid),
+            f"{self._svc.name}.{self.name}.route",
+        )
+
+    def fanout(self, *args: Any, **kwargs: Any) -> Future[list]:
+        """Every healthy replica answers; one value per replica that answered, in replica
+        order. Replicas that die meanwhile are skipped (``fanout_by_replica`` says which)."""
+
+        async def run():
+            return list((await self._svc._fanout(self.name, args, kwargs)).values())
+
+        return Future(run, f"{self._svc.name}.{self.name}.fanout")
+
+    def fanout_by_replica(self, *args: Any, **kwargs: Any) -> Future[dict[int, Any]]:
+        """Like ``fanout``, as ``{replica index: value}`` for the replicas that answered."""
+        return Future(
+            lambda: self._svc._fanout(self.name, args, kwargs),
+            f"{self._svc.name}.{self.name}.fanout",
+        )
+
+    def _misuse(self, adverb: str):
+        raise TypeError(
+            f"{self!r} belongs to a service, which has no .{adverb}(): use "
+            f"`await svc.{self.name}.route(...)` for one replica or "
+            f"`await svc.{self.name}.fanout(...)` for every healthy replica"
+        )
+
+    def __call__(self, *args, **kwargs):
+        self._misuse("__call__")
+
+    def call(self, *args, **kwargs):
+        self._misuse("call")
+
+    def call_one(self, *args, **kwargs):
+        self._misuse("call_one")
+
+    def choose(self, *args, **kwargs):
+        self._misuse("choose")
+
+    def broadcast(self, *args, **kwargs):
+        self._misuse("broadcast")
+
+    def stream(self, *args, **kwargs):
+        self._misuse("stream")

@@ -1,0 +1,65 @@
+"""Actors used by the service tests (importable, so they pickle by reference)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from controller import Actor, endpoint
+
+
+class Echo(Actor):
+    def __init__(self, tag: str = "echo"):
+        self.tag = tag
+        self.recovered = False
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def echo(self, x, delay: float = 0.0):
+        await asyncio.sleep(delay)
+        return x
+
+    @endpoint
+    async def slow_pid(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return os.getpid()
+
+    @endpoint
+    async def fail(self, msg: str) -> None:
+        raise ValueError(msg)
+
+    @endpoint
+    async def on_recover(self) -> None:
+        self.recovered = True
+
+    @endpoint
+    async def was_recovered(self) -> bool:
+        return self.recovered
+
+
+class StartsOnce(Actor):
+    """``setup`` fails while ``marker`` exists; the first replica to start creates it, so
+    the second replica of a two-replica service fails (and restarts keep failing)."""
+
+    def __init__(self, marker: str, claim: bool):
+        self.marker = marker
+        self.claim = claim
+
+    @endpoint
+    async def setup(self) -> None:
+        if self.claim:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                raise RuntimeError(f"marker {self.marker} exists: refusing to start") from None
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+        elif os.path.exists(self.marker):
+            raise RuntimeError(f"marker {self.marker} exists: refusing to start")
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()

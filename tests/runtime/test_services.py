@@ -1,0 +1,228 @@
+"""Services: replicated actors with routing, sessions, fanout, failover and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from controller import ActorError, Service, ServiceUnavailable, shutdown
+from controller._runtime import get_runtime
+from tests.helpers import wait_dead
+from tests.runtime.service_actors import Echo, StartsOnce
+
+
+def replica_pids(svc: Service) -> dict[int, int]:
+    return {i: m["pids"][0] for i, m in svc.metrics().items() if m["pids"]}
+
+
+async def wait_until(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_round_robin_across_three_replicas():
+    svc = await Echo.options(num_replicas=3).as_service()
+    pids = [await svc.pid.route() for _ in range(6)]
+    assert len(set(pids)) == 3
+    assert pids[:3] == pids[3:]
+    assert set(pids) == set(replica_pids(svc).values())
+    assert svc in get_runtime().services
+    assert all(m["requests_ok"] == 2 and m["state"] == "healthy" for m in svc.metrics().values())
+
+
+def test_sync_get_works():
+    svc = Echo.options(num_replicas=2).as_service().get(timeout=60)
+    assert svc.echo.route(5).get(timeout=10) == 5
+    assert sorted(svc.echo.fanout(1).get(timeout=10)) == [1, 1]
+    svc.shutdown().get(timeout=10)
+    shutdown().get(timeout=10)
+
+
+async def test_sessions_stick_and_are_rehomed_after_sigkill():
+    svc = await Echo.options(num_replicas=3, health_poll_rate=0.05).as_service()
+    async with svc.session():
+        first = await svc.pid.route()
+        assert [await svc.pid.route() for _ in range(5)] == [first] * 5
+        os.kill(first, signal.SIGKILL)
+        second = await svc.pid.route()
+        assert second != first
+        assert [await svc.pid.route() for _ in range(5)] == [second] * 5
+    # explicit ids work the same way
+    sid = await svc.start_session()
+    p = await svc.pid.route(sess_id=sid)
+    assert [await svc.pid.route(sess_id=sid) for _ in range(3)] == [p] * 3
+    await svc.terminate_session(sid)
+    assert sum(m["sessions"] for m in svc.metrics().values()) == 0
+
+
+async def test_new_sessions_go_to_the_least_loaded_replica():
+    svc = await Echo.options(num_replicas=2).as_service()
+    a = await svc.start_session()
+    busy = svc.slow_pid.route(1.0, sess_id=a).start()
+    await asyncio.sleep(0.2)
+    b = await svc.start_session()
+    assert await svc.pid.route(sess_id=b) != await busy
+    assert sorted(m["sessions"] for m in svc.metrics().values()) == [1, 1]
+
+
+async def test_least_loaded_router_avoids_a_busy_replica():
+    svc = await Echo.options(num_replicas=2, router="least_loaded").as_service()
+    slow = svc.slow_pid.route(1.0).start()
+    await asyncio.sleep(0.2)
+    others = {await svc.pid.route() for _ in range(4)}
+    assert len(others) == 1 and await slow not in others
+
+
+async def test_concurrency_cap_serialises_calls():
+    svc = await Echo.options(replica_max_concurrent_requests=1).as_service()
+    t0 = time.monotonic()
+    calls = [svc.slow_pid.route(0.3).start() for _ in range(3)]
+    await asyncio.sleep(0.1)
+    assert svc.metrics()[0]["in_flight"] == 3
+    await asyncio.gather(*calls)
+    assert time.monotonic() - t0 >= 0.85
+    free = await Echo.options(num_replicas=1).as_service()
+    t0 = time.monotonic()
+    await asyncio.gather(*(free.slow_pid.route(0.3) for _ in range(3)))
+    assert time.monotonic() - t0 < 0.8
+
+
+async def test_separate_options_calls_give_independent_configs():
+    a = Echo.options(num_replicas=2, max_retries=0, router="least_loaded")
+    b = Echo.options(num_replicas=1, replica_max_concurrent_requests=3)
+    svc_a, svc_b = await a.as_service("a"), await b.as_service("b")
+    assert (svc_a.config.num_replicas, svc_a.config.max_retries) == (2, 0)
+    assert svc_a.config.replica_max_concurrent_requests == 10
+    assert (svc_b.config.num_replicas, svc_b.config.replica_max_concurrent_requests) == (1, 3)
+    assert svc_b.config.router == "round_robin"
+    assert len(svc_a.metrics()) == 2 and len(svc_b.metrics()) == 1
+
+
+def test_bad_service_options_fail_before_spawning():
+    with pytest.raises(ValueError, match="unknown service option.*max_retry"):
+        Echo.options(num_replicas=2, max_retry=1).as_service()
+    with pytest.raises(ValueError, match="unknown router type: 'fastest'"):
+        Echo.options(router="fastest").as_service()
+    with pytest.raises(ValueError, match="replica_max_concurrent_requests"):
+        Echo.options(replica_max_concurrent_requests=0).as_service()
+
+
+async def test_actor_adverbs_on_a_service_say_route_or_fanout():
+    svc = await Echo.options(num_replicas=1).as_service()
+    for adverb in ("call", "call_one", "choose", "broadcast", "stream"):
+        with pytest.raises(TypeError, match=r"use `await svc.echo.route\(...\)`.*fanout"):
+            getattr(svc.echo, adverb)(1)
+    with pytest.raises(TypeError, match="route"):
+        svc.echo(1)
+    with pytest.raises(AttributeError, match="no endpoint 'nope'"):
+        _ = svc.nope
+
+
+async def test_user_exception_reaches_caller_and_replica_stays_healthy():
+    svc = await Echo.as_service()
+    pid = await svc.pid.route()
+    with pytest.raises(ActorError, match="boom"):
+        await svc.fail.route("boom")
+    m = svc.metrics()[0]
+    assert m["state"] == "healthy" and m["requests_failed"] == 1 and m["restarts"] == 0
+    assert await svc.pid.route() == pid
+
+
+async def test_replica_restarts_after_death_and_calls_on_recover():
+    svc = await Echo.options(health_poll_rate=0.05).as_service()
+    old = await svc.pid.route()
+    assert not await svc.was_recovered.route()
+    os.kill(old, signal.SIGKILL)
+    await wait_until(lambda: svc.metrics()[0]["state"] != "healthy", 2.0)
+    await wait_until(
+        lambda: svc.metrics()[0]["state"] == "healthy" and replica_pids(svc)[0] != old, 10.0
+    )
+    new = await svc.pid.route()
+    assert new != old and new == replica_pids(svc)[0]
+    assert await svc.was_recovered.route()
+    assert svc.metrics()[0]["restarts"] == 1
+
+
+async def test_300_routes_survive_a_replica_kill():
+    svc = await Echo.options(num_replicas=3).as_service()
+    victim = replica_pids(svc)[1]
+    calls = [svc.echo.route(i, delay=0.02).start() for i in range(300)]
+    await asyncio.sleep(0.1)
+    os.kill(victim, signal.SIGKILL)
+    assert await asyncio.gather(*calls) == list(range(300))
+    m = svc.metrics()
+    assert sum(r["requests_ok"] for r in m.values()) == 300
+    assert m[1]["requests_failed"] >= 1  # the kill landed mid-traffic
+
+
+async def test_fanout_skips_a_replica_killed_mid_call():
+    svc = await Echo.options(num_replicas=3).as_service()
+    assert sorted(await svc.echo.fanout(7)) == [7, 7, 7]
+    victim = replica_pids(svc)[2]
+    calls = [svc.echo.fanout_by_replica(i, delay=0.3).start() for i in range(10)]
+    await asyncio.sleep(0.1)
+    os.kill(victim, signal.SIGKILL)
+    for i, got in enumerate(await asyncio.gather(*calls)):
+        assert got == {0: i, 1: i}
+    assert len(await svc.echo.fanout(1)) >= 2
+
+
+async def test_service_unavailable_when_restarts_keep_failing(tmp_path):
+    marker = str(tmp_path / "refuse")
+    svc = await StartsOnce.options(health_poll_rate=0.05, unavailable_timeout=0.5).as_service(
+        marker, False
+    )
+    pid = await svc.pid.route()
+    open(marker, "w").close()
+    os.kill(pid, signal.SIGKILL)
+    await wait_until(lambda: svc.metrics()[0]["state"] != "healthy", 2.0)
+    t0 = time.monotonic()
+    with pytest.raises(ServiceUnavailable, match="'StartsOnce' has no healthy replica"):
+        await svc.pid.route()
+    assert 0.45 <= time.monotonic() - t0 < 5
+    await wait_until(lambda: "refusing to start" in (svc.metrics()[0]["last_error"] or ""), 10)
+    os.unlink(marker)  # the next restart attempt succeeds
+    await wait_until(lambda: svc.metrics()[0]["state"] == "healthy", 15.0)
+    assert await svc.pid.route() != pid
+
+
+async def test_failed_replica_start_stops_the_others(tmp_path):
+    marker = tmp_path / "claimed"
+    with pytest.raises(ActorError, match="refusing to start"):
+        await StartsOnce.options(num_replicas=2).as_service(str(marker), True)
+    started = int(marker.read_text())
+    assert wait_dead([started], 5.0) == []
+
+
+async def test_scale_up_and_drain():
+    svc = await Echo.as_service()
+    await svc.scale(3)
+    assert len({await svc.pid.route() for _ in range(3)}) == 3
+    pids = replica_pids(svc)
+    slow = svc.slow_pid.route(0.5).start()  # replica 0 (round robin wrapped around)
+    await svc.scale(1)
+    assert await slow == pids[0]
+    assert list(svc.metrics()) == [0]
+    assert wait_dead([pids[1], pids[2]], 5.0) == []
+    assert await svc.pid.route() == pids[0]
+
+
+async def test_no_process_left_after_shutdown():
+    svc = await Echo.options(num_replicas=3, health_poll_rate=0.05).as_service()
+    pids = list(replica_pids(svc).values())
+    os.kill(pids[0], signal.SIGKILL)
+    await wait_until(lambda: replica_pids(svc)[0] != pids[0], 10.0)
+    await wait_until(lambda: svc.metrics()[0]["state"] == "healthy", 10.0)
+    pids += list(replica_pids(svc).values())
+    await svc.shutdown()
+    assert svc not in get_runtime().services
+    assert all(m["state"] == "stopped" for m in svc.metrics().values())
+    assert wait_dead(pids, 5.0) == []
+    with pytest.raises(ServiceUnavailable, match="shut down"):
+        await svc.pid.route()
