@@ -21,6 +21,7 @@ Everything a program needs is importable from here::
 This package never imports ``forge`` or ``torch`` at module level.
 """
 
+from controller._backend import use_host_mesh
 from controller._context import Point, current_rank, current_size
 from controller.actor import Actor, ActorOptions, shutdown
 from controller.endpoint import Endpoint, Future, endpoint
@@ -66,4 +67,5 @@ __all__ = [
     "endpoint",
     "shutdown",
     "this_host",
+    "use_host_mesh",
 ]

@@ -132,6 +132,9 @@ class LocalProc:
                 f"process for mesh {self.mesh!r} rank {self.rank} (pid {self.pid}) exited "
                 f"during start-up ({describe_exit(rc)})" + (f":\n{tail}" if tail else "")
             )
+        parts = line.split()
+        if len(parts) > 1:  # the worker chose its TCP port (Monarch backend): use its address
+            self.address = parts[1].decode()
 
     def describe(self) -> str:
         state = "alive" if self.returncode is None else describe_exit(self.returncode)

@@ -162,6 +162,8 @@ class Client:
         returncode = None
         if proc is not None:
             returncode = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 1.0)
+            if not detail and getattr(proc, "lost", ""):
+                detail = proc.lost  # e.g. a Monarch process whose exit status is unknown
             if proc.stopping and not detail:
                 detail = "the mesh was stopped"
         return ActorDiedError(self.mesh, self.rank, self.pid, returncode, detail)

@@ -45,6 +45,9 @@ class Worker:
         self.tasks: dict[tuple[int, int], asyncio.Task] = {}
         self.stopped = asyncio.Event()
         self.loop = asyncio.get_running_loop()
+        # Shared memory only reaches callers on this host. A TCP worker (Monarch backend) may be
+        # called from another host, so its replies carry tensors in-band.
+        self.use_shm = address.startswith("unix:")
 
     # -- dispatch --------------------------------------------------------------------------
     def on_frame(self, proto: _wire.FrameProtocol, kind: int, cid: int, body) -> None:
@@ -74,7 +77,7 @@ class Worker:
             return  # the caller is gone; nobody to answer
         if kind == _wire.OK:
             try:
-                body = ser.dumps(value)[0]
+                body = ser.dumps(value, use_shm=self.use_shm)[0]
             except Exception as e:  # noqa: BLE001
                 err = TypeError(f"the endpoint's return value could not be pickled: {e}")
                 proto.send(_wire.ERR, cid, _error_body(err))
@@ -221,8 +224,12 @@ async def _main() -> None:
     rt = get_runtime()
     worker = Worker(mesh, rank, size, address)
     server = await _wire.serve(address, rt.session.authkey, worker.on_frame, None)
+    if address.startswith("tcp:") and address.endswith(":0"):
+        # Monarch backend: the OS chose the port; report the address callers must use.
+        address = f"{address[:-2]}:{server.sockets[0].getsockname()[1]}"
+        worker.address = address
     ready = int(os.environ["FORGE_READY_FD"])
-    os.write(ready, f"{os.getpid()}\n".encode())
+    os.write(ready, f"{os.getpid()} {address}\n".encode())
     os.close(ready)
     async with server:
         await worker.stopped.wait()

@@ -138,7 +138,9 @@ class ProcMesh:
         mesh._proc_mesh = self
         ready: concurrent.futures.Future = concurrent.futures.Future()
         mesh._ready = ready
-        encoded = _encode_per_rank((actor_name, cls, args, kwargs), len(self._infos), name)
+        encoded = _encode_per_rank(
+            (actor_name, cls, args, kwargs), len(self._infos), name, _shm_reaches(self._infos)
+        )
 
         async def construct():
             try:
@@ -191,11 +193,17 @@ class ProcMesh:
             pass
 
 
-def _encode_per_rank(obj, n: int, what: str) -> list[bytes]:
+def _shm_reaches(infos: list[ProcInfo]) -> bool:
+    """Shared-memory payloads only reach processes on this host, i.e. behind a unix socket.
+    Monarch-backend workers listen on TCP and may be remote: their tensors travel in-band."""
+    return all(i.address.startswith("unix:") for i in infos)
+
+
+def _encode_per_rank(obj, n: int, what: str, use_shm: bool = True) -> list[bytes]:
     """Pickle once; re-pickle per rank only when shared-memory payloads are involved (each
     receiver claims, and removes, its own copy)."""
     try:
-        body, shm = ser.dumps(obj)
+        body, shm = ser.dumps(obj, use_shm=use_shm)
     except Exception as e:
         detail = None
         if isinstance(obj, tuple) and len(obj) == 4:
@@ -207,7 +215,7 @@ def _encode_per_rank(obj, n: int, what: str) -> list[bytes]:
         ) from e
     if not shm or n == 1:
         return [body] * n
-    return [body] + [ser.dumps(obj)[0] for _ in range(n - 1)]
+    return [body] + [ser.dumps(obj, use_shm=use_shm)[0] for _ in range(n - 1)]
 
 
 class ActorMesh:
@@ -228,6 +236,7 @@ class ActorMesh:
         self._proc_mesh: ProcMesh | None = None
         self._owns_proc_mesh = False
         self._rr = itertools.count()
+        self._use_shm = _shm_reaches(infos)  # False for Monarch-backend (TCP) workers
 
     # -- identity --------------------------------------------------------------------------
     def __reduce__(self):
@@ -331,7 +340,9 @@ class ActorMesh:
         raise ActorError(self._display, ep, rank, rtype, msg, tb, exc)
 
     def _encode(self, ep: str, args, kwargs, n: int) -> list[bytes]:
-        return _encode_per_rank((self._actor_name, ep, args, kwargs), n, f"{self._display}.{ep}")
+        return _encode_per_rank(
+            (self._actor_name, ep, args, kwargs), n, f"{self._display}.{ep}", self._use_shm
+        )
 
     def _call_all(self, ep: str, args, kwargs, timeout) -> Future[ValueMesh]:
         ranks = self._shape.ranks

@@ -1,0 +1,41 @@
+"""The ``backend`` fixture: run a test once per process backend (``local``, ``monarch``).
+
+Bind it in a test module to use it (it is not a conftest, so it is not applied
+everywhere)::
+
+    from tests.runtime.conftest_backends import backend_fixture
+
+    backend = backend_fixture
+
+    async def test_something(backend):
+        mesh = await MyActor.options(procs=2).as_actor()   # placed by ``backend``
+
+The monarch case skips when torchmonarch is not installed and carries the ``monarch`` mark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+_HAVE_MONARCH = importlib.util.find_spec("monarch") is not None
+
+
+@pytest.fixture(
+    name="backend",
+    params=[
+        "local",
+        pytest.param(
+            "monarch",
+            marks=[
+                pytest.mark.monarch,
+                pytest.mark.skipif(not _HAVE_MONARCH, reason="needs torchmonarch"),
+            ],
+        ),
+    ],
+)
+def backend_fixture(request, monkeypatch) -> str:
+    """Sets ``FORGE_BACKEND`` for the test; yields the backend's name."""
+    monkeypatch.setenv("FORGE_BACKEND", request.param)
+    return request.param
