@@ -1,0 +1,169 @@
+"""Generator: samples completions from the policy, with versioned weights (run as a service).
+
+Endpoints (all ``async``: they run on the actor's event loop, so concurrent calls overlap and
+``generate`` calls are batched together by the backend):
+
+- ``setup()``: runs at spawn. Builds the backend named by ``GeneratorConfig.backend``, loads
+  the model and tokenizer, starts serving. Unknown backend or missing model -> ``ActorError``
+  from ``as_actor``/``as_service``.
+- ``generate(prompt, **sampling) -> list[Completion]``: called by rollout loops with
+  ``route`` (service) or ``call_one``. ``prompt`` is a string or chat messages; keywords
+  override ``GeneratorConfig.sampling`` (``n``, ``max_tokens``, ``temperature``, ``top_p``,
+  ``top_k``, ``stop``, ``seed``, ``logprobs``); an unknown keyword is a ``TypeError``.
+- ``update_weights(version=None, handle=None, mode=None) -> int``: called by the training loop
+  (``call``/fanout to every replica) after the trainer pushed a version. Pulls ``handle`` (a
+  ``forge.weights.WeightHandle``) or the version by number from the configured transport
+  (``None``: the latest there), swaps it in and returns the version now in use. ``mode``:
+  ``"in_flight"`` (default) or ``"drain"``; see ``forge.generation.hf_backend``.
+- ``on_recover() -> int``: called by the service layer after it restarted a crashed replica:
+  loads the latest pushed version, if any (else keeps the initial weights, version 0).
+- ``get_version() -> int``; ``stats() -> dict`` (batch sizes, counts, lanes);
+  ``state_dict_checksum() -> str`` and ``get_param(name) -> Tensor`` for weight-sync checks.
+
+Versions only move forward: updating to the version in use is a no-op, to an older one a
+``ValueError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from controller import Actor, endpoint
+from forge.generation.backend import (
+    UPDATE_MODES,
+    GeneratorBackend,
+    GeneratorConfig,
+    Prompt,
+    build_generator_backend,
+    make_sampling_params,
+    state_dict_checksum,
+)
+from forge.types import Completion
+from forge.weights import WeightHandle, WeightVersionError, build_weight_transport, pull_handle
+
+
+class Generator(Actor):
+    """One generator replica. ``Generator.options(procs=1).as_actor(GeneratorConfig(...))``."""
+
+    def __init__(self, config: GeneratorConfig) -> None:
+        if not isinstance(config, GeneratorConfig):
+            raise TypeError(
+                f"Generator takes a GeneratorConfig, got {type(config).__name__}; build one "
+                "with GeneratorConfig(model=...) or forge.config.config_from_dict"
+            )
+        self.config = config
+        self.backend: GeneratorBackend | None = None
+        self._transport = None
+
+    @endpoint
+    async def setup(self) -> None:
+        backend = build_generator_backend(self.config)
+        await backend.start()
+        self.backend = backend
+
+    # ---- generation -------------------------------------------------------------------
+
+    @endpoint
+    async def generate(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
+        params = make_sampling_params(self.config.sampling, sampling)
+        return await self._backend().generate(prompt, params)
+
+    # ---- weights ----------------------------------------------------------------------
+
+    @endpoint
+    async def update_weights(
+        self,
+        version: int | None = None,
+        handle: WeightHandle | None = None,
+        mode: str | None = None,
+    ) -> int:
+        backend = self._backend()
+        mode = mode or self.config.update_mode
+        if mode not in UPDATE_MODES:
+            raise ValueError(
+                f"update_weights mode {mode!r} is unknown; choose one of {UPDATE_MODES}"
+            )
+        if handle is not None:
+            if version is not None and version != handle.version:
+                raise ValueError(
+                    f"update_weights got version={version} but a handle for version "
+                    f"{handle.version}; pass one or make them agree"
+                )
+            version = handle.version
+        elif version is None:
+            version = self._latest_pushed()
+        if version == backend.version:
+            return version
+        if version < backend.version:
+            raise ValueError(
+                f"weight version {version} is older than the version in use "
+                f"({backend.version}); versions only move forward"
+            )
+        if handle is not None:
+            state_dict = await asyncio.to_thread(pull_handle, handle)
+        else:
+            state_dict = await asyncio.to_thread(self._transport_or_raise().pull, version)
+        await backend.update_weights(state_dict, version, mode)
+        return version
+
+    @endpoint
+    async def on_recover(self) -> int:
+        backend = self._backend()
+        if self._has_transport() and self._transport_or_raise().versions():
+            return await self.update_weights()
+        return backend.version
+
+    @endpoint
+    async def get_version(self) -> int:
+        return self._backend().version
+
+    @endpoint
+    async def stats(self) -> dict[str, Any]:
+        return self._backend().stats()
+
+    @endpoint
+    async def state_dict_checksum(self) -> str:
+        return await asyncio.to_thread(state_dict_checksum, self._backend().named_weights())
+
+    @endpoint
+    async def get_param(self, name: str):
+        weights = self._backend().named_weights()
+        if name not in weights:
+            raise KeyError(f"the generator's model has no parameter {name!r}")
+        return weights[name].detach().to("cpu").clone()
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _backend(self) -> GeneratorBackend:
+        if self.backend is None:
+            raise RuntimeError("the generator is not set up; setup() runs at spawn")
+        return self.backend
+
+    def _has_transport(self) -> bool:
+        w = self.config.weights
+        return bool(w.prefix if w.transport == "shm" else w.root)
+
+    def _transport_or_raise(self):
+        if self._transport is None:
+            w = self.config.weights
+            if not self._has_transport():
+                raise ValueError(
+                    "update_weights got no handle and GeneratorConfig.weights names no "
+                    f"{'prefix' if w.transport == 'shm' else 'root'} to look versions up by; "
+                    "pass handle=WeightHandle or configure GeneratorConfig.weights"
+                )
+            if w.transport == "shm":
+                kwargs = {"prefix": w.prefix, "shm_dir": w.shm_dir, "wait_s": w.wait_s}
+            else:
+                kwargs = {"root": w.root, "wait_s": w.wait_s}
+            self._transport = build_weight_transport(w.transport, **kwargs)
+        return self._transport
+
+    def _latest_pushed(self) -> int:
+        versions = self._transport_or_raise().versions()
+        if not versions:
+            w = self.config.weights
+            where = f"prefix {w.prefix!r}" if w.transport == "shm" else f"root {w.root!r}"
+            raise WeightVersionError(f"no weight version was pushed yet under {where}")
+        return versions[-1]

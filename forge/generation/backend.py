@@ -1,0 +1,195 @@
+"""The Generator actor's pluggable engine: config, backend base class and factory.
+
+A backend turns ``(prompt, SamplingParams)`` into ``Completion`` lists on one model whose
+weights carry an integer version, and swaps in new weights on request. The actor
+(``forge.actors.generator``) owns transport and version bookkeeping; a backend only sees
+state dicts. Implementations live in sibling files and are chosen by
+``GeneratorConfig.backend`` through :func:`build_generator_backend`:
+
+- ``"hf"`` (``hf_backend.py``): plain transformers + ``HFEngine``, continuous batching on an
+  asyncio task. Runs anywhere torch runs; what the tests and laptop runs use.
+- ``"vllm"`` (``vllm_backend.py``): ``vllm.LLM`` in the actor process (needs ``forge[vllm]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from forge.types import Completion, SamplingParams
+
+__all__ = [
+    "BACKENDS",
+    "UPDATE_MODES",
+    "GeneratorBackend",
+    "GeneratorConfig",
+    "WeightSyncConfig",
+    "build_generator_backend",
+    "make_sampling_params",
+    "state_dict_checksum",
+]
+
+BACKENDS = ("hf", "vllm")
+UPDATE_MODES = ("in_flight", "drain")
+Prompt = str | list[dict[str, Any]]
+
+
+@dataclass
+class WeightSyncConfig:
+    """Where the generator pulls pushed versions from when given a version, not a handle.
+
+    ``transport`` is ``"shm"`` (same host; files ``forge-w-<prefix>-v<version>`` under
+    ``shm_dir``) or ``"safetensors_dir"`` (``<root>/v<version>``); it must match the
+    trainer's ``WeightStore``. An empty ``prefix`` (shm) or ``root`` (safetensors_dir)
+    means "handles only": ``update_weights`` then needs a ``WeightHandle``.
+    """
+
+    transport: str = "shm"
+    prefix: str = ""
+    shm_dir: str = "/dev/shm"
+    root: str = ""
+    wait_s: float = 0.0
+
+
+@dataclass
+class GeneratorConfig:
+    """Everything a Generator replica needs to start.
+
+    Args:
+        model: local HF model directory or hub id.
+        backend: ``"hf"`` or ``"vllm"``; checked when the replica starts (``setup``).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: torch device of the hf backend (``"cpu"``, ``"cuda"``).
+        max_batch_size: most sequences (samples, not requests) decoded together.
+        sampling: defaults for every ``generate`` call; keyword overrides replace fields.
+        seed: seeds the sampling streams of requests that give no ``seed``.
+        update_mode: default for ``update_weights``: ``"in_flight"`` (running requests finish
+            on the weights they started with) or ``"drain"`` (wait until idle, then swap).
+        attn_implementation: hf backend attention (``"eager"`` matches the trainer's
+            logprob recomputation bit-for-bit on CPU; ``"sdpa"`` is faster on GPUs).
+        weights: where versions are pulled from by number.
+        engine_kwargs: extra keyword arguments for the backend's engine (``vllm.LLM``).
+    """
+
+    model: str
+    backend: str = "hf"
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_batch_size: int = 32
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+    update_mode: str = "in_flight"
+    attn_implementation: str = "eager"
+    weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(
+                f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"
+            )
+        if self.update_mode not in UPDATE_MODES:
+            raise ValueError(
+                f"GeneratorConfig.update_mode {self.update_mode!r} is not a mode; "
+                f"choose one of {UPDATE_MODES}"
+            )
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "n": (int,),
+    "max_tokens": (int,),
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "stop": (str, list, tuple),
+    "seed": (int, type(None)),
+    "logprobs": (bool,),
+}
+
+
+def make_sampling_params(defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
+    """``defaults`` with ``overrides`` applied and validated.
+
+    Raises ``TypeError`` naming unknown keys (and listing the valid ones) or a value of the
+    wrong type; ``ValueError`` (from ``SamplingParams``) for an out-of-range value.
+    """
+    unknown = sorted(set(overrides) - set(_FIELD_TYPES))
+    if unknown:
+        raise TypeError(
+            f"unknown sampling parameter(s) {unknown}; valid ones are {list(_FIELD_TYPES)}"
+        )
+    for key, value in overrides.items():
+        bad_bool = isinstance(value, bool) and key != "logprobs"  # bool is an int subclass
+        if bad_bool or not isinstance(value, _FIELD_TYPES[key]):
+            raise TypeError(
+                f"sampling parameter {key}={value!r} has type {type(value).__name__}; "
+                f"expected {' or '.join(t.__name__ for t in _FIELD_TYPES[key])}"
+            )
+    if "stop" in overrides and not isinstance(overrides["stop"], str):
+        overrides = {**overrides, "stop": list(overrides["stop"])}
+    params = dataclasses.replace(defaults, **overrides)
+    params.stop = list(params.stop)  # never share the defaults' list
+    return params
+
+
+def state_dict_checksum(state_dict: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes, in sorted name order."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class GeneratorBackend:
+    """Generation on one model, with versioned weights. One per Generator replica.
+
+    All methods run on the actor's event loop; blocking work goes to threads. ``version`` is
+    the version that newly admitted requests are generated with.
+    """
+
+    version: int = 0
+
+    async def start(self) -> None:
+        """Load the model and start serving."""
+        raise NotImplementedError
+
+    async def generate(self, prompt: Prompt, params: SamplingParams) -> list[Completion]:
+        """``params.n`` completions of ``prompt``; concurrent calls are batched together."""
+        raise NotImplementedError
+
+    async def update_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int, mode: str
+    ) -> None:
+        """Make ``state_dict`` (HF names) the weights of requests admitted from now on."""
+        raise NotImplementedError
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """Current weights by HF name (what new requests use); for checks and debugging."""
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for tests and metrics (batch sizes, requests, tokens, updates)."""
+        return {}
+
+    async def close(self) -> None:
+        """Stop serving and release the model."""
+
+
+def build_generator_backend(config: GeneratorConfig) -> GeneratorBackend:
+    """The backend named by ``config.backend``; ``ValueError`` for an unknown name."""
+    kind = config.backend
+    if kind == "hf":
+        from forge.generation.hf_backend import HFBackend
+
+        return HFBackend(config)
+    if kind == "vllm":
+        from forge.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend(config)
+    raise ValueError(f"unknown generator backend {kind!r}; choose one of {BACKENDS}")

