@@ -1,6 +1,20 @@
-"""Generation cores that the Generator actor wraps: HF engine and sampling."""
+"""Generation: the HF engine, sampling, and the backends the Generator actor wraps."""
 
+from forge.generation.backend import (
+    GeneratorBackend,
+    GeneratorConfig,
+    WeightSyncConfig,
+    build_generator_backend,
+)
 from forge.generation.hf_engine import HFEngine
 from forge.generation.sampling import sample_next, top_k_top_p_mask
 
-__all__ = ["HFEngine", "sample_next", "top_k_top_p_mask"]
+__all__ = [
+    "GeneratorBackend",
+    "GeneratorConfig",
+    "HFEngine",
+    "WeightSyncConfig",
+    "build_generator_backend",
+    "sample_next",
+    "top_k_top_p_mask",
+]
