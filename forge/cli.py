@@ -1,6 +1,8 @@
 """The ``forge`` command line. Subcommands import their heavy dependencies lazily, so
 ``forge --help`` answers at once.
 
+    forge run --config apps/sumdigits/cpu.yaml [a.b=c ...]
+    forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -8,6 +10,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _run(args: argparse.Namespace) -> int:
+    from forge.launch import run_app
+
+    try:
+        return run_app(args.config, args.overrides, resume=args.resume, run_dir=args.run_dir)
+    except ValueError as e:  # a config mistake: say it plainly, no traceback
+        print(f"forge run: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -21,6 +33,12 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an app from a YAML config")
+    run.add_argument("--config", help="the app's YAML config")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    run.add_argument("--run-dir", help="where to write outputs (default: runs/<app>-<time>)")
+    run.add_argument("overrides", nargs="*", metavar="a.b=c", help="config overrides")
+    run.set_defaults(fn=_run)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "small", "llama"])

@@ -1,0 +1,95 @@
+"""``forge run``: load an app's typed config, make its run directory, run it, clean up.
+
+An app is a module (named by the config's ``app:`` key, e.g. ``apps.grpo.main``) that defines
+
+- ``Config``: a dataclass, the schema of its YAML (it must have an ``app: str`` field), and
+- ``async def run(cfg, run_dir: Path, resume: bool) -> None``.
+
+The config is validated before anything is spawned; the resolved config is written to
+``<run_dir>/config.yaml``. ``--resume <run_dir>`` reloads that file (plus overrides) and
+passes ``resume=True`` so the app continues from its last checkpoint. Ctrl-C or SIGTERM stop
+every process the run spawned before the command exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+from forge import env
+
+
+def load_app(config_path: str | Path, overrides: list[str]) -> tuple[Any, Any]:
+    """Import the app named by the config and parse the config with its schema."""
+    from forge.config import load_config, load_config_dict
+
+    raw = load_config_dict(config_path, overrides)
+    app = raw.get("app") if isinstance(raw, dict) else None
+    if not isinstance(app, str) or not app:
+        raise ValueError(
+            f"{config_path}: missing top-level key 'app' naming the app module, e.g. "
+            "'app: apps.grpo.main'"
+        )
+    try:
+        module = importlib.import_module(app)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"{config_path}: app module {app!r} cannot be imported: {e}") from e
+    for attr in ("Config", "run"):
+        if not hasattr(module, attr):
+            raise ValueError(f"app module {app!r} defines no {attr!r}; see forge/launch.py")
+    return module, load_config(config_path, overrides, schema=module.Config)
+
+
+def new_run_dir(app: str, root: Path | None = None) -> Path:
+    root = Path(root or env.get_run_dir())
+    name = app.split(".")[-2] if app.endswith(".main") else app.split(".")[-1]
+    path = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    suffix = 0
+    while path.exists():
+        suffix += 1
+        path = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
+    path.mkdir(parents=True)
+    return path
+
+
+def run_app(
+    config_path: str | None,
+    overrides: list[str],
+    resume: str | None = None,
+    run_dir: str | None = None,
+) -> int:
+    """Run an app to completion; returns the process exit code."""
+    from forge.config import dump_config
+
+    if resume:
+        rdir = Path(resume)
+        if not (rdir / "config.yaml").is_file():
+            raise ValueError(f"--resume {resume}: no config.yaml there; is it a run directory?")
+        module, cfg = load_app(config_path or rdir / "config.yaml", overrides)
+    else:
+        if not config_path:
+            raise ValueError("forge run needs --config <yaml> (or --resume <run_dir>)")
+        module, cfg = load_app(config_path, overrides)
+        rdir = Path(run_dir) if run_dir else new_run_dir(cfg.app)
+        rdir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, rdir / "config.yaml")
+    print(f"[forge] run directory: {rdir}", flush=True)
+    try:
+        asyncio.run(_run(module, cfg, rdir, bool(resume)))
+    except KeyboardInterrupt:
+        print("[forge] interrupted; all processes stopped", flush=True)
+        return 130
+    return 0
+
+
+async def _run(module, cfg, run_dir: Path, resume: bool) -> None:
+    from controller import shutdown
+
+    try:
+        await module.run(cfg, run_dir, resume)
+    finally:
+        # Also on an exception or Ctrl-C (CancelledError): stop every actor we spawned.
+        await asyncio.shield(asyncio.ensure_future(shutdown()))
