@@ -23,6 +23,7 @@ This package never imports ``forge`` or ``torch`` at module level.
 
 from controller._backend import use_host_mesh
 from controller._context import Point, current_rank, current_size
+from controller._runtime import session_tag
 from controller.actor import Actor, ActorOptions, shutdown
 from controller.endpoint import Endpoint, Future, endpoint
 from controller.errors import (
@@ -65,6 +66,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "session_tag",
     "shutdown",
     "this_host",
     "use_host_mesh",

@@ -16,6 +16,7 @@ import atexit
 import itertools
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -54,16 +55,24 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_SESSION_NAME = re.compile(r"(?:^|-)forge-(\d+)-")
+
+
+def session_tag() -> str:
+    """A string unique to this session (``forge-<root pid>-<id>``). Name session-scoped files
+    under /dev/shm with it and the root controller removes them when the session ends, or the
+    next session does if the root was killed."""
+    return get_runtime().session.shm_prefix
+
+
 def _sweep_stale_sessions(tmp: str) -> None:
     """Remove socket dirs and shm payloads of root controllers that died without cleanup."""
     for base, names in ((tmp, os.listdir(tmp)), (ser.SHM_DIR, os.listdir(ser.SHM_DIR or tmp))):
         if base is None:
             continue
         for name in names:
-            parts = name.split("-")
-            if len(parts) < 3 or parts[0] != "forge" or not parts[1].isdigit():
-                continue
-            if _pid_alive(int(parts[1])):
+            m = _SESSION_NAME.search(name)
+            if m is None or _pid_alive(int(m.group(1))):
                 continue
             path = os.path.join(base, name)
             if os.path.isdir(path):

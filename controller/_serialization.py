@@ -323,12 +323,13 @@ def discard_shm(segments: list) -> None:
 
 
 def sweep_shm(prefix: str) -> int:
-    """Remove every unclaimed shared-memory payload whose name starts with ``prefix``."""
+    """Remove every shared-memory file whose name contains ``prefix`` (the session tag):
+    unclaimed payloads, and files components named after the session (``session_tag()``)."""
     if SHM_DIR is None:
         return 0
     n = 0
     for name in os.listdir(SHM_DIR):
-        if name.startswith(prefix):
+        if prefix in name:
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 n += 1

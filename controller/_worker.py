@@ -60,17 +60,26 @@ class Worker:
             if task is not None:
                 task.cancel()
         elif kind == _wire.STOP_ACTOR:
-            name = ser.loads(body)
-            self.actors.pop(name, None)
-            ex = self.executors.pop(name, None)
-            if ex is not None:
-                ex.shutdown(wait=False)
-            self._reply(proto, _wire.OK, cid, None)
+            self.loop.create_task(self._stop_actor(proto, cid, ser.loads(body)))
         elif kind == _wire.PING:
             self._reply(proto, _wire.OK, cid, os.getpid())
         elif kind == _wire.EXIT:
-            self._reply(proto, _wire.OK, cid, None)
-            self.stopped.set()
+            self.loop.create_task(self._exit(proto, cid))
+
+    async def _stop_actor(self, proto, cid: int, name: str) -> None:
+        inst = self.actors.pop(name, None)
+        if inst is not None:
+            await _teardown(inst)
+        ex = self.executors.pop(name, None)
+        if ex is not None:
+            ex.shutdown(wait=False)
+        self._reply(proto, _wire.OK, cid, None)
+
+    async def _exit(self, proto, cid: int) -> None:
+        for name in list(self.actors):
+            await _teardown(self.actors.pop(name))
+        self._reply(proto, _wire.OK, cid, None)
+        self.stopped.set()
 
     def _reply(self, proto, kind: int, cid: int, value) -> None:
         if proto.closed:
@@ -162,6 +171,23 @@ class Worker:
             self._reply(proto, _wire.ERR, cid, exc)
         else:
             self._reply(proto, _wire.OK, cid, fut.result())
+
+
+TEARDOWN_TIMEOUT_S = 10.0
+
+
+async def _teardown(inst) -> None:
+    """Run the actor's optional ``teardown()`` (sync or async, bounded): the graceful-stop
+    hook for releasing what process exit would not (e.g. shared-memory files)."""
+    hook = getattr(inst, "teardown", None)
+    if hook is None or getattr(type(inst).__dict__.get("teardown"), "_forge_endpoint", False):
+        return
+    try:
+        result = hook()
+        if asyncio.iscoroutine(result):
+            await asyncio.wait_for(result, TEARDOWN_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - teardown must not block stopping
+        logger.exception("teardown of %s failed", type(inst).__name__)
 
 
 class _Resume:

@@ -19,7 +19,10 @@ _EXPORTS: dict[str, str] = {
     "RewardActor": "forge.actors.reward",
     # configs
     "GeneratorConfig": "forge.generation.backend",
-    "WeightSyncConfig": "forge.generation.backend",
+    "TrainerConfig": "forge.training.config",
+    "ReferenceConfig": "forge.training.config",
+    "OptimizerConfig": "forge.training.config",
+    "ScheduleConfig": "forge.training.config",
     "load_config": "forge.config",
     "dump_config": "forge.config",
     # messages

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=_run)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
-    tiny.add_argument("--preset", default="tiny", choices=["tiny", "small", "llama"])
+    tiny.add_argument("--preset", default="tiny", choices=["tiny", "mini", "small", "llama"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_make_tiny_model)
     return p

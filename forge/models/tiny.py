@@ -63,6 +63,7 @@ class TinyPreset:
 
 PRESETS: dict[str, TinyPreset] = {
     "tiny": TinyPreset("qwen2", 64, 2, 4, 2, 128),
+    "mini": TinyPreset("qwen2", 128, 2, 4, 2, 256),  # the CPU demo's policy (~0.33M params)
     "small": TinyPreset("qwen2", 256, 4, 8, 4, 688),
     "llama": TinyPreset("llama", 64, 2, 4, 2, 128),
 }

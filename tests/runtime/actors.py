@@ -147,3 +147,16 @@ class WithSetup(Actor):
     @endpoint
     async def is_ready(self) -> bool:
         return self.ready
+
+
+class WithTeardown(Actor):
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    async def ping(self) -> int:
+        return 1
+
+    async def teardown(self) -> None:
+        with open(self.path, "w") as f:
+            f.write("bye")

@@ -127,3 +127,12 @@ def test_bad_options():
         Counter.options(procs=0)
     with pytest.raises(ValueError, match="as_service"):
         Counter.options(num_replicas=2).as_actor()
+
+
+async def test_teardown_hook_runs_on_graceful_stop(tmp_path):
+    from tests.runtime.actors import WithTeardown
+
+    marker = tmp_path / "torn-down"
+    m = await WithTeardown.as_actor(str(marker))
+    await m.shutdown()
+    assert marker.read_text() == "bye"

@@ -1,0 +1,60 @@
+"""The ``ReferenceModel`` actor: the frozen reference policy, for the KL term of the loss.
+
+Usually a service (replicas behind a router), called once per batch of scored episodes::
+
+    ref = await ReferenceModel.options(num_replicas=2).as_service(ReferenceConfig(model=path))
+    for ep, lps in zip(episodes, await ref.forward.route(episodes)):
+        ep.ref_logprobs = lps                     # collate_episodes -> ref_logprobs_bt
+
+or as a plain actor (``as_actor``, ``call_one``). No gradients, eval mode.
+
+Endpoints:
+
+``setup()``
+    Run by the runtime at spawn: loads the model (``ReferenceConfig``).
+``forward(batch) -> list[list[float]] | Tensor``
+    For a list of ``Episode``: one list per episode, the logprobs of its response tokens
+    (the layout of ``Episode.ref_logprobs``). For a ``TrainBatch``: a ``[B, T]`` float32
+    tensor aligned with ``input_ids_bt`` (the layout of ``TrainBatch.ref_logprobs_bt``).
+    Computed like the trainer's logprobs (``forge.models.token_logprobs`` at
+    ``ReferenceConfig.temperature``, which must equal the trainer's and generator's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from controller import Actor, endpoint
+from forge.training.config import ReferenceConfig
+from forge.types import Episode, TrainBatch
+
+__all__ = ["ReferenceModel"]
+
+
+class ReferenceModel(Actor):
+    """The reference policy; see the module docstring for its endpoints."""
+
+    def __init__(self, config: ReferenceConfig | dict) -> None:
+        if isinstance(config, dict):
+            from forge.config.schema import config_from_dict
+
+            config = config_from_dict(ReferenceConfig, config, source="ReferenceModel(config)")
+        if not isinstance(config, ReferenceConfig):
+            raise TypeError(
+                f"ReferenceModel takes a ReferenceConfig (or a dict of its fields), got "
+                f"{type(config).__name__}"
+            )
+        self.cfg = config
+        self.core = None
+
+    @endpoint
+    def setup(self) -> None:
+        from forge.training.reference import ReferenceCore
+
+        self.core = ReferenceCore(self.cfg)
+
+    @endpoint
+    def forward(self, batch: TrainBatch | Sequence[Episode]) -> list[list[float]] | torch.Tensor:
+        return self.core.logprobs(batch)

@@ -1,0 +1,169 @@
+"""The ``Trainer`` actor: the policy being optimised, on a mesh of P data-parallel ranks.
+
+Spawn it with a :class:`~forge.training.TrainerConfig` (build the config in the controller,
+so a bad value fails there, before any process starts)::
+
+    trainer = await Trainer.options(procs=2).as_actor(TrainerConfig(model=path, ...))
+    metrics = (await trainer.train_step.call([batch_rank0, batch_rank1])).item(procs=0)
+    handle = (await trainer.push_weights.call(version)).item(procs=0)
+    await generator.update_weights.call(handle)      # pulls with forge.weights.pull_handle
+
+Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; with one rank,
+``call_one`` works too):
+
+``setup()``
+    Run by the runtime on every rank at spawn: joins the process group when P > 1 (gloo on
+    CPU, NCCL on GPU; the runtime sets the rendezvous variables), loads the model, wraps it
+    (``parallelism``: ``ddp`` or ``fsdp``), builds AdamW, the LR schedule and the loss.
+``train_step(batch) -> dict``
+    One optimizer update. ``batch`` is a ``TrainBatch`` (every rank trains on it: use with one
+    rank) or a list of P of them, rank r taking element r. Returns the metrics of the global
+    batch, the same on every rank: ``loss``, ``grad_norm`` (before clipping), ``lr``,
+    ``tokens`` (response tokens), ``seconds``, ``step`` and the loss's own metrics.
+``push_weights(version) -> WeightHandle | None``
+    Publishes the full HF-named state dict as ``version`` through ``forge.weights`` (shared
+    memory by default, ``weights.transport="safetensors_dir"`` for a shared filesystem) and
+    returns the picklable handle on rank 0, ``None`` elsewhere. Under FSDP the shards are
+    gathered to rank 0 first (a collective). Only rank 0 writes. ``weights.keep_last``
+    versions are kept.
+``save(path) -> str`` / ``load(path) -> int``
+    Checkpoint weights, optimizer, schedule, step and RNG states (``forge.training
+    .checkpoint``); ``load`` returns the restored step.
+``logprobs(batch) -> Tensor``
+    ``[B, T]`` logprobs of every attended token (prompt too) of a ``TrainBatch`` at the
+    current weights, no grad; for checks and trainer/reference comparisons.
+``state_dict() -> dict``
+    The full HF-named weights on rank 0 (``{}`` on other ranks under FSDP).
+``close()``
+    Drop every pushed weight version (frees ``/dev/shm``). Call before shutting the actor
+    down: actor processes exit without running Python finalizers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from controller import Actor, current_rank, current_size, endpoint, session_tag
+from forge.training import checkpoint, parallel
+from forge.training.config import TrainerConfig, resolve_device
+from forge.types import TrainBatch
+from forge.weights import WeightHandle, WeightStore, build_weight_transport
+
+__all__ = ["Trainer"]
+
+
+def _world() -> int:
+    """Processes in this actor's mesh (1 when called outside an actor)."""
+    return math.prod(current_size().values()) if current_size() else 1
+
+
+def _coerce_config(config: TrainerConfig | dict) -> TrainerConfig:
+    if isinstance(config, TrainerConfig):
+        return config
+    if isinstance(config, dict):
+        from forge.config.schema import config_from_dict
+
+        return config_from_dict(TrainerConfig, config, source="Trainer(config)")
+    raise TypeError(
+        f"Trainer takes a TrainerConfig (or a dict of its fields), got {type(config).__name__}"
+    )
+
+
+class Trainer(Actor):
+    """The policy trainer; see the module docstring for its endpoints."""
+
+    def __init__(self, config: TrainerConfig | dict) -> None:
+        self.cfg = _coerce_config(config)
+        self.core = None
+        self.store: WeightStore | None = None
+
+    @endpoint
+    def setup(self) -> None:
+        device = resolve_device(self.cfg.device)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        parallel.init_distributed(_world(), device)
+        from forge.training.hf_trainer import TrainerCore
+
+        self.core = TrainerCore(self.cfg)
+        if self.core.rank == 0:
+            self.store = self._build_store()
+
+    def _build_store(self) -> WeightStore:
+        w = self.cfg.weights
+        if w.transport == "shm":
+            # Named after the session so the controller sweeps the files if we are killed.
+            prefix = w.prefix or f"{session_tag()}-trainer-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            transport = build_weight_transport("shm", prefix=prefix)
+        else:
+            transport = build_weight_transport("safetensors_dir", root=w.root)
+        return WeightStore(transport, keep_last=w.keep_last)
+
+    def _my_batch(self, batch: TrainBatch | Sequence[TrainBatch]) -> TrainBatch:
+        if isinstance(batch, TrainBatch):
+            return batch
+        if isinstance(batch, (list, tuple)):
+            size, rank = _world(), current_rank().rank
+            if len(batch) != size:
+                raise ValueError(
+                    f"train_step got a list of {len(batch)} batches for a trainer of {size} "
+                    "ranks; pass one TrainBatch per rank (or one TrainBatch for all)"
+                )
+            if not isinstance(batch[rank], TrainBatch):
+                raise TypeError(
+                    f"train_step batch[{rank}] is {type(batch[rank]).__name__}, not a TrainBatch"
+                )
+            return batch[rank]
+        raise TypeError(
+            f"train_step takes a TrainBatch or a list of them (one per rank), got {type(batch).__name__}"
+        )
+
+    @endpoint
+    def train_step(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
+        return self.core.train_step(self._my_batch(batch))
+
+    @endpoint
+    def push_weights(self, version: int) -> WeightHandle | None:
+        state_dict = self.core.hf_state_dict()  # a collective under FSDP: every rank calls it
+        if self.store is None:
+            return None
+        return self.store.push(state_dict, int(version))
+
+    @endpoint
+    def save(self, path: str) -> str:
+        return str(checkpoint.save_checkpoint(Path(path), self.core))
+
+    @endpoint
+    def load(self, path: str) -> int:
+        checkpoint.load_checkpoint(Path(path), self.core)
+        return self.core.step
+
+    @endpoint
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        with torch.no_grad():
+            b = batch
+            lp_bt = self.core.logprobs(
+                b.input_ids_bt.to(self.core.device), b.attention_mask_bt.to(self.core.device)
+            )
+        return lp_bt.cpu()
+
+    @endpoint
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.core.hf_state_dict().items()}
+
+    @endpoint
+    def close(self) -> None:
+        """Drop every pushed weight version now (also done by ``teardown`` on shutdown)."""
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Runtime hook on graceful stop: remove this trainer's weight files."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None

@@ -1,0 +1,32 @@
+"""Training internals the ``Trainer`` and ``ReferenceModel`` actors wrap (testable without
+processes): typed configs, the LR schedule, DDP/FSDP2 wrapping, the optimisation core,
+checkpoints, and the reference model's logprob computation. ``forge.training.titan`` (the
+torchtitan backend) is imported only when ``backend="titan"`` is chosen.
+"""
+
+from forge.training.checkpoint import load_checkpoint, save_checkpoint
+from forge.training.config import (
+    OptimizerConfig,
+    ReferenceConfig,
+    ScheduleConfig,
+    TrainerConfig,
+    WeightSyncConfig,
+)
+from forge.training.hf_trainer import TrainerCore, loss_denominator
+from forge.training.reference import ReferenceCore
+from forge.training.schedule import build_scheduler, lr_multiplier
+
+__all__ = [
+    "OptimizerConfig",
+    "ReferenceConfig",
+    "ReferenceCore",
+    "ScheduleConfig",
+    "TrainerConfig",
+    "TrainerCore",
+    "WeightSyncConfig",
+    "build_scheduler",
+    "load_checkpoint",
+    "loss_denominator",
+    "lr_multiplier",
+    "save_checkpoint",
+]

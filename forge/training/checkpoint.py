@@ -1,0 +1,100 @@
+"""Save and restore a trainer exactly: weights, optimizer, schedule, step and RNG states.
+
+Layout of a checkpoint directory::
+
+    model.safetensors     full HF-named weights (with config.json: loadable by load_model)
+    config.json
+    trainer_state.pt      optimizer state keyed by parameter name, scheduler, step
+    rng_rank<r>.pt        python, numpy, torch (and CUDA) RNG states of rank r
+
+Rank 0 writes the shared files; every rank writes its RNG file. Optimizer state is keyed by
+parameter name (``torch.distributed.checkpoint.state_dict``), so it does not depend on how
+the model was wrapped. Restoring into the same world size is exact (a test checks bitwise
+equality of two continued runs); RNG files of missing ranks are an error.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from forge.training import parallel
+
+__all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "trainer_state.pt"
+
+
+def rng_state() -> dict:
+    """This process's python, numpy and torch RNG states."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _unaliased(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies; safetensors refuses tensors sharing storage (tied embeddings)."""
+    return {name: t.detach().to("cpu").contiguous().clone() for name, t in state_dict.items()}
+
+
+def _barrier() -> None:
+    if parallel.rank_and_world()[1] > 1:
+        dist.barrier()
+
+
+def save_checkpoint(path: str | Path, core) -> Path:
+    """Write ``core`` (a ``TrainerCore``) to ``path``. Call on every rank (collectives)."""
+    path = Path(path)
+    rank, _ = parallel.rank_and_world()
+    weights = parallel.full_state_dict(core.model)
+    state = core.state()
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        # Native names: a titan model's checkpoint reloads into a titan model.
+        save_file(_unaliased(weights), str(path / MODEL_FILE))
+        core.adapter.save_config(path)
+        torch.save(state, path / STATE_FILE)
+    _barrier()  # the directory exists before other ranks write into it
+    torch.save(rng_state(), path / f"rng_rank{rank}.pt")
+    _barrier()
+    return path
+
+
+def load_checkpoint(path: str | Path, core) -> None:
+    """Restore ``core`` from ``path`` written by ``save_checkpoint``. Call on every rank."""
+    path = Path(path)
+    rank, _ = parallel.rank_and_world()
+    rng_file = path / f"rng_rank{rank}.pt"
+    if not (path / STATE_FILE).exists() or not rng_file.exists():
+        raise FileNotFoundError(
+            f"{path} is not a complete trainer checkpoint for rank {rank} (needs {MODEL_FILE}, "
+            f"{STATE_FILE} and {rng_file.name}); write one with Trainer.save(dir)"
+        )
+    weights = load_file(str(path / MODEL_FILE), device="cpu")
+    model_sd = parallel.unwrap(core.model).state_dict()
+    # Tied parameters share one tensor: the file holds each name, loading them all is fine.
+    weights = {k: v.to(model_sd[k].device) for k, v in weights.items() if k in model_sd}
+    parallel.load_full_state_dict(core.model, weights)
+    # weights_only=False: the file holds numpy RNG state and scheduler dicts written by us.
+    core.load_state(torch.load(path / STATE_FILE, weights_only=False))
+    set_rng_state(torch.load(rng_file, weights_only=False))
+    _barrier()

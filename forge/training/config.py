@@ -1,0 +1,234 @@
+"""Typed configs of the trainer and the reference model.
+
+Each is a plain dataclass that checks itself in ``__post_init__`` (so a bad value fails when
+the config is built, before any process starts) and nests the configs of its parts::
+
+    TrainerConfig(
+        model="/tmp/tiny",
+        optimizer=OptimizerConfig(lr=1e-5, max_grad_norm=1.0),
+        schedule=ScheduleConfig(warmup_steps=10, decay="cosine", total_steps=1000),
+        loss=LossConfig(type="grpo", kl_coef=0.01),
+        micro_batch_size=8,
+    )
+
+``forge.config.config_from_dict(TrainerConfig, yaml_dict)`` builds one from YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from forge.losses import LossConfig
+
+__all__ = [
+    "BACKENDS",
+    "DECAYS",
+    "OLD_LOGPROBS",
+    "OPTIMIZERS",
+    "PARALLELISMS",
+    "OptimizerConfig",
+    "ReferenceConfig",
+    "ScheduleConfig",
+    "TrainerConfig",
+    "WeightSyncConfig",
+]
+
+OPTIMIZERS = ("adamw",)
+DECAYS = ("constant", "linear", "cosine")
+PARALLELISMS = ("ddp", "fsdp")
+BACKENDS = ("hf", "titan")
+OLD_LOGPROBS = ("generator", "current")
+DEVICES = ("auto", "cpu", "cuda")
+WEIGHT_TRANSPORTS = ("shm", "safetensors_dir")
+
+
+def _choice(owner: str, key: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}.{key}: unknown value {value!r}; choose one of {choices}")
+
+
+def _positive(owner: str, key: str, value: float | int | None, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{owner}.{key} must be {bound}, got {value!r}")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW and gradient clipping.
+
+    ``max_grad_norm``: clip the global L2 norm of the gradients to this (``None`` disables
+    clipping; the norm is still measured and reported as ``grad_norm``).
+    """
+
+    type: str = "adamw"
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        _choice("OptimizerConfig", "type", self.type, OPTIMIZERS)
+        _positive("OptimizerConfig", "lr", self.lr)
+        _positive("OptimizerConfig", "eps", self.eps)
+        _positive("OptimizerConfig", "weight_decay", self.weight_decay, allow_zero=True)
+        _positive("OptimizerConfig", "max_grad_norm", self.max_grad_norm)
+        self.betas = tuple(self.betas)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(
+                f"OptimizerConfig.betas must be two floats in [0, 1), got {self.betas}"
+            )
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate multiplier per optimizer step ``s`` (0-based), see ``forge.training.schedule``.
+
+    Linear warmup over ``warmup_steps`` (step ``s < warmup_steps`` gets ``(s + 1) /
+    warmup_steps``), then ``decay``: ``constant`` (1.0 forever), or ``linear`` / ``cosine``
+    from 1.0 down to ``min_lr_ratio`` at ``total_steps`` (and ``min_lr_ratio`` after it).
+    """
+
+    warmup_steps: int = 0
+    decay: str = "constant"
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("ScheduleConfig", "decay", self.decay, DECAYS)
+        _positive("ScheduleConfig", "warmup_steps", self.warmup_steps, allow_zero=True)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(
+                f"ScheduleConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"
+            )
+        if self.decay != "constant":
+            if self.total_steps is None:
+                raise ValueError(
+                    f"ScheduleConfig.decay={self.decay!r} needs total_steps (the step where the "
+                    "decay reaches min_lr_ratio); set it or use decay='constant'"
+                )
+            if self.total_steps <= self.warmup_steps:
+                raise ValueError(
+                    f"ScheduleConfig.total_steps ({self.total_steps}) must be greater than "
+                    f"warmup_steps ({self.warmup_steps})"
+                )
+
+
+@dataclass
+class WeightSyncConfig:
+    """How ``push_weights`` publishes weights (see ``forge.weights``).
+
+    ``transport``: ``shm`` (same host, ``/dev/shm``) or ``safetensors_dir`` (shared filesystem
+    at ``root``, required for it). ``prefix`` names the shm files (default: unique per
+    trainer process). ``keep_last``: versions kept before older ones are dropped.
+    """
+
+    transport: str = "shm"
+    keep_last: int = 2
+    prefix: str | None = None
+    root: str | None = None
+
+    def __post_init__(self) -> None:
+        _choice("WeightSyncConfig", "transport", self.transport, WEIGHT_TRANSPORTS)
+        if self.keep_last < 1:
+            raise ValueError(f"WeightSyncConfig.keep_last must be >= 1, got {self.keep_last}")
+        if self.transport == "safetensors_dir" and not self.root:
+            raise ValueError(
+                "WeightSyncConfig.transport='safetensors_dir' needs root (a directory on a "
+                "filesystem every puller can read)"
+            )
+
+
+@dataclass
+class TrainerConfig:
+    """Everything the trainer needs.
+
+    ``model``: HF model directory or hub id. ``backend``: ``hf`` (transformers model) or
+    ``titan`` (torchtitan model, needs ``forge[titan]``). ``parallelism``: how ranks share
+    the work when the trainer runs on more than one process: ``ddp`` (replicated weights,
+    all-reduced gradients) or ``fsdp`` (FSDP2 ``fully_shard``: sharded weights, gradients and
+    optimizer state). ``micro_batch_size``: rows per forward/backward; gradients accumulate
+    over the micro-batches of a step (``None``: the whole batch at once). ``temperature``:
+    must equal the generator's, since logprobs are of ``logits / temperature``.
+    ``old_logprobs``: the denominator of the policy ratio and numerator of TIS weights;
+    ``generator`` uses the generator's logprobs, ``current`` the trainer's own logprobs at
+    the weights before this step's update (see ``forge.training.hf_trainer``).
+    """
+
+    model: str
+    backend: str = "hf"
+    dtype: str = "float32"
+    device: str = "auto"
+    attn_implementation: str = "eager"
+    parallelism: str = "ddp"
+    micro_batch_size: int | None = None
+    temperature: float = 1.0
+    old_logprobs: str = "generator"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(
+                f"TrainerConfig.model must be a model directory or hub id, got {self.model!r}"
+            )
+        _choice("TrainerConfig", "backend", self.backend, BACKENDS)
+        _choice("TrainerConfig", "parallelism", self.parallelism, PARALLELISMS)
+        _choice("TrainerConfig", "old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+        _choice("TrainerConfig", "device", self.device, DEVICES)
+        _positive("TrainerConfig", "micro_batch_size", self.micro_batch_size)
+        _positive("TrainerConfig", "temperature", self.temperature, allow_zero=True)
+        for key, cls in (
+            ("optimizer", OptimizerConfig),
+            ("schedule", ScheduleConfig),
+            ("loss", LossConfig),
+            ("weights", WeightSyncConfig),
+        ):
+            value = getattr(self, key)
+            if isinstance(value, dict):  # convenience for Python callers: nested dicts
+                setattr(self, key, cls(**value))
+            elif not isinstance(value, cls):
+                raise TypeError(
+                    f"TrainerConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
+                    f"got {type(value).__name__}"
+                )
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen reference policy: same model layout and ``temperature`` as the trainer.
+
+    ``micro_batch_size`` bounds the rows per forward (``None``: the whole batch at once).
+    """
+
+    model: str
+    dtype: str = "float32"
+    device: str = "auto"
+    attn_implementation: str = "eager"
+    temperature: float = 1.0
+    micro_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(
+                f"ReferenceConfig.model must be a model directory or hub id, got {self.model!r}"
+            )
+        _choice("ReferenceConfig", "device", self.device, DEVICES)
+        _positive("ReferenceConfig", "micro_batch_size", self.micro_batch_size)
+        _positive("ReferenceConfig", "temperature", self.temperature, allow_zero=True)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
