@@ -145,6 +145,32 @@ class Trainer(Actor):
         return self.core.step
 
     @endpoint
+    def export_hf(self, path: str) -> str | None:
+        """Write the current weights as an HF model directory (config, weights, tokenizer) on
+        rank 0, e.g. to hand an SFT result to an RL run. Returns the path (``None`` elsewhere)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from forge.models import load_tokenizer
+
+        state = self.core.hf_state_dict()
+        if current_rank().rank != 0:
+            return None
+        config = AutoConfig.from_pretrained(self.cfg.model)
+        model = AutoModelForCausalLM.from_config(config)
+        result = model.load_state_dict(
+            {k: v.detach().cpu() for k, v in state.items()}, strict=False
+        )
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        if set(result.missing_keys) - tied or result.unexpected_keys:
+            raise RuntimeError(
+                f"export_hf: weights do not match {self.cfg.model}'s architecture: missing "
+                f"{result.missing_keys}, unexpected {result.unexpected_keys}"
+            )
+        model.save_pretrained(path)
+        load_tokenizer(self.cfg.model).save_pretrained(path)
+        return path
+
+    @endpoint
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         with torch.no_grad():
             b = batch

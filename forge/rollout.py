@@ -1,0 +1,59 @@
+"""Turning scored completions into training episodes, and measuring held-out accuracy."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from forge.losses import grpo_advantages
+from forge.types import Completion, Episode
+
+
+def group_episodes(
+    completions: list[Completion], rewards: list[float], target: Any = None
+) -> list[Episode]:
+    """One GRPO group: the completions of one prompt with group-normalised advantages.
+
+    Each episode keeps the generator's version (for the replay buffer's age limit) and its
+    behaviour logprobs (for the clipped ratio and TIS).
+    """
+    if len(completions) != len(rewards):
+        raise ValueError(f"{len(completions)} completions but {len(rewards)} rewards")
+    adv_b = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), len(rewards))
+    group_id = uuid.uuid4().hex[:12]
+    return [
+        Episode(
+            episode_id=f"{group_id}-{i}",
+            prompt_ids=list(c.prompt_ids),
+            response_ids=list(c.token_ids),
+            behavior_logprobs=list(c.logprobs),
+            reward=float(r),
+            policy_version=c.generator_version,
+            group_id=group_id,
+            advantage=float(a),
+            target=target,
+            stop_reason=c.stop_reason,
+        )
+        for i, (c, r, a) in enumerate(zip(completions, rewards, adv_b.tolist()))
+    ]
+
+
+async def heldout_accuracy(
+    generate: Callable[..., Any],
+    items: list[dict],
+    reward_fn: Callable[[str, str, Any], float],
+    max_tokens: int,
+) -> float:
+    """Greedy accuracy on ``items`` (``prompt``/``target`` dicts); ``generate`` is e.g.
+    ``generator.generate.route``. All prompts are in flight at once so they batch."""
+
+    async def one(item: dict) -> float:
+        (c,) = await generate(item["prompt"], n=1, temperature=0.0, max_tokens=max_tokens)
+        return reward_fn(item["prompt"], c.text, item["target"])
+
+    scores = await asyncio.gather(*(one(it) for it in items))
+    return sum(scores) / max(1, len(scores))
