@@ -29,6 +29,7 @@ REWARDS = {
 class DataConfig:
     task: str = "sumdigits"
     path: str = ""  # jsonl file, or HF dataset id / directory
+    name: str = ""  # HF dataset config name (e.g. "main" for openai/gsm8k)
     split: str = "train"
     heldout_split: str = "test"
     prompt_field: str = "question"
@@ -104,8 +105,9 @@ def build_source(cfg: DataConfig):
         import datasets
     except ImportError as e:
         raise ImportError("data.task='hf' needs the datasets package: pip install datasets") from e
-    train = _normalise(datasets.load_dataset(cfg.path, split=cfg.split), cfg)
-    held = _normalise(datasets.load_dataset(cfg.path, split=cfg.heldout_split), cfg)
+    name = cfg.name or None
+    train = _normalise(datasets.load_dataset(cfg.path, name, split=cfg.split), cfg)
+    held = _normalise(datasets.load_dataset(cfg.path, name, split=cfg.heldout_split), cfg)
     return _Records(train, held[: cfg.heldout_size], cfg.seed)
 
 

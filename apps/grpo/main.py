@@ -123,6 +123,9 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
 
     # Rollouts may run at most max_policy_age versions ahead: one credit = one group.
     credits = asyncio.Semaphore(cfg.rollout.prompts_per_step * (cfg.max_policy_age + 1))
+    # Zero-variance groups are dropped, but never so many that training starves (a model
+    # that always fails, or always succeeds, still steps).
+    drops = {"since_step": 0, "limit": 4 * cfg.rollout.prompts_per_step}
 
     async def rollout_loop() -> None:
         while True:
@@ -141,7 +144,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             log.add("rollout/reward", [e.reward for e in group])
             zero_var = len({e.reward for e in group}) == 1
             log.add("rollout/zero_variance_groups", [float(zero_var)])
-            if zero_var and cfg.rollout.drop_zero_variance:
+            if zero_var and cfg.rollout.drop_zero_variance and drops["since_step"] < drops["limit"]:
+                drops["since_step"] += 1
                 credits.release()  # nothing to learn from it; sample another prompt
                 continue
             if reference is not None:
@@ -165,6 +169,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             t3 = time.perf_counter()
             for _ in range(cfg.rollout.prompts_per_step):
                 credits.release()
+            drops["since_step"] = 0
             buf_m = await buffer.metrics.call_one()
             stats = log.step(
                 version,

@@ -14,6 +14,7 @@ directory and ends with ``heldout_accuracy=<x> sft_accuracy=<y> minutes=<z>``.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
     cfg.grpo.model = cfg.grpo.generator.model = cfg.grpo.trainer.model = str(sft_dir)
     (run_dir / "grpo").mkdir(exist_ok=True)
     result = await grpo_train(cfg.grpo, run_dir / "grpo", resume)
-    evals = result["eval"]
+    evals = {**_previous_evals(run_dir / "grpo" / "metrics.jsonl"), **result["eval"]}
     first, last = min(evals), max(evals)
     plot_curves(
         result["history"],
@@ -67,6 +68,14 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
         f"heldout_accuracy={evals[last]:.3f} sft_accuracy={evals[first]:.3f} minutes={minutes:.2f}",
         flush=True,
     )
+
+
+def _previous_evals(path: Path) -> dict[int, float]:
+    """Evaluations logged before a resume (the SFT baseline among them)."""
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["step"]: r["eval/heldout_accuracy"] for r in rows if "eval/heldout_accuracy" in r}
 
 
 if __name__ == "__main__":
