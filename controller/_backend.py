@@ -26,7 +26,7 @@ def backend_name() -> str:
 async def spawn_procs_for(opts, name: str) -> ProcMesh:
     """A process mesh as ``opts`` (an ``ActorOptions``) describes it."""
     if opts.with_gpus:
-        raise NotImplementedError("with_gpus=True needs the GPU provisioner (not built yet)")
+        return await _spawn_with_gpus(opts, name)
     if backend_name() == "monarch":
         from controller._monarch import spawn_monarch  # imports monarch: only when chosen
 
@@ -42,3 +42,30 @@ def use_host_mesh(host_mesh) -> None:
     from controller._monarch import use_host_mesh as _use  # imports monarch: only when used
 
     _use(host_mesh)
+
+
+async def _spawn_with_gpus(opts, name: str) -> ProcMesh:
+    """One GPU per process, disjoint from every other mesh's, released when the mesh stops."""
+    from controller._gpus import get_allocator
+
+    if backend_name() == "monarch" or (opts.hosts or 1) > 1:
+        raise ValueError(
+            "with_gpus=True is provisioned on the local backend (one host); on Monarch the "
+            "allocator's hosts own their GPUs"
+        )
+    alloc = get_allocator()
+    owner = f"{name}-{id(opts)}-{os.getpid()}"
+    gpus = alloc.allocate(opts.procs, f"mesh {name!r} ({owner})")
+    try:
+        pm = await HostMesh(1).spawn_procs(
+            per_host={"procs": opts.procs},
+            env=dict(opts.env),
+            name=name,
+            rank_env=[{"CUDA_VISIBLE_DEVICES": g} for g in gpus],
+        )
+    except BaseException:
+        alloc.release(f"mesh {name!r} ({owner})")
+        raise
+    pm.gpus = gpus
+    pm.on_stop(lambda: alloc.release(f"mesh {name!r} ({owner})"))
+    return pm

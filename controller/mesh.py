@@ -86,6 +86,8 @@ class ProcMesh:
         except RuntimeError:
             self._owner_loop = None
         self._death_callbacks: list[Callable[[MeshFailure], None]] = []
+        self._stop_callbacks: list[Callable[[], None]] = []
+        self.gpus: list[str] = []  # devices given by the GPU provisioner (with_gpus=True)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self.name} {self._shape} pids={[p.pid for p in self._procs]}>"
@@ -177,8 +179,14 @@ class ProcMesh:
                 rt.local_procs.pop(p.address, None)
             if self in rt.proc_meshes:
                 rt.proc_meshes.remove(self)
+            for cb in self._stop_callbacks:
+                cb()
 
         return Future(run, f"stop {self.name}")
+
+    def on_stop(self, cb: Callable[[], None]) -> None:
+        """Call ``cb()`` once the mesh's processes are gone (e.g. to release its GPUs)."""
+        self._stop_callbacks.append(cb)
 
     async def _ask_exit(self, rank: int) -> None:
         p = self._procs[rank]
@@ -464,8 +472,10 @@ class HostMesh:
         per_host: dict[str, int] | None = None,
         env: dict[str, str] | None = None,
         name: str | None = None,
+        rank_env: list[dict[str, str]] | None = None,
     ) -> Future[ProcMesh]:
-        """Start ``per_host`` processes (e.g. ``{"procs": 4}``) with extra ``env``."""
+        """Start ``per_host`` processes (e.g. ``{"procs": 4}``) with extra ``env`` (and
+        ``rank_env[r]`` for rank r only, e.g. its GPU)."""
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -476,7 +486,9 @@ class HostMesh:
                 f"the local backend runs on one host, but {self.hosts} hosts were asked for; "
                 "use the monarch backend (FORGE_BACKEND=monarch) for multi-host meshes"
             )
-        return Future(lambda: spawn_local(sizes, env or {}, name or "procs"), "spawn_procs")
+        return Future(
+            lambda: spawn_local(sizes, env or {}, name or "procs", rank_env), "spawn_procs"
+        )
 
 
 def this_host() -> HostMesh:
@@ -484,7 +496,9 @@ def this_host() -> HostMesh:
     return HostMesh(1)
 
 
-async def spawn_local(sizes: dict[str, int], env: dict[str, str], name: str) -> ProcMesh:
+async def spawn_local(
+    sizes: dict[str, int], env: dict[str, str], name: str, rank_env: list | None = None
+) -> ProcMesh:
     rt = get_runtime()
     install_signal_handlers()
     shape = Shape.full(sizes)
@@ -515,6 +529,7 @@ async def spawn_local(sizes: dict[str, int], env: dict[str, str], name: str) -> 
                 "WORLD_SIZE": str(n),
                 "LOCAL_WORLD_SIZE": str(n),
                 **env,
+                **(rank_env[rank] if rank_env else {}),
             }
             p = LocalProc(mesh_name, rank, n, address, penv, on_exit)
             procs.append(p)
