@@ -171,12 +171,11 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                 credits.release()
             drops["since_step"] = 0
             buf_m = await buffer.metrics.call_one()
+            log.merge(await _actor_metrics(trainer, generator, buffer))
             stats = log.step(
                 version,
                 {
-                    "train/loss": m["loss"],
-                    "train/grad_norm": m["grad_norm"],
-                    "train/lr": m["lr"],
+                    **{f"train/{k}": v for k, v in m.items()},
                     "train/tokens_per_s": m["tokens"] / max(t2 - t1, 1e-9),
                     "time/wait_batch_s": t1 - t0,
                     "time/train_s": t2 - t1,
@@ -203,6 +202,16 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
         await evaluate(version)
     log.close()
     return {"history": log.history, "eval": evals, "version": version}
+
+
+async def _actor_metrics(trainer, generator, buffer) -> list[dict]:
+    """Per-process metric states recorded since the last step (busy fractions, ...)."""
+    parts = await asyncio.gather(
+        trainer.flush_metrics.call(),
+        generator.flush_metrics.fanout(),
+        buffer.flush_metrics.call_one(),
+    )
+    return [*parts[0].values(), *parts[1], parts[2]]
 
 
 async def _next_batch(buffer, version: int, tasks: list[asyncio.Task]):

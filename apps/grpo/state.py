@@ -29,7 +29,12 @@ class MetricLog:
         self.backends = build_backends(backends, run_dir)
         self.history: list[dict[str, float]] = []
         self._pending: dict[str, list[float]] = {}
+        self._remote: list[dict] = []
         self._t = time.perf_counter()
+
+    def merge(self, states: list[dict]) -> None:
+        """Metric states flushed by actor processes (reduced with the local ones at step)."""
+        self._remote.extend(states)
 
     def add(self, key: str, values: list[float]) -> None:
         self._pending.setdefault(key, []).extend(values)
@@ -48,7 +53,8 @@ class MetricLog:
             if values:
                 out[key] = statistics.fmean(values)
         self._pending = {}
-        out.update(merge_states([get_collector().flush()]))
+        out.update(merge_states([get_collector().flush(), *self._remote]))
+        self._remote = []
         now = time.perf_counter()
         out["time/wall_s"] = now - self._t
         self.record(step, out)

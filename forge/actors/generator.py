@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from controller import Actor, endpoint
+from controller import endpoint
+from forge.actors.base import ForgeActor
 from forge.generation.backend import (
     UPDATE_MODES,
     GeneratorBackend,
@@ -43,7 +44,9 @@ from forge.types import Completion
 from forge.weights import WeightHandle, WeightVersionError, build_weight_transport, pull_handle
 
 
-class Generator(Actor):
+class Generator(ForgeActor):
+    _busy_name = "generator"
+
     """One generator replica. ``Generator.options(procs=1).as_actor(GeneratorConfig(...))``."""
 
     def __init__(self, config: GeneratorConfig) -> None:
@@ -67,7 +70,8 @@ class Generator(Actor):
     @endpoint
     async def generate(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
         params = make_sampling_params(self.config.sampling, sampling)
-        return await self._backend().generate(prompt, params)
+        with self.busy():
+            return await self._backend().generate(prompt, params)
 
     # ---- weights ----------------------------------------------------------------------
 

@@ -26,14 +26,15 @@ from collections.abc import Sequence
 
 import torch
 
-from controller import Actor, endpoint
+from controller import endpoint
+from forge.actors.base import ForgeActor
 from forge.training.config import ReferenceConfig
 from forge.types import Episode, TrainBatch
 
 __all__ = ["ReferenceModel"]
 
 
-class ReferenceModel(Actor):
+class ReferenceModel(ForgeActor):
     """The reference policy; see the module docstring for its endpoints."""
 
     def __init__(self, config: ReferenceConfig | dict) -> None:

@@ -21,7 +21,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from controller import Actor, endpoint
+from controller import endpoint
+from forge.actors.base import ForgeActor
 from forge.observability import Reduce, record_metric
 from forge.replay import ReplayBufferCore, collate_episodes
 from forge.types import Episode
@@ -43,7 +44,7 @@ class ReplayBufferConfig:
     pad_id: int = 0
 
 
-class ReplayBuffer(Actor):
+class ReplayBuffer(ForgeActor):
     """Holds episodes; see the module docstring for its endpoints."""
 
     def __init__(self, config: ReplayBufferConfig | None = None, collate: Any = None):

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from controller import Actor, endpoint
+from controller import endpoint
+from forge.actors.base import ForgeActor
 from forge.rewards import RewardResult, evaluate_rewards, reward_name
 
 
-class RewardActor(Actor):
+class RewardActor(ForgeActor):
     """Evaluates ``reward_fns`` ``(prompt, response, target) -> float``.
 
     Args:

@@ -49,7 +49,8 @@ from pathlib import Path
 
 import torch
 
-from controller import Actor, current_rank, current_size, endpoint, session_tag
+from controller import current_rank, current_size, endpoint, session_tag
+from forge.actors.base import ForgeActor
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
@@ -75,7 +76,9 @@ def _coerce_config(config: TrainerConfig | dict) -> TrainerConfig:
     )
 
 
-class Trainer(Actor):
+class Trainer(ForgeActor):
+    _busy_name = "trainer"
+
     """The policy trainer; see the module docstring for its endpoints."""
 
     def __init__(self, config: TrainerConfig | dict) -> None:
@@ -126,7 +129,8 @@ class Trainer(Actor):
 
     @endpoint
     def train_step(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
-        return self.core.train_step(self._my_batch(batch))
+        with self.busy():
+            return self.core.train_step(self._my_batch(batch))
 
     @endpoint
     def push_weights(self, version: int) -> WeightHandle | None:

@@ -212,14 +212,19 @@ class TrainerCore:
         lp_bt = self.logprobs(b.input_ids_bt[rows], b.attention_mask_bt[rows])
         old_bt = lp_bt.detach() if self.cfg.old_logprobs == "current" else None
         ref_bt = None if b.ref_logprobs_bt is None else b.ref_logprobs_bt[rows]
-        return self.loss_fn(
+        mask_bt = b.response_mask_bt[rows].float()
+        gen_bt = b.behavior_logprobs_bt[rows]
+        loss, metrics = self.loss_fn(
             logprobs_bt=lp_bt,
-            generator_logprobs_bt=b.behavior_logprobs_bt[rows],
+            generator_logprobs_bt=gen_bt,
             advantages_b=b.advantages_b[rows],
-            mask_bt=b.response_mask_bt[rows].float(),
+            mask_bt=mask_bt,
             old_logprobs_bt=old_bt,
             ref_logprobs_bt=ref_bt,
         )
+        # The generator/trainer mismatch TIS corrects for (and, off-policy, the policy lag).
+        gap = ((lp_bt.detach() - gen_bt).abs() * mask_bt).sum() / mask_bt.sum().clamp(min=1.0)
+        return loss, {**metrics, "logprob_gap": float(gap)}
 
     def _no_sync(self, last: bool):
         """DDP: all-reduce gradients only on the last micro-batch's backward."""

@@ -1,0 +1,61 @@
+"""``ForgeActor``: what every Forge component shares — per-step metrics and busy time.
+
+Actors call ``record_metric`` wherever they are; the controller's training loop gathers the
+partial states each step with ``flush_metrics`` (``call``/``fanout``) and reduces them across
+processes (``forge.observability.merge_states``). Wrapping work in ``with self.busy():``
+makes ``flush_metrics`` also report ``<name>/busy_fraction``: the share of wall time since
+the last flush during which the actor had work in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from controller import Actor, endpoint
+from forge.observability import Reduce, get_collector, record_metric
+
+
+class ForgeActor(Actor):
+    """Base class of Forge's actors (see the module docstring)."""
+
+    _busy_name = "actor"
+
+    def _busy_state(self) -> dict:
+        st = self.__dict__.get("_forge_busy")
+        if st is None:
+            now = time.perf_counter()
+            st = self.__dict__["_forge_busy"] = {
+                "active": 0,
+                "since": now,
+                "busy": 0.0,
+                "window": now,
+            }
+        return st
+
+    @contextlib.contextmanager
+    def busy(self):
+        st = self._busy_state()
+        now = time.perf_counter()
+        if st["active"] == 0:
+            st["since"] = now
+        st["active"] += 1
+        try:
+            yield
+        finally:
+            st["active"] -= 1
+            if st["active"] == 0:
+                st["busy"] += time.perf_counter() - st["since"]
+
+    @endpoint
+    async def flush_metrics(self) -> dict:
+        """This process's metric states since the last flush (and busy fraction)."""
+        st = self._busy_state()
+        now = time.perf_counter()
+        busy = st["busy"] + (now - st["since"] if st["active"] else 0.0)
+        if st["active"]:
+            st["since"] = now
+        window = max(now - st["window"], 1e-9)
+        record_metric(f"{self._busy_name}/busy_fraction", min(1.0, busy / window), Reduce.MEAN)
+        st["busy"], st["window"] = 0.0, now
+        return get_collector().flush()
