@@ -19,6 +19,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     "${PIP[@]}" "torch==2.13.0"
   fi
 fi
-echo "[setup] installing forge (editable) with the dev extra"
-"${PIP[@]}" -e ".[dev]" 2>&1 | grep -v "Running pip as the 'root' user" || true
+EXTRAS=${FORGE_EXTRAS:-dev}
+echo "[setup] installing forge (editable) with extras [$EXTRAS]"
+"${PIP[@]}" -e ".[$EXTRAS]" 2>&1 | grep -v "Running pip as the 'root' user" || true
 "$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"

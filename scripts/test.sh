@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-bash scripts/setup.sh
+# The service suite also runs on Monarch proc meshes, so the tests install that extra too.
+FORGE_EXTRAS=${FORGE_EXTRAS:-dev,monarch} bash scripts/setup.sh
 echo "[test] fast tests"
 "$PY" -m pytest -q -m "not slow" "$@"
 echo "[test] slow tests"

@@ -12,7 +12,16 @@ import pytest
 from controller import ActorError, Service, ServiceUnavailable, shutdown
 from controller._runtime import get_runtime
 from tests.helpers import wait_dead
+from tests.runtime.conftest_backends import backend_fixture  # noqa: E402
 from tests.runtime.service_actors import Echo, StartsOnce
+
+backend = backend_fixture
+
+
+@pytest.fixture(autouse=True)
+def _on_every_backend(backend):
+    """The whole service suite runs on the local backend and on Monarch proc meshes."""
+    return backend
 
 
 def replica_pids(svc: Service) -> dict[int, int]:
