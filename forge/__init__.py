@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "ReferenceConfig": "forge.training.config",
     "OptimizerConfig": "forge.training.config",
     "ScheduleConfig": "forge.training.config",
+    "WeightPublishConfig": "forge.training.config",
+    "WeightPullConfig": "forge.generation.backend",
     "load_config": "forge.config",
     "dump_config": "forge.config",
     # messages

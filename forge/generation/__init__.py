@@ -3,7 +3,7 @@
 from forge.generation.backend import (
     GeneratorBackend,
     GeneratorConfig,
-    WeightSyncConfig,
+    WeightPullConfig,
     build_generator_backend,
 )
 from forge.generation.hf_engine import HFEngine
@@ -13,7 +13,7 @@ __all__ = [
     "GeneratorBackend",
     "GeneratorConfig",
     "HFEngine",
-    "WeightSyncConfig",
+    "WeightPullConfig",
     "build_generator_backend",
     "sample_next",
     "top_k_top_p_mask",

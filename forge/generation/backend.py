@@ -27,7 +27,7 @@ __all__ = [
     "UPDATE_MODES",
     "GeneratorBackend",
     "GeneratorConfig",
-    "WeightSyncConfig",
+    "WeightPullConfig",
     "build_generator_backend",
     "make_sampling_params",
     "state_dict_checksum",
@@ -39,7 +39,7 @@ Prompt = str | list[dict[str, Any]]
 
 
 @dataclass
-class WeightSyncConfig:
+class WeightPullConfig:
     """Where the generator pulls pushed versions from when given a version, not a handle.
 
     ``transport`` is ``"shm"`` (same host; files ``forge-w-<prefix>-v<version>`` under
@@ -84,7 +84,7 @@ class GeneratorConfig:
     seed: int = 0
     update_mode: str = "in_flight"
     attn_implementation: str = "eager"
-    weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    weights: WeightPullConfig = field(default_factory=WeightPullConfig)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

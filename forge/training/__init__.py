@@ -10,7 +10,7 @@ from forge.training.config import (
     ReferenceConfig,
     ScheduleConfig,
     TrainerConfig,
-    WeightSyncConfig,
+    WeightPublishConfig,
 )
 from forge.training.hf_trainer import TrainerCore, loss_denominator
 from forge.training.reference import ReferenceCore
@@ -23,7 +23,7 @@ __all__ = [
     "ScheduleConfig",
     "TrainerConfig",
     "TrainerCore",
-    "WeightSyncConfig",
+    "WeightPublishConfig",
     "build_scheduler",
     "load_checkpoint",
     "loss_denominator",

@@ -30,7 +30,7 @@ __all__ = [
     "ReferenceConfig",
     "ScheduleConfig",
     "TrainerConfig",
-    "WeightSyncConfig",
+    "WeightPublishConfig",
 ]
 
 OPTIMIZERS = ("adamw",)
@@ -118,7 +118,7 @@ class ScheduleConfig:
 
 
 @dataclass
-class WeightSyncConfig:
+class WeightPublishConfig:
     """How ``push_weights`` publishes weights (see ``forge.weights``).
 
     ``transport``: ``shm`` (same host, ``/dev/shm``) or ``safetensors_dir`` (shared filesystem
@@ -132,12 +132,12 @@ class WeightSyncConfig:
     root: str | None = None
 
     def __post_init__(self) -> None:
-        _choice("WeightSyncConfig", "transport", self.transport, WEIGHT_TRANSPORTS)
+        _choice("WeightPublishConfig", "transport", self.transport, WEIGHT_TRANSPORTS)
         if self.keep_last < 1:
-            raise ValueError(f"WeightSyncConfig.keep_last must be >= 1, got {self.keep_last}")
+            raise ValueError(f"WeightPublishConfig.keep_last must be >= 1, got {self.keep_last}")
         if self.transport == "safetensors_dir" and not self.root:
             raise ValueError(
-                "WeightSyncConfig.transport='safetensors_dir' needs root (a directory on a "
+                "WeightPublishConfig.transport='safetensors_dir' needs root (a directory on a "
                 "filesystem every puller can read)"
             )
 
@@ -172,7 +172,7 @@ class TrainerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    weights: WeightPublishConfig = field(default_factory=WeightPublishConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -189,7 +189,7 @@ class TrainerConfig:
             ("optimizer", OptimizerConfig),
             ("schedule", ScheduleConfig),
             ("loss", LossConfig),
-            ("weights", WeightSyncConfig),
+            ("weights", WeightPublishConfig),
         ):
             value = getattr(self, key)
             if isinstance(value, dict):  # convenience for Python callers: nested dicts

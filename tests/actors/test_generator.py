@@ -14,7 +14,7 @@ from controller import ActorError
 from forge.actors.generator import Generator
 from forge.generation.backend import (
     GeneratorConfig,
-    WeightSyncConfig,
+    WeightPullConfig,
     build_generator_backend,
     make_sampling_params,
     state_dict_checksum,
@@ -157,7 +157,7 @@ async def test_update_weights_exact_versions_and_errors(tiny_model_dir):
     prefix = f"gentest-{uuid.uuid4().hex[:8]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=2)
     try:
-        gen = await _spawn(tiny_model_dir, weights=WeightSyncConfig(prefix=prefix))
+        gen = await _spawn(tiny_model_dir, weights=WeightPullConfig(prefix=prefix))
         assert await gen.on_recover.call_one() == 0  # nothing pushed: keep the initial weights
         with pytest.raises(ActorError, match="no weight version was pushed yet"):
             await gen.update_weights.call_one()
@@ -199,7 +199,7 @@ async def test_in_flight_and_drain_updates_keep_versions_apart(tiny_model_dir):
     prefix = f"gentest-{uuid.uuid4().hex[:8]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=3)
     try:
-        gen = await _spawn(tiny_model_dir, weights=WeightSyncConfig(prefix=prefix))
+        gen = await _spawn(tiny_model_dir, weights=WeightPullConfig(prefix=prefix))
         greedy = {"temperature": 0, "max_tokens": LONG}
 
         # In-flight: the running request finishes on v0, a new one runs on v1 meanwhile.
@@ -264,7 +264,7 @@ async def test_vllm_backend_generates_updates_and_matches_logprobs(tmp_path_fact
         gen = await _spawn(
             model_dir,
             backend="vllm",
-            weights=WeightSyncConfig(prefix=prefix),
+            weights=WeightPullConfig(prefix=prefix),
             engine_kwargs=engine_kwargs,
         )
         calls = [
