@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore
 PIP=("$PY" -m pip install --disable-pip-version-check -q)
 
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
@@ -21,5 +22,5 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 EXTRAS=${FORGE_EXTRAS:-dev}
 echo "[setup] installing forge (editable) with extras [$EXTRAS]"
-"${PIP[@]}" -e ".[$EXTRAS]" 2>&1 | grep -v "Running pip as the 'root' user" || true
+"${PIP[@]}" -e ".[$EXTRAS]"
 "$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"
