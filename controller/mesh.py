@@ -358,6 +358,9 @@ class ActorMesh:
 
         async def run():
             await self._await_ready()
+            if len(ranks) == 1:  # no gather: a Task per rank costs loop iterations
+                value = await self._request(ranks[0], _wire.CALL, bodies[0], ep, timeout)
+                return ValueMesh(self._shape, [value])
             values = await asyncio.gather(
                 *(self._request(r, _wire.CALL, b, ep, timeout) for r, b in zip(ranks, bodies))
             )

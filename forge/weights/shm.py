@@ -115,15 +115,6 @@ def write_shm_file(
     return manifest
 
 
-def _read_manifest(mm: mmap.mmap, path: str) -> tuple[int, dict[str, TensorMeta]]:
-    if mm[:8] != _MAGIC:
-        raise ValueError(f"{path} is not a Forge weight file (bad magic {mm[:8]!r})")
-    (length,) = struct.unpack("<Q", mm[8:16])
-    header = json.loads(mm[16 : 16 + length])
-    manifest = {n: TensorMeta(d, tuple(s), o, b) for n, d, s, o, b in header["tensors"]}
-    return header["version"], manifest
-
-
 def read_shm_file(
     path: str,
     version: int,
@@ -150,38 +141,65 @@ def read_shm_file(
                 ) from None
             time.sleep(0.01)
     try:
-        size = os.fstat(fd).st_size
-        # ACCESS_COPY (private, copy-on-write) gives a writable buffer, which torch.frombuffer
-        # wants, while never writing to the file; we only read, so no page is ever copied.
-        with mmap.mmap(fd, size, access=mmap.ACCESS_COPY) as mm:
-            if manifest is None:
-                _, manifest = _read_manifest(mm, path)
-            out = _copy_out(mm, manifest, version, into)
+        if manifest is None:
+            manifest = _read_manifest_fd(fd, path)
+        out = _read_into(fd, manifest, version, into)
     finally:
         os.close(fd)
     return out
 
 
-def _copy_out(
-    mm: mmap.mmap,
+def _read_manifest_fd(fd: int, path: str) -> dict[str, TensorMeta]:
+    head = os.pread(fd, 16, 0)
+    if head[:8] != _MAGIC:
+        raise ValueError(f"{path} is not a Forge weight file (bad magic {head[:8]!r})")
+    (length,) = struct.unpack("<Q", head[8:16])
+    header = json.loads(os.pread(fd, length, 16))
+    return {n: TensorMeta(d, tuple(s), o, b) for n, d, s, o, b in header["tensors"]}
+
+
+def _pread_exact(fd: int, dst: torch.Tensor, offset: int, nbytes: int) -> None:
+    """Read ``nbytes`` at ``offset`` straight into ``dst``'s memory (one copy, no mapping,
+    no page faults on the file side)."""
+    view = memoryview(dst.reshape(-1).view(torch.uint8).numpy())
+    done = 0
+    while done < nbytes:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read of weight file at offset {offset + done}")
+        done += n
+
+
+def _read_into(
+    fd: int,
     manifest: dict[str, TensorMeta],
     version: int,
     into: dict[str, torch.Tensor] | None,
 ) -> dict[str, torch.Tensor]:
+    source = f"weight version {version}"
     if into is not None:
-        check_into_keys(into, list(manifest), f"weight version {version}")
+        check_into_keys(into, list(manifest), source)
     out = into if into is not None else {}
-    file_u8 = torch.frombuffer(mm, dtype=torch.uint8)
     for name, meta in manifest.items():
         dtype = dtype_from_name(meta.dtype)
-        src = file_u8[meta.offset : meta.offset + meta.nbytes].view(dtype).view(meta.shape)
+        dst = into.get(name) if into is not None else None
+        direct = (
+            dst is not None
+            and dst.device.type == "cpu"
+            and dst.is_contiguous()
+            and dst.dtype == dtype
+            and tuple(dst.shape) == tuple(meta.shape)
+        )
+        if direct:
+            _pread_exact(fd, dst, meta.offset, meta.nbytes)
+            continue
+        fresh = torch.empty(meta.shape, dtype=dtype)
+        if meta.nbytes:
+            _pread_exact(fd, fresh, meta.offset, meta.nbytes)
         if into is not None:
-            copy_into(into, name, src, f"weight version {version}")
+            copy_into(into, name, fresh, source)  # checks the layout, then copies/casts device
         else:
-            # Fresh, owned memory: the result must not alias the (soon unmapped) file.
-            out[name] = torch.empty(meta.shape, dtype=dtype).copy_(src)
-        del src
-    del file_u8
+            out[name] = fresh
     return out
 
 
