@@ -104,12 +104,36 @@ class Generator(ForgeActor):
                 f"weight version {version} is older than the version in use "
                 f"({backend.version}); versions only move forward"
             )
+        if handle is not None and self._matches_model(handle):
+
+            def pull(into):
+                return pull_handle(handle, into=into)
+
+            await backend.update_weights_from(pull, version, mode)
+            return version
         if handle is not None:
             state_dict = await asyncio.to_thread(pull_handle, handle)
         else:
             state_dict = await asyncio.to_thread(self._transport_or_raise().pull, version)
         await backend.update_weights(state_dict, version, mode)
         return version
+
+    def _matches_model(self, handle: WeightHandle) -> bool:
+        """Whether the pushed tensors can be read straight into this replica's model: same
+        names, dtypes and shapes (else the backend's checked, casting load is used)."""
+        try:
+            named = self._backend().named_weights()
+        except NotImplementedError:
+            return False
+        if set(named) != set(handle.manifest):
+            return False
+        for name, meta in handle.manifest.items():
+            t = named[name]
+            if str(t.dtype).removeprefix("torch.") != meta.dtype or tuple(t.shape) != tuple(
+                meta.shape
+            ):
+                return False
+        return True
 
     @endpoint
     async def on_recover(self) -> int:

@@ -13,6 +13,7 @@ state dicts. Implementations live in sibling files and are chosen by
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
@@ -168,6 +169,14 @@ class GeneratorBackend:
     ) -> None:
         """Make ``state_dict`` (HF names) the weights of requests admitted from now on."""
         raise NotImplementedError
+
+    async def update_weights_from(self, pull, version: int, mode: str) -> None:
+        """Like ``update_weights``, given ``pull(into)``: a function that copies the version
+        into the tensors of ``into`` (a name -> tensor dict) and returns it, or returns fresh
+        tensors when ``into`` is None. Backends that can load in place override this to skip
+        the intermediate copy; the default pulls fresh tensors."""
+        state_dict = await asyncio.to_thread(pull, None)
+        await self.update_weights(state_dict, version, mode)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Current weights by HF name (what new requests use); for checks and debugging."""

@@ -239,6 +239,22 @@ class HFBackend(GeneratorBackend):
             self.version = version
             self._stats["weight_updates"] += 1
 
+    async def update_weights_from(self, pull, version: int, mode: str) -> None:
+        """Idle replica (the common case between RL steps): pull straight into the model's
+        tensors under the step lock (no decode step runs meanwhile): one copy, no staging."""
+        async with self._update_lock, self._step_lock:
+            current = self._lanes[-1]
+            idle = not (current.futures or current.engine.has_work())
+            if idle and mode == "in_flight":
+                model = current.engine.model
+                await asyncio.to_thread(pull, dict(model.state_dict()))
+                current.engine.version = version
+                self.version = version
+                self._stats["weight_updates"] += 1
+                return
+        state_dict = await asyncio.to_thread(pull, None)
+        await self.update_weights(state_dict, version, mode)
+
     async def _swap_in_place(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         current = self._lanes[-1]
         await asyncio.to_thread(load_in_place, current.engine.model, state_dict)
