@@ -1,6 +1,10 @@
 """End to end: Forge's GRPO app against TRL's GRPOTrainer, side by side in one run.
 
+    pip install 'trl==1.16.*'      # the comparison's only extra (accelerate, datasets)
     python -m benchmarks.e2e [--steps 30] [--warmup 3] [--repeats 3] [--sft-steps 150]
+                             [--only forge0|forge1|trl|trl1 ...]
+
+About 7-9 minutes with the defaults on the project's 2-core machine (shared, so it varies).
 
 Both frameworks train the same policy on the same task with the same work per optimizer step:
 
@@ -15,6 +19,9 @@ Both frameworks train the same policy on the same task with the same work per op
 - threads: 2 torch threads in total. Forge runs each actor with ``threads_per_actor=1`` (the
   generator and the trainer are the two busy ones); TRL runs in this process with
   ``torch.set_num_threads(2)``. TRL generates with ``transformers`` ``generate`` (no vLLM).
+  TRL also runs a second time with ``torch.set_num_threads(1)`` (row ``trl1``): on a shared
+  machine two OpenMP threads in one process can lose far more to contention than they gain
+  (see docs/benchmarks.md), so that row shows TRL at its best on this hardware.
 
 Forge keeps every group (``drop_zero_variance=False``), as TRL does, so both train on exactly
 ``prompts*group`` completions per step. It runs twice: on-policy (``max_policy_age=0``:
@@ -22,15 +29,16 @@ generation and training alternate) and off-by-one (``max_policy_age=1``: the nex
 rollouts are generated while this step trains). Evaluation and checkpoints are off.
 
 Timing: the first ``--warmup`` steps of each run are skipped; seconds/step is the wall time of
-the next ``--steps`` steps divided by their number (Forge: the app's ``time/wall_s``, the time
+the next ``--steps`` steps divided by their number (Forge: the app's ``time/elapsed_s``, the time
 between consecutive logged steps; TRL: the time between ``on_step_end`` callbacks); completion
 tokens/s counts the completion tokens trained on (EOS included) over the same wall time.
-Start-up (process spawn, model load) is excluded on both sides. The three configurations are
-interleaved in each repetition, and the table shows medians over ``--repeats``.
+Start-up (process spawn, model load) is excluded on both sides. The configurations are
+interleaved in each repetition, and the table shows medians over ``--repeats`` plus the
+machine's load average before and after (the machine is shared).
 
 The last line is machine-readable:
-``forge_vs_trl_onpolicy=<x> forge_vs_trl_async=<y>`` (TRL s/step / Forge s/step: > 1 means
-Forge is faster).
+``forge_vs_trl_onpolicy=<x> forge_vs_trl_async=<y>`` (TRL at 2 threads, s/step / Forge
+s/step: > 1 means Forge is faster); the line before it gives the same ratios against ``trl1``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,12 @@ import time
 from pathlib import Path
 
 TASK_YAML = Path(__file__).resolve().parents[1] / "apps" / "sumdigits" / "cpu.yaml"
+LABELS = {
+    "forge0": "forge on-policy (age 0)",
+    "forge1": "forge off-by-one (age 1)",
+    "trl": "trl GRPOTrainer, 2 threads",
+    "trl1": "trl GRPOTrainer, 1 thread",
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,8 +70,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--only", choices=["forge0", "forge1", "trl", "trl1"], action="append")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--only", choices=list(LABELS), action="append", help="run only these (repeatable)"
+    )
+    args = p.parse_args(argv)
+    for key in ("steps", "warmup", "repeats"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key} must be >= 1, got {getattr(args, key)}")
+    return args
 
 
 async def prepare_model(workdir: Path, sft_steps: int) -> Path:
@@ -110,10 +130,10 @@ async def run_forge(model: Path, age: int, args: argparse.Namespace, run_dir: Pa
         result = await train(cfg, run_dir)
     finally:
         await shutdown()
-    steps = [r for r in result["history"] if "time/wall_s" in r]
+    steps = [r for r in result["history"] if "time/elapsed_s" in r]
     rows = steps[args.warmup :]
-    # time/wall_s is the time since the app's metric log started: difference it.
-    wall = rows[-1]["time/wall_s"] - steps[args.warmup - 1]["time/wall_s"]
+    # time/elapsed_s is the time since the app's metric log started: difference it.
+    wall = rows[-1]["time/elapsed_s"] - steps[args.warmup - 1]["time/elapsed_s"]
     tokens = sum(r["train/tokens_per_s"] * r["time/train_s"] for r in rows)
 
     def med(key: str) -> float:
@@ -141,7 +161,7 @@ def trl_reward(prompts, completions, target, **kwargs) -> list[float]:
 def run_trl(model: Path, args: argparse.Namespace, out_dir: Path, seed: int, threads: int) -> dict:
     try:
         from datasets import Dataset
-        from transformers import TrainerCallback
+        from transformers import PrinterCallback, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as e:
         raise ImportError("the TRL comparison needs: pip install 'trl==1.16.*'") from e
@@ -199,6 +219,7 @@ def run_trl(model: Path, args: argparse.Namespace, out_dir: Path, seed: int, thr
             train_dataset=Dataset.from_list(rows),
             callbacks=[Clock()],
         )
+        trainer.remove_callback(PrinterCallback)  # one dict per step otherwise
         t0 = time.perf_counter()
         trainer.train()
         marks.insert(0, t0)
@@ -216,12 +237,6 @@ def run_trl(model: Path, args: argparse.Namespace, out_dir: Path, seed: int, thr
 
 
 # ----------------------------------------------------------------------------------- main
-LABELS = {
-    "forge0": "forge on-policy (age 0)",
-    "forge1": "forge off-by-one (age 1)",
-    "trl": "trl GRPOTrainer",
-    "trl1": "trl GRPOTrainer, 1 thread",
-}
 
 
 def report(results: dict[str, list[dict]], load: str) -> None:
@@ -241,16 +256,18 @@ def report(results: dict[str, list[dict]], load: str) -> None:
         )
     for name in ("forge0", "forge1"):
         if name in results:
+            parts = [med(name, k) for k in ("wait_batch_s", "train_s", "weight_sync_s")]
+            rest = med(name, "s_per_step") - sum(parts)
             print(
-                f"{LABELS[name]} breakdown (median s): wait_batch {med(name, 'wait_batch_s'):.3f}"
-                f"  train {med(name, 'train_s'):.3f}  weight_sync {med(name, 'weight_sync_s'):.3f}"
-                f"  policy_age {med(name, 'policy_age'):.2f}"
+                f"{LABELS[name]:28s} per step (median s): wait_batch {parts[0]:.3f}  train "
+                f"{parts[1]:.3f}  weight_sync {parts[2]:.3f}  rest of loop {rest:.3f}  "
+                f"policy_age {med(name, 'policy_age'):.2f}"
             )
+    on, off = med("forge0", "s_per_step"), med("forge1", "s_per_step")
+    trl1 = med("trl1", "s_per_step")
+    print(f"against TRL at 1 thread: on-policy={trl1 / on:.2f} async={trl1 / off:.2f}")
     trl = med("trl", "s_per_step")
-    print(
-        f"forge_vs_trl_onpolicy={trl / med('forge0', 's_per_step'):.2f} "
-        f"forge_vs_trl_async={trl / med('forge1', 's_per_step'):.2f}"
-    )
+    print(f"forge_vs_trl_onpolicy={trl / on:.2f} forge_vs_trl_async={trl / off:.2f}")
 
 
 def loadavg() -> str:

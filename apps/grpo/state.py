@@ -56,7 +56,7 @@ class MetricLog:
         out.update(merge_states([get_collector().flush(), *self._remote]))
         self._remote = []
         now = time.perf_counter()
-        out["time/wall_s"] = now - self._t
+        out["time/elapsed_s"] = now - self._t
         self.record(step, out)
         return out
 
