@@ -18,6 +18,22 @@ Endpoints:
     tensor aligned with ``input_ids_bt`` (the layout of ``TrainBatch.ref_logprobs_bt``).
     Computed like the trainer's logprobs (``forge.models.token_logprobs`` at
     ``ReferenceConfig.temperature``, which must equal the trainer's and generator's).
+``update_weights(version=None, handle=None) -> int``
+    Called by the training loop after the trainer pushed a version, like the generator's
+    (``fanout`` to every replica, so all of them move together)::
+
+        handle = (await trainer.push_weights.call(version)).item(procs=0)
+        await ref.update_weights.fanout(version, handle)
+
+    Applies ``ReferenceConfig.update`` (``none``: nothing, always legal to call; ``ema``;
+    ``reset``; see ``forge.training.reference_update``) and returns the policy version the
+    reference last applied. Versions only move forward; a version the rule skips (``every``)
+    is recorded without pulling anything.
+``version() -> int``
+    The policy version the reference last applied (0: the initial weights).
+
+A replica restarted by the service layer starts from the initial weights again (version 0);
+with ``ema`` its average starts over.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ from controller import endpoint
 from forge.actors.base import ForgeActor
 from forge.training.config import ReferenceConfig
 from forge.types import Episode, TrainBatch
+from forge.weights import WeightHandle
 
 __all__ = ["ReferenceModel"]
 
@@ -59,3 +76,11 @@ class ReferenceModel(ForgeActor):
     @endpoint
     def forward(self, batch: TrainBatch | Sequence[Episode]) -> list[list[float]] | torch.Tensor:
         return self.core.logprobs(batch)
+
+    @endpoint
+    def update_weights(self, version: int | None = None, handle: WeightHandle | None = None) -> int:
+        return self.core.update_weights(version, handle)
+
+    @endpoint
+    def version(self) -> int:
+        return self.core.version()

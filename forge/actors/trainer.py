@@ -26,6 +26,10 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
     returns the picklable handle on rank 0, ``None`` elsewhere. Under FSDP the shards are
     gathered to rank 0 first (a collective). Only rank 0 writes. ``weights.keep_last``
     versions are kept.
+``set_loss(loss_cfg)``
+    Train with this ``LossConfig`` from the next ``train_step`` on (a schedule phase that
+    changes the loss type, ``kl_coef``, clipping, ...; see ``forge.training.phases``). The
+    optimizer and LR schedule state are kept. Call it on every rank (``call``).
 ``save(path) -> str`` / ``load(path) -> int``
     Checkpoint weights, optimizer, schedule, step and RNG states (``forge.training
     .checkpoint``); ``load`` returns the restored step.
@@ -51,6 +55,7 @@ import torch
 
 from controller import current_rank, current_size, endpoint, session_tag
 from forge.actors.base import ForgeActor
+from forge.losses import LossConfig
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
@@ -131,6 +136,10 @@ class Trainer(ForgeActor):
     def train_step(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:
         with self.busy():
             return self.core.train_step(self._my_batch(batch))
+
+    @endpoint
+    def set_loss(self, loss_cfg: LossConfig) -> None:
+        self.core.set_loss(loss_cfg)
 
     @endpoint
     def push_weights(self, version: int) -> WeightHandle | None:

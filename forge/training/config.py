@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from forge.generation.backend import WeightPullConfig
 from forge.losses import LossConfig
+from forge.training.reference_update import ReferenceUpdateConfig
 
 __all__ = [
     "BACKENDS",
@@ -203,9 +205,13 @@ class TrainerConfig:
 
 @dataclass
 class ReferenceConfig:
-    """The frozen reference policy: same model layout and ``temperature`` as the trainer.
+    """The reference policy: same model layout and ``temperature`` as the trainer.
 
     ``micro_batch_size`` bounds the rows per forward (``None``: the whole batch at once).
+    ``update``: how the reference follows the policy's pushed versions (``none``: frozen, the
+    default; ``ema``; ``reset``; see ``forge.training.reference_update``). ``weights``: where
+    ``update_weights`` looks versions up when given a number and no handle (the trainer's
+    transport, as for the generator); leave it empty to pass handles.
     """
 
     model: str
@@ -214,6 +220,8 @@ class ReferenceConfig:
     attn_implementation: str = "eager"
     temperature: float = 1.0
     micro_batch_size: int | None = None
+    update: ReferenceUpdateConfig = field(default_factory=ReferenceUpdateConfig)
+    weights: WeightPullConfig = field(default_factory=WeightPullConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -223,6 +231,15 @@ class ReferenceConfig:
         _choice("ReferenceConfig", "device", self.device, DEVICES)
         _positive("ReferenceConfig", "micro_batch_size", self.micro_batch_size)
         _positive("ReferenceConfig", "temperature", self.temperature, allow_zero=True)
+        for key, cls in (("update", ReferenceUpdateConfig), ("weights", WeightPullConfig)):
+            value = getattr(self, key)
+            if isinstance(value, dict):  # convenience for Python callers: nested dicts
+                setattr(self, key, cls(**value))
+            elif not isinstance(value, cls):
+                raise TypeError(
+                    f"ReferenceConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
+                    f"got {type(value).__name__}"
+                )
 
 
 def resolve_device(device: str) -> str:

@@ -34,12 +34,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
 
-from forge.losses import build_loss
+from forge.losses import LossConfig, build_loss
 from forge.models import gather_logprobs, load_model, position_ids_from_mask, token_logprobs
 from forge.models.logprobs import effective_temperature
 from forge.training import parallel
@@ -164,6 +164,18 @@ class TrainerCore:
         self.loss_fn = build_loss(cfg.loss)
         self.aggregation = cfg.loss.resolved_aggregation()
         self.step = 0
+
+    def set_loss(self, loss_cfg: LossConfig) -> None:
+        """Train with ``loss_cfg`` from the next ``train_step`` on (e.g. a schedule phase that
+        changes ``kl_coef`` or the loss type). The optimizer and LR schedule state are kept."""
+        if not isinstance(loss_cfg, LossConfig):
+            raise TypeError(
+                f"set_loss takes a LossConfig, got {type(loss_cfg).__name__}; build one with "
+                "LossConfig(...) or dataclasses.replace(current, kl_coef=...)"
+            )
+        self.loss_fn = build_loss(loss_cfg)
+        self.aggregation = loss_cfg.resolved_aggregation()
+        self.cfg = replace(self.cfg, loss=loss_cfg)
 
     # -- training ---------------------------------------------------------------------------
 

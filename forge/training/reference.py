@@ -12,6 +12,13 @@
 The values are ``forge.models.token_logprobs`` at ``cfg.temperature`` under no grad in eval
 mode: the same function the trainer differentiates, so at equal weights the trainer's
 logprobs and these agree (the KL starts at 0).
+
+``update_weights(version, handle)`` moves the reference towards a pushed policy version by
+``cfg.update`` (``forge.training.reference_update``: ``none``, ``ema`` or ``reset``). It pulls
+like the generator does (a ``WeightHandle`` with ``forge.weights.pull_handle``, or a version
+number looked up through ``cfg.weights``); versions only move forward, and a version the rule
+skips is recorded without pulling anything. The reference's state lives in this process
+only: a restarted replica starts again from the initial weights.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import torch
 from forge.models import load_model, token_logprobs
 from forge.replay import collate_episodes
 from forge.training.config import ReferenceConfig, resolve_device
+from forge.training.reference_update import apply_update_, should_update
 from forge.types import Episode, TrainBatch
+from forge.weights import WeightHandle, WeightVersionError, build_weight_transport, pull_handle
 
 __all__ = ["ReferenceCore"]
 
@@ -36,6 +45,74 @@ class ReferenceCore:
         self.device = resolve_device(cfg.device)
         self.model = load_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
         self.model.eval().requires_grad_(False)
+        self.applied_version = 0  # the policy version the weights last moved to (0: initial)
+        self.seen_version = 0  # the newest version offered, applied or skipped by the rule
+        self._transport = None
+
+    def version(self) -> int:
+        """The policy version the reference's weights last applied (0: the initial weights)."""
+        return self.applied_version
+
+    def update_weights(self, version: int | None = None, handle: WeightHandle | None = None) -> int:
+        """Apply ``cfg.update`` for the pushed policy ``version`` (or ``handle.version``;
+        neither: the latest under ``cfg.weights``); returns ``applied_version``.
+
+        Offering the version already seen is a no-op, an older one a ``ValueError``. With
+        ``update.type="none"`` nothing is pulled or checked, so apps may call it always.
+        """
+        rule = self.cfg.update
+        if rule.type == "none":
+            return self.applied_version
+        if handle is not None:
+            if version is not None and version != handle.version:
+                raise ValueError(
+                    f"update_weights got version={version} but a handle for version "
+                    f"{handle.version}; pass one or make them agree"
+                )
+            version = handle.version
+        elif version is None:
+            version = self._latest_pushed()
+        if version == self.seen_version:
+            return self.applied_version
+        if version < self.seen_version:
+            raise ValueError(
+                f"weight version {version} is older than the version the reference last saw "
+                f"({self.seen_version}); versions only move forward"
+            )
+        self.seen_version = version
+        if not should_update(rule, version):
+            return self.applied_version
+        if handle is not None:
+            policy_sd = pull_handle(handle)
+        else:
+            policy_sd = self._transport_or_raise().pull(version)
+        apply_update_(rule, self.model.state_dict(), policy_sd, version)
+        self.applied_version = version
+        return version
+
+    def _transport_or_raise(self):
+        w = self.cfg.weights
+        if self._transport is None:
+            if not (w.prefix if w.transport == "shm" else w.root):
+                raise ValueError(
+                    "update_weights got no handle and ReferenceConfig.weights names no "
+                    f"{'prefix' if w.transport == 'shm' else 'root'} to look versions up by; "
+                    "pass handle=WeightHandle or configure ReferenceConfig.weights"
+                )
+            if w.transport == "shm":
+                kwargs = {"prefix": w.prefix, "shm_dir": w.shm_dir, "wait_s": w.wait_s}
+            else:
+                kwargs = {"root": w.root, "wait_s": w.wait_s}
+            self._transport = build_weight_transport(w.transport, **kwargs)
+        return self._transport
+
+    def _latest_pushed(self) -> int:
+        versions = self._transport_or_raise().versions()
+        if not versions:
+            w = self.cfg.weights
+            where = f"prefix {w.prefix!r}" if w.transport == "shm" else f"root {w.root!r}"
+            raise WeightVersionError(f"no weight version was pushed yet under {where}")
+        return versions[-1]
 
     @torch.no_grad()
     def logprobs_bt(
