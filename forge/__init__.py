@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     # actors
+    "DatasetActor": "forge.actors.dataset",
     "Generator": "forge.actors.generator",
     "Trainer": "forge.actors.trainer",
     "ReferenceModel": "forge.actors.reference_model",
@@ -26,6 +27,13 @@ _EXPORTS: dict[str, str] = {
     "WeightPublishConfig": "forge.training.config",
     "WeightPullConfig": "forge.generation.backend",
     "load_config": "forge.config",
+    # extension points
+    "PluginSpec": "forge.plugins",
+    "Slot": "forge.plugins",
+    "import_string": "forge.plugins",
+    "RolloutManager": "forge.rollout",
+    "JsonlSource": "forge.data",
+    "HFSource": "forge.data",
     "dump_config": "forge.config",
     # messages
     "Completion": "forge.types",

@@ -1,4 +1,4 @@
-"""GRPO: sample groups of completions, score them, train on group-normalised advantages.
+"""GRPO: sample groups of completions, score them, train on group-relative advantages.
 
 Run:
     forge run --config apps/grpo/configs/qwen3_1_7b.yaml          # GPUs: vllm + titan
@@ -6,15 +6,21 @@ Run:
     python -m apps.grpo.main --config <yaml> [a.b=c ...]
 
     DatasetActor ──prompt──▶ Generator (service) ──completions──▶ RewardActor (service)
-                                 ▲                                      │ rewards, advantages
-                   update_weights│   (ReferenceModel service: ref logprobs, if kl_coef > 0)
-                                 │                                      ▼
-    Trainer ──push_weights(v)────┘ ◀──── sample(v) ──── ReplayBuffer ◀── episodes
+                                 ▲                                      │ components
+                   update_weights│   (ReferenceModel service: ref logprobs, if configured)
+                                 │                                      ▼ aggregate, advantages
+    Trainer ──push_weights(v)────┘ ◀──── sample(v) ──── ReplayBuffer ◀── filter ── groups
 
-Rollout tasks run continuously; the training loop takes a batch, steps, pushes version v+1
-and updates every generator replica in flight. Asynchrony is bounded: rollouts may run at most
-``max_policy_age`` versions ahead of the trainer (0 = on-policy), the buffer refuses older
-episodes, and the loss corrects the generator/trainer mismatch with TIS when configured.
+Every part a user brings is a slot (``forge.slots``): the data source (``data``), reward
+functions (``rewards``, which may return dicts of named components), their aggregation
+(``reward_aggregator``: weighted_sum, min, pareto), the group filter, the advantage
+estimator, the loss (``trainer.loss.type``) and KL estimator. In YAML each is a built-in
+name, ``pkg.module:attr`` or ``{fn: ..., kwargs: {...}}``; all are resolved when the config
+loads, before any process starts.
+
+Rollouts run continuously (``forge.rollout.RolloutManager``) at most ``max_policy_age``
+versions ahead of the trainer; groups that fail the filter are replaced while the step's
+over-sampling budget lasts; groups in flight across a weight update carry over.
 """
 
 from __future__ import annotations
@@ -27,26 +33,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from apps.grpo.data import DataConfig, DatasetActor, build_rewards
+from apps.grpo.scoring import GroupScorer, RolloutConfig
 from apps.grpo.state import Checkpointer, MetricLog, actor_env
-from forge.actors.generator import Generator
-from forge.actors.reference_model import ReferenceModel
-from forge.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
-from forge.actors.reward import RewardActor
-from forge.actors.trainer import Trainer
+from forge.actors import (
+    DatasetActor,
+    Generator,
+    ReferenceModel,
+    ReplayBuffer,
+    ReplayBufferConfig,
+    RewardActor,
+    Trainer,
+)
 from forge.generation import GeneratorConfig
-from forge.rollout import group_episodes, heldout_accuracy
+from forge.plugins import Spec
+from forge.rollout import RolloutManager, heldout_accuracy
+from forge.slots import DATA_SOURCE, GROUP_FILTER, REWARD
 from forge.training.config import ReferenceConfig, TrainerConfig
-
-
-@dataclass
-class RolloutConfig:
-    prompts_per_step: int = 16  # groups per training step
-    group_size: int = 8
-    max_tokens: int = 8
-    temperature: float = 1.0
-    tasks: int = 4  # concurrent rollout loops
-    drop_zero_variance: bool = True  # all-equal rewards carry no GRPO signal
 
 
 @dataclass
@@ -55,6 +57,7 @@ class EvalConfig:
     at_end: bool = True
     every: int = 0
     max_tokens: int = 8
+    reward: Spec | None = None  # scores held-out answers; default: the first of `rewards`
 
 
 @dataclass
@@ -63,12 +66,12 @@ class Config:
     model: str
     generator: GeneratorConfig
     trainer: TrainerConfig
+    data: Spec
+    rewards: list[Spec]
     steps: int = 100
     max_policy_age: int = 1
     num_generators: int = 1
     trainer_procs: int = 1
-    data: DataConfig = field(default_factory=DataConfig)
-    rewards: list[str] = field(default_factory=lambda: ["sumdigits"])
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reference: ReferenceConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -77,17 +80,33 @@ class Config:
     threads_per_actor: int = 1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # Resolve every user-supplied part now: a typo fails before anything spawns.
+        DATA_SOURCE.validate(self.data, key="data")
+        if not self.rewards:
+            raise ValueError(
+                f"rewards: give at least one reward function; built-ins: "
+                f"{', '.join(REWARD.names())}"
+            )
+        for i, spec in enumerate(self.rewards):
+            REWARD.validate(spec, key=f"rewards[{i}]")
+        if self.eval.reward is not None:
+            REWARD.validate(self.eval.reward, key="eval.reward")
+        per_step = self.rollout.prompts_per_step * self.rollout.group_size
+        if per_step % self.trainer_procs:
+            raise ValueError(
+                f"prompts_per_step*group_size={per_step} must divide by "
+                f"trainer_procs={self.trainer_procs}"
+            )
+
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
-    """Run GRPO; returns ``{"history": [...], "eval": {step: accuracy}}``."""
+    """Run GRPO; returns ``{"history": [...], "eval": {step: accuracy}, "version": v}``."""
     env = actor_env(cfg.threads_per_actor)
-    reward_fns = build_rewards(cfg.rewards)
+    reward_fns = [REWARD.resolve(s) for s in cfg.rewards]
+    eval_reward = REWARD.resolve(cfg.eval.reward) if cfg.eval.reward else reward_fns[0]
     dp = cfg.trainer_procs
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    if per_step % dp:
-        raise ValueError(
-            f"prompts_per_step*group_size={per_step} must divide by trainer_procs={dp}"
-        )
     buf_cfg = ReplayBufferConfig(
         batch_size=per_step // dp, dp_size=dp, max_policy_age=cfg.max_policy_age, seed=cfg.seed
     )
@@ -113,7 +132,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
 
     async def evaluate(step: int) -> None:
         acc = await heldout_accuracy(
-            generator.generate.route, heldout, reward_fns[0], cfg.eval.max_tokens
+            generator.generate.route, heldout, eval_reward, cfg.eval.max_tokens
         )
         evals[step] = acc
         log.record(step, {"eval/heldout_accuracy": acc})
@@ -121,45 +140,26 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     if cfg.eval.at_start and not resume:
         await evaluate(version)
 
-    # Rollouts may run at most max_policy_age versions ahead: one credit = one group.
-    credits = asyncio.Semaphore(cfg.rollout.prompts_per_step * (cfg.max_policy_age + 1))
-    # Zero-variance groups are dropped, but never so many that training starves (a model
-    # that always fails, or always succeeds, still steps).
-    drops = {"since_step": 0, "limit": 4 * cfg.rollout.prompts_per_step}
-
-    async def rollout_loop() -> None:
-        while True:
-            await credits.acquire()
-            item = await data.sample.call_one()
-            completions = await generator.generate.route(
-                item["prompt"],
-                n=cfg.rollout.group_size,
-                max_tokens=cfg.rollout.max_tokens,
-                temperature=cfg.rollout.temperature,
-            )
-            scored = await rewards.evaluate_batch.route(
-                [(item["prompt"], c.text, item["target"]) for c in completions]
-            )
-            group = group_episodes(completions, [s.total for s in scored], item["target"])
-            log.add("rollout/reward", [e.reward for e in group])
-            zero_var = len({e.reward for e in group}) == 1
-            log.add("rollout/zero_variance_groups", [float(zero_var)])
-            if zero_var and cfg.rollout.drop_zero_variance and drops["since_step"] < drops["limit"]:
-                drops["since_step"] += 1
-                credits.release()  # nothing to learn from it; sample another prompt
-                continue
-            if reference is not None:
-                refs = await reference.forward.route(group)
-                for e, r in zip(group, refs):
-                    e.ref_logprobs = r
-            await buffer.add.call_one(group)
-
-    tasks = [asyncio.create_task(rollout_loop()) for _ in range(cfg.rollout.tasks)]
+    scorer = GroupScorer(cfg.rollout, data, generator, rewards, reference, log)
+    r = cfg.rollout
+    manager = RolloutManager(
+        scorer.produce,
+        buffer.add.call_one,
+        groups_per_step=r.prompts_per_step,
+        max_policy_age=cfg.max_policy_age,
+        concurrency=r.tasks,
+        filter_fn=GROUP_FILTER.resolve(r.filter, key="rollout.filter"),
+        over_sampling_factor=r.over_sampling_factor,
+        partial=r.partial,
+        record=log.add,
+    )
+    manager.version = version
+    manager.start()
     bar = tqdm(range(version, cfg.steps), desc="grpo", file=sys.stdout, dynamic_ncols=True)
     try:
         for _ in bar:
             t0 = time.perf_counter()
-            batch = await _next_batch(buffer, version, tasks)
+            batch = await _next_batch(buffer, version, manager)
             t1 = time.perf_counter()
             m = (await trainer.train_step.call(batch)).item(procs=0)
             t2 = time.perf_counter()
@@ -167,9 +167,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             handle = (await trainer.push_weights.call(version)).item(procs=0)
             await generator.update_weights.fanout(version, handle)
             t3 = time.perf_counter()
-            for _ in range(cfg.rollout.prompts_per_step):
-                credits.release()
-            drops["since_step"] = 0
+            manager.advance(version)
             buf_m = await buffer.metrics.call_one()
             log.merge(await _actor_metrics(trainer, generator, buffer))
             stats = log.step(
@@ -195,9 +193,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             await ckpt.maybe_save(version, trainer, buffer, data)
     finally:
         bar.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await manager.stop()
     if cfg.eval.at_end and version not in evals:
         await evaluate(version)
     log.close()
@@ -214,15 +210,13 @@ async def _actor_metrics(trainer, generator, buffer) -> list[dict]:
     return [*parts[0].values(), *parts[1], parts[2]]
 
 
-async def _next_batch(buffer, version: int, tasks: list[asyncio.Task]):
+async def _next_batch(buffer, version: int, manager: RolloutManager):
     """Wait for the buffer to hold a batch usable at ``version``; surface rollout crashes."""
     while True:
         batch = await buffer.sample.call_one(version)
         if batch is not None:
             return batch
-        for t in tasks:
-            if t.done() and t.exception() is not None:
-                raise RuntimeError("a rollout task failed") from t.exception()
+        manager.check()
         await asyncio.sleep(0.005)
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from apps.grpo.data import DataConfig, build_source
 from apps.grpo.state import MetricLog, actor_env
 from forge.actors.trainer import Trainer
 from forge.models import load_tokenizer
+from forge.plugins import Spec
 from forge.replay import collate_episodes
+from forge.slots import DATA_SOURCE
 from forge.training.config import TrainerConfig
 from forge.types import Episode
 
@@ -34,12 +35,15 @@ class Config:
     app: str
     model: str
     trainer: TrainerConfig
+    data: Spec  # a data source (forge.slots.DATA_SOURCE): items with "prompt" and "target"
     steps: int = 200
     batch_size: int = 64
-    data: DataConfig = field(default_factory=DataConfig)
     output: str = ""  # HF directory for the result; default <run_dir>/model
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
     threads_per_actor: int = 1
+
+    def __post_init__(self) -> None:
+        DATA_SOURCE.validate(self.data, key="data")
 
 
 def sft_batch(tokenizer, items: list[dict]):
@@ -68,7 +72,7 @@ async def train(cfg: Config, run_dir: Path) -> Path:
     if cfg.trainer.loss.type != "reinforce":
         raise ValueError("SFT needs trainer.loss.type=reinforce (NLL with advantage 1)")
     env = actor_env(cfg.threads_per_actor)
-    source = build_source(cfg.data)
+    source = DATA_SOURCE.resolve(cfg.data)()
     tokenizer = load_tokenizer(cfg.model)
     trainer = await Trainer.options(env=env).as_actor(cfg.trainer)
     log = MetricLog(run_dir, cfg.metrics)

@@ -54,7 +54,8 @@ def config_from_dict(
 def config_to_dict(cfg: Any) -> Any:
     """Plain nested dicts/lists/scalars for a config dataclass (or any value inside one).
 
-    Tuples become lists, enums their values and paths strings, so the result dumps to YAML
+    Tuples become lists, enums their values, paths strings and callables (given to extension
+    points from Python) their ``module:qualname`` import strings, so the result dumps to YAML
     and loads back into an equal config.
     """
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
@@ -67,6 +68,10 @@ def config_to_dict(cfg: Any) -> Any:
         return cfg.value
     if isinstance(cfg, PurePath):
         return str(cfg)
+    if callable(cfg):  # a callable given to an extension point: its import string
+        from forge.plugins import describe
+
+        return config_to_dict(describe(cfg))
     return cfg
 
 

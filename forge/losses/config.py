@@ -14,7 +14,8 @@ with the same ``aggregation``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,19 +45,38 @@ LOSS_TYPES = tuple(_DEFAULTS)
 
 
 def _unknown_type(t: str) -> ValueError:
-    return ValueError(f"unknown loss type: {t!r}; choose one of {LOSS_TYPES}")
+    return ValueError(
+        f"unknown loss type: {t!r}; choose one of {LOSS_TYPES} or give an import string "
+        "'package.module:fn' of a loss function (see forge.slots.LOSS)"
+    )
+
+
+_CUSTOM = _TypeDefaults(0.0, 0.0, "token_mean")
+
+
+def _custom_loss(cfg: LossConfig) -> Callable[..., Any] | None:
+    """The user loss named by ``cfg.type`` (an import string), kwargs bound; None if built-in."""
+    if cfg.type in _DEFAULTS:
+        return None
+    if ":" not in cfg.type:
+        raise _unknown_type(cfg.type)
+    from forge.slots import LOSS
+
+    return LOSS.resolve({"fn": cfg.type, "kwargs": cfg.kwargs}, key="loss.type")
 
 
 @dataclass
 class LossConfig:
     """Which policy loss to use and its knobs.
 
-    ``type``: ``grpo`` | ``ppo`` | ``reinforce`` | ``gspo``. ``clip_eps_low`` /
+    ``type``: ``grpo`` | ``ppo`` | ``reinforce`` | ``gspo``, or an import string
+    ``pkg.module:fn`` of a loss function called with the keyword tensors of
+    ``build_loss`` (plus ``kwargs``) and returning ``(loss, metrics)``. ``clip_eps_low`` /
     ``clip_eps_high`` (ignored by ``reinforce``) and ``aggregation`` default, when ``None``,
     to the type's usual values: 0.2 / 0.2 / ``token_mean`` for grpo and ppo, 3e-4 / 4e-4 /
     ``seq_mean`` for gspo. ``kl_coef`` weighs the KL to the reference (0 disables it; any
     ``ref_logprobs_bt`` passed is then only logged) estimated with ``kl_estimator``
-    (``k1`` | ``k2`` | ``k3``). ``tis_cap`` enables truncated importance sampling with that cap
+    (``k1`` | ``k2`` | ``k3``, or an import string ``pkg.module:fn``). ``tis_cap`` enables truncated importance sampling with that cap
     (2.0 is a common choice). ``max_tokens`` is the constant divisor of ``dr_grpo``
     aggregation, normally the generation ``max_tokens``; required for that mode.
     """
@@ -69,10 +89,10 @@ class LossConfig:
     tis_cap: float | None = None
     aggregation: str | None = None
     max_tokens: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.type not in _DEFAULTS:
-            raise _unknown_type(self.type)
+        _custom_loss(self)  # raises for an unknown name or an unusable import string
         for name in ("clip_eps_low", "clip_eps_high"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -80,10 +100,9 @@ class LossConfig:
         if self.kl_coef < 0:
             raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(
-                f"LossConfig.kl_estimator: unknown kl estimator {self.kl_estimator!r}; "
-                f"choose one of {KL_ESTIMATORS}"
-            )
+            from forge.slots import KL
+
+            KL.validate(self.kl_estimator, key="LossConfig.kl_estimator")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"LossConfig.tis_cap must be > 0 or None, got {self.tis_cap}")
         if self.aggregation is not None and self.aggregation not in AGGREGATION_MODES:
@@ -101,11 +120,11 @@ class LossConfig:
 
     def resolved_aggregation(self) -> str:
         """``aggregation``, or the type's default when it is ``None``."""
-        return self.aggregation or _DEFAULTS[self.type].aggregation
+        return self.aggregation or _DEFAULTS.get(self.type, _CUSTOM).aggregation
 
     def resolved_clip(self) -> tuple[float, float]:
         """``(clip_eps_low, clip_eps_high)`` with ``None`` replaced by the type's defaults."""
-        d = _DEFAULTS[self.type]
+        d = _DEFAULTS.get(self.type, _CUSTOM)
         low = d.clip_eps_low if self.clip_eps_low is None else self.clip_eps_low
         high = d.clip_eps_high if self.clip_eps_high is None else self.clip_eps_high
         return low, high
@@ -151,8 +170,7 @@ def build_loss(config: LossConfig) -> LossFn:
     (``[B]``; ``ppo`` also takes ``[B, T]``), ``mask_bt``, and optionally ``old_logprobs_bt``
     and ``ref_logprobs_bt``. Metrics add ``kl_ref`` when a reference is given, and ``loss``.
     """
-    if config.type not in _DEFAULTS:
-        raise _unknown_type(config.type)
+    custom = _custom_loss(config)
 
     def loss_fn(
         *,
@@ -163,9 +181,19 @@ def build_loss(config: LossConfig) -> LossFn:
         old_logprobs_bt: torch.Tensor | None = None,
         ref_logprobs_bt: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, metrics = _policy_loss(
-            config, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt
-        )
+        if custom is not None:
+            loss, metrics = custom(
+                logprobs_bt=logprobs_bt,
+                generator_logprobs_bt=generator_logprobs_bt,
+                advantages_b=advantages_b,
+                mask_bt=mask_bt,
+                old_logprobs_bt=old_logprobs_bt,
+            )
+            metrics = dict(metrics)
+        else:
+            loss, metrics = _policy_loss(
+                config, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt
+            )
         if ref_logprobs_bt is not None:
             kl_bt = kl_penalty(logprobs_bt, ref_logprobs_bt, config.kl_estimator)
             kl = aggregate(kl_bt, mask_bt, config.resolved_aggregation(), config.max_tokens)

@@ -14,29 +14,50 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["KL_ESTIMATORS", "kl_penalty"]
+__all__ = ["KL_ESTIMATORS", "k1", "k2", "k3", "kl_penalty"]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
+def k1(logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor) -> torch.Tensor:
+    """``p - q``: unbiased, high variance."""
+    return logprobs_bt - ref_logprobs_bt.detach()
+
+
+def k2(logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor) -> torch.Tensor:
+    """``0.5 * (p - q)**2``: biased, low variance, >= 0."""
+    return 0.5 * k1(logprobs_bt, ref_logprobs_bt).square()
+
+
+def k3(logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor) -> torch.Tensor:
+    """``exp(q - p) - (q - p) - 1``: unbiased and >= 0."""
+    d_bt = -k1(logprobs_bt, ref_logprobs_bt)
+    return torch.exp(d_bt) - d_bt - 1.0
+
+
 def kl_penalty(
-    logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor, estimator: str = "k3"
+    logprobs_bt: torch.Tensor, ref_logprobs_bt: torch.Tensor, estimator="k3"
 ) -> torch.Tensor:
     """Per-token KL estimate ``[B, T]``; gradients flow through ``logprobs_bt`` only.
 
-    Masking and reduction are left to the caller (see ``forge.losses.aggregate``).
+    ``estimator`` is a built-in name, an import string ``pkg.module:fn`` or a callable
+    ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` (see ``forge.slots.KL``). Masking and
+    reduction are left to the caller (see ``forge.losses.aggregate``).
     """
     if logprobs_bt.shape != ref_logprobs_bt.shape:
         raise ValueError(
             f"logprobs_bt {tuple(logprobs_bt.shape)} and ref_logprobs_bt "
             f"{tuple(ref_logprobs_bt.shape)} must match"
         )
-    log_ratio_bt = logprobs_bt - ref_logprobs_bt.detach()
-    if estimator == "k1":
-        return log_ratio_bt
-    if estimator == "k2":
-        return 0.5 * log_ratio_bt.square()
-    if estimator == "k3":
-        d_bt = -log_ratio_bt
-        return torch.exp(d_bt) - d_bt - 1.0
-    raise ValueError(f"unknown kl estimator: {estimator!r}; choose one of {KL_ESTIMATORS}")
+    fn = {"k1": k1, "k2": k2, "k3": k3}.get(estimator) if isinstance(estimator, str) else None
+    if fn is None:
+        from forge.slots import KL
+
+        fn = KL.resolve(estimator, key="kl_estimator")
+    kl_bt = fn(logprobs_bt, ref_logprobs_bt)
+    if kl_bt.shape != logprobs_bt.shape:
+        raise ValueError(
+            f"KL estimator {estimator!r} returned shape {tuple(kl_bt.shape)}, expected "
+            f"{tuple(logprobs_bt.shape)}"
+        )
+    return kl_bt

@@ -99,7 +99,7 @@ def test_kl_gradient_flows_to_policy_only():
 
 
 def test_kl_unknown_estimator():
-    with pytest.raises(ValueError, match=r"unknown kl estimator: 'k4'.*k1"):
+    with pytest.raises(ValueError, match=r"'k4' is not a built-in KL estimator.*k1, k2, k3"):
         kl_penalty(_t([[0.0]]), _t([[0.0]]), "k4")
 
 

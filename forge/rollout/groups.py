@@ -14,16 +14,27 @@ from forge.types import Completion, Episode
 
 
 def group_episodes(
-    completions: list[Completion], rewards: list[float], target: Any = None
+    completions: list[Completion],
+    rewards: list[float],
+    target: Any = None,
+    advantage_fn: Callable[[torch.Tensor, int], torch.Tensor] = grpo_advantages,
+    components: list[dict[str, float]] | None = None,
 ) -> list[Episode]:
-    """One GRPO group: the completions of one prompt with group-normalised advantages.
+    """One group: the completions of one prompt with group-relative advantages.
 
-    Each episode keeps the generator's version (for the replay buffer's age limit) and its
-    behaviour logprobs (for the clipped ratio and TIS).
+    ``advantage_fn(rewards_b, group_size)`` is the estimator (GRPO's z-score by default; see
+    ``forge.slots.ADVANTAGE``). Each episode keeps the generator's version (for the replay
+    buffer's age limit), its behaviour logprobs (for the clipped ratio and TIS) and, when
+    given, its reward components (``reward_breakdown``).
     """
     if len(completions) != len(rewards):
         raise ValueError(f"{len(completions)} completions but {len(rewards)} rewards")
-    adv_b = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), len(rewards))
+    adv_b = advantage_fn(torch.tensor(rewards, dtype=torch.float32), len(rewards))
+    if tuple(adv_b.shape) != (len(rewards),):
+        raise ValueError(
+            f"advantage estimator returned shape {tuple(adv_b.shape)} for {len(rewards)} rewards"
+        )
+    components = components or [{} for _ in completions]
     group_id = uuid.uuid4().hex[:12]
     return [
         Episode(
@@ -36,9 +47,10 @@ def group_episodes(
             group_id=group_id,
             advantage=float(a),
             target=target,
+            reward_breakdown=dict(comp),
             stop_reason=c.stop_reason,
         )
-        for i, (c, r, a) in enumerate(zip(completions, rewards, adv_b.tolist()))
+        for i, (c, r, a, comp) in enumerate(zip(completions, rewards, adv_b.tolist(), components))
     ]
 
 

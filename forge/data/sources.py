@@ -1,0 +1,120 @@
+"""Built-in data sources and the protocol every data source follows.
+
+A data source is built inside the process that serves it (``forge.actors.DatasetActor``), so
+heavy loading happens once, off the controller. It must have ``sample() -> dict`` (an item
+with ``"prompt"`` and ``"target"``, or whatever the reward functions and environments of the
+run expect) and ``heldout() -> list[dict]``; ``state_dict()`` / ``load_state_dict(state)``
+make ``--resume`` continue the same stream (optional).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["DataSource", "HFSource", "JsonlSource", "RecordSource"]
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """What a data source provides (``state_dict``/``load_state_dict`` are optional)."""
+
+    def sample(self) -> dict[str, Any]: ...
+
+    def heldout(self) -> list[dict[str, Any]]: ...
+
+
+class RecordSource:
+    """A shuffled, repeating pass over a list of records, plus a held-out list."""
+
+    def __init__(self, train: list[dict], heldout: list[dict], seed: int = 0):
+        if not train:
+            raise ValueError("a data source needs at least one training record, got none")
+        self.records, self._heldout = train, heldout
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+
+    def sample(self) -> dict:
+        if not self._order:
+            self._order = list(range(len(self.records)))
+            self._rng.shuffle(self._order)
+        return self.records[self._order.pop()]
+
+    def heldout(self) -> list[dict]:
+        return list(self._heldout)
+
+    def state_dict(self) -> dict:
+        return {"rng": self._rng.getstate(), "order": list(self._order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._order = list(state["order"])
+
+
+def normalise_records(
+    rows, source: str, prompt_field: str = "question", target_field: str = "answer"
+) -> list[dict]:
+    """``{"prompt", "target"}`` dicts from rows holding ``prompt``/``target`` or the named
+    fields. GSM8K's ``#### <answer>`` convention is reduced to the final answer."""
+    out = []
+    for r in rows:
+        prompt = r.get("prompt", r.get(prompt_field))
+        target = r.get("target", r.get(target_field))
+        if prompt is None or target is None:
+            raise ValueError(
+                f"{source}: a record lacks '{prompt_field}'/'{target_field}' (or "
+                f"prompt/target): keys {sorted(r)}"
+            )
+        if target_field == "answer" and isinstance(target, str) and "####" in target:
+            target = target.split("####")[-1].strip()
+        out.append({**r, "prompt": prompt, "target": target})
+    return out
+
+
+class JsonlSource(RecordSource):
+    """Records from a local JSONL file; the first ``heldout_size`` lines are held out."""
+
+    def __init__(
+        self,
+        path: str,
+        prompt_field: str = "question",
+        target_field: str = "answer",
+        heldout_size: int = 200,
+        seed: int = 0,
+    ):
+        try:
+            with open(path) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            raise FileNotFoundError(f"JsonlSource: no such file {path!r}") from None
+        rows = normalise_records(rows, path, prompt_field, target_field)
+        super().__init__(rows[heldout_size:], rows[:heldout_size], seed)
+
+
+class HFSource(RecordSource):
+    """A Hugging Face dataset (hub id or local directory); needs ``pip install datasets``."""
+
+    def __init__(
+        self,
+        path: str,
+        name: str = "",
+        split: str = "train",
+        heldout_split: str = "test",
+        prompt_field: str = "question",
+        target_field: str = "answer",
+        heldout_size: int = 200,
+        seed: int = 0,
+    ):
+        try:
+            import datasets
+        except ImportError as e:
+            raise ImportError("HFSource needs the datasets package: pip install datasets") from e
+        train = datasets.load_dataset(path, name or None, split=split)
+        held = datasets.load_dataset(path, name or None, split=heldout_split)
+        super().__init__(
+            normalise_records(train, path, prompt_field, target_field),
+            normalise_records(held, path, prompt_field, target_field)[:heldout_size],
+            seed,
+        )

@@ -1,0 +1,91 @@
+"""Every extension point of Forge, in one table (see ``forge.plugins`` for the mechanism).
+
+| slot | called as | built-ins |
+|---|---|---|
+| ``REWARD`` | ``fn(prompt, response, target) -> float | dict[str, float]`` | exact_match, math, thinking, length |
+| ``REWARD_AGGREGATOR`` | ``fn(components_g: list[dict]) -> list[float]`` (one group) | weighted_sum, min, pareto |
+| ``GROUP_FILTER`` | ``fn(group: list[Episode]) -> bool`` | nonzero_variance, keep_all |
+| ``ADVANTAGE`` | ``fn(rewards_b: Tensor, group_size: int) -> Tensor`` | grpo, dr_grpo, rloo |
+| ``LOSS`` | ``fn(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt, **_) -> (loss, metrics)`` | grpo, ppo, reinforce, gspo |
+| ``KL`` | ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` | k1, k2, k3 |
+| ``DATA_SOURCE`` | a factory; the object has ``sample()`` and ``heldout()`` | jsonl, hf |
+| ``ENVIRONMENT`` | a factory; the object has ``reset(task)`` and ``step(action)`` | (apps provide them) |
+
+A YAML value is a built-in name, an import string ``pkg.module:attr``, or
+``{fn: <either>, kwargs: {...}}``; Python callers pass the callable itself.
+"""
+
+from __future__ import annotations
+
+from forge.plugins import Slot
+
+__all__ = [
+    "ADVANTAGE",
+    "DATA_SOURCE",
+    "ENVIRONMENT",
+    "GROUP_FILTER",
+    "KL",
+    "LOSS",
+    "REWARD",
+    "REWARD_AGGREGATOR",
+]
+
+REWARD = Slot(
+    "reward function",
+    {
+        "exact_match": "forge.rewards.exact_match:ExactMatch",
+        "math": "forge.rewards.math_reward:MathReward",
+        "thinking": "forge.rewards.format:ThinkingReward",
+        "length": "forge.rewards.format:LengthPenalty",
+    },
+    call=("prompt", "response", "target"),
+)
+REWARD_AGGREGATOR = Slot(
+    "reward aggregator",
+    {
+        "weighted_sum": "forge.rewards.vector:WeightedSum",
+        "min": "forge.rewards.vector:Minimum",
+        "pareto": "forge.rewards.vector:ParetoRank",
+    },
+    call=("components_g",),
+)
+GROUP_FILTER = Slot(
+    "group filter",
+    {
+        "nonzero_variance": "forge.rollout.filters:nonzero_variance",
+        "keep_all": "forge.rollout.filters:keep_all",
+    },
+    call=("group",),
+)
+ADVANTAGE = Slot(
+    "advantage estimator",
+    {
+        "grpo": "forge.losses.advantages:grpo_advantages",
+        "dr_grpo": "forge.losses.advantages:dr_grpo_advantages",
+        "rloo": "forge.losses.advantages:rloo_advantages",
+    },
+    call=("rewards_b", "group_size"),
+)
+LOSS = Slot(
+    "loss function",
+    {},  # the built-in losses are chosen by LossConfig.type, see forge.losses.config
+    call=(
+        "logprobs_bt=",
+        "generator_logprobs_bt=",
+        "advantages_b=",
+        "mask_bt=",
+        "old_logprobs_bt=",
+    ),
+)
+KL = Slot(
+    "KL estimator",
+    {"k1": "forge.losses.kl:k1", "k2": "forge.losses.kl:k2", "k3": "forge.losses.kl:k3"},
+    call=("logprobs_bt", "ref_logprobs_bt"),
+)
+DATA_SOURCE = Slot(
+    "data source",
+    {"jsonl": "forge.data.sources:JsonlSource", "hf": "forge.data.sources:HFSource"},
+    factory=True,
+    needs=("sample", "heldout"),
+)
+ENVIRONMENT = Slot("environment", {}, factory=True, needs=("reset", "step"))
