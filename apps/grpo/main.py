@@ -33,7 +33,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from apps.grpo.scoring import GroupScorer, RolloutConfig
+from apps.grpo.scoring import (
+    GroupScorer,
+    RolloutConfig,
+    apply_rollout_overrides,
+    check_rollout_overrides,
+)
 from apps.grpo.state import Checkpointer, MetricLog, actor_env
 from forge.actors import (
     DatasetActor,
@@ -49,6 +54,7 @@ from forge.plugins import Spec
 from forge.rollout import RolloutManager, heldout_accuracy
 from forge.slots import DATA_SOURCE, GROUP_FILTER, REWARD
 from forge.training.config import ReferenceConfig, TrainerConfig
+from forge.training.phases import PhaseConfig, PhaseTracker, validate_phases
 
 
 @dataclass
@@ -75,6 +81,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reference: ReferenceConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
+    phases: list[PhaseConfig] = field(default_factory=list)  # loss/rollout switches by step
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
     checkpoint_every: int = 0
     threads_per_actor: int = 1
@@ -92,6 +99,8 @@ class Config:
             REWARD.validate(spec, key=f"rewards[{i}]")
         if self.eval.reward is not None:
             REWARD.validate(self.eval.reward, key="eval.reward")
+        validate_phases(self.phases, self.trainer.loss)
+        check_rollout_overrides(self.phases)
         per_step = self.rollout.prompts_per_step * self.rollout.group_size
         if per_step % self.trainer_procs:
             raise ValueError(
@@ -155,9 +164,16 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     )
     manager.version = version
     manager.start()
+    phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
     bar = tqdm(range(version, cfg.steps), desc="grpo", file=sys.stdout, dynamic_ncols=True)
     try:
         for _ in bar:
+            phase = phases.current(version) if version == start else phases.changes(version)
+            if phase is not None:  # a scheduled switch of loss / KL / rollout settings
+                bar.write(f"[grpo] step {version}: {phase.describe()}")
+                await trainer.set_loss.call(phase.loss)
+                apply_rollout_overrides(cfg.rollout, phase.rollout, scorer, manager)
+                log.add("phase/index", [float(phase.index)])
             t0 = time.perf_counter()
             batch = await _next_batch(buffer, version, manager)
             t1 = time.perf_counter()
@@ -166,6 +182,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             version += 1
             handle = (await trainer.push_weights.call(version)).item(procs=0)
             await generator.update_weights.fanout(version, handle)
+            if reference is not None:  # a moving reference (EMA / reset) pulls it too
+                await reference.update_weights.fanout(version, handle)
             t3 = time.perf_counter()
             manager.advance(version)
             buf_m = await buffer.metrics.call_one()

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from forge.plugins import Spec
 from forge.rewards import length_penalty
@@ -93,3 +95,33 @@ class GroupScorer:
             for e, r in zip(group, refs):
                 e.ref_logprobs = r
         return group
+
+
+def check_rollout_overrides(phases) -> None:
+    """Every ``phases[i].rollout`` key must be a ``RolloutConfig`` field, with a valid value."""
+    names = [f.name for f in dataclasses.fields(RolloutConfig)]
+    cfg = RolloutConfig()
+    for i, phase in enumerate(phases):
+        unknown = sorted(set(phase.rollout) - set(names))
+        if unknown:
+            raise ValueError(
+                f"phases[{i}].rollout: unknown key(s) {unknown}; RolloutConfig has {names}"
+            )
+        try:
+            cfg = dataclasses.replace(cfg, **phase.rollout)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"phases[{i}].rollout: {e}") from None
+
+
+def apply_rollout_overrides(
+    base: RolloutConfig, overrides: dict[str, Any], scorer: GroupScorer, manager
+) -> RolloutConfig:
+    """A phase's rollout settings, applied to the running scorer and rollout manager."""
+    cfg = dataclasses.replace(base, **overrides)
+    scorer.cfg = cfg
+    scorer.aggregate = REWARD_AGGREGATOR.resolve(cfg.reward_aggregator)
+    scorer.advantage = ADVANTAGE.resolve(cfg.advantage)
+    manager.filter_fn = GROUP_FILTER.resolve(cfg.filter)
+    manager.partial = cfg.partial
+    manager.budget = int(cfg.over_sampling_factor * manager.groups_per_step + 0.999999)
+    return cfg

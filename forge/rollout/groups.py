@@ -65,7 +65,14 @@ async def heldout_accuracy(
 
     async def one(item: dict) -> float:
         (c,) = await generate(item["prompt"], n=1, temperature=0.0, max_tokens=max_tokens)
-        return reward_fn(item["prompt"], c.text, item["target"])
+        score = reward_fn(item["prompt"], c.text, item["target"])
+        if not isinstance(score, (int, float)):
+            raise TypeError(
+                f"the evaluation reward returned {type(score).__name__} {score!r}; it must "
+                "return a float (a vector reward cannot score held-out accuracy: set "
+                "eval.reward to a scalar reward such as exact_match)"
+            )
+        return float(score)
 
     scores = await asyncio.gather(*(one(it) for it in items))
     return sum(scores) / max(1, len(scores))

@@ -113,3 +113,14 @@ def test_config_mistakes_fail_before_spawning(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "grpo.steps" in out.stderr
+    # A misspelt reward name fails at load too, before the SFT stage spawns anything.
+    t0 = time.monotonic()
+    out = _forge(
+        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "grpo.rewards=[nope]"],
+        tmp_path,
+        timeout=120,
+    )
+    assert out.returncode == 2 and time.monotonic() - t0 < 60
+    assert "grpo.rewards" in out.stderr or "rewards[0]" in out.stderr
+    assert "'nope' is not a built-in reward function" in out.stderr and "exact_match" in out.stderr
+    assert not (tmp_path / "r" / "sft").exists()
