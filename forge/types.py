@@ -105,3 +105,4 @@ class TrainBatch:
     advantages_b: Any
     ref_logprobs_bt: Any = None
     policy_versions_b: Any = None
+    rewards_b: Any = None  # each row's scalar reward (for value-based advantages, e.g. GAE)

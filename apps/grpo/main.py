@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from apps.grpo.ppo import check_ppo, train_critic, value_advantages
 from apps.grpo.scoring import (
     GroupScorer,
     RolloutConfig,
@@ -41,6 +42,7 @@ from apps.grpo.scoring import (
 )
 from apps.grpo.state import Checkpointer, MetricLog, actor_env
 from forge.actors import (
+    Critic,
     DatasetActor,
     Generator,
     ReferenceModel,
@@ -54,6 +56,7 @@ from forge.plugins import Spec
 from forge.rollout import RolloutManager, heldout_accuracy
 from forge.slots import DATA_SOURCE, GROUP_FILTER, REWARD
 from forge.training.config import ReferenceConfig, TrainerConfig
+from forge.training.critic import CriticConfig
 from forge.training.phases import PhaseConfig, PhaseTracker, validate_phases
 
 
@@ -80,6 +83,8 @@ class Config:
     trainer_procs: int = 1
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reference: ReferenceConfig | None = None
+    critic: CriticConfig | None = None  # PPO: a value model, GAE advantages per token
+    whiten_advantages: bool = True  # with a critic: normalise GAE advantages per batch
     eval: EvalConfig = field(default_factory=EvalConfig)
     phases: list[PhaseConfig] = field(default_factory=list)  # loss/rollout switches by step
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
@@ -99,6 +104,7 @@ class Config:
             REWARD.validate(spec, key=f"rewards[{i}]")
         if self.eval.reward is not None:
             REWARD.validate(self.eval.reward, key="eval.reward")
+        check_ppo(self.critic, self.trainer.loss.type)
         validate_phases(self.phases, self.trainer.loss)
         check_rollout_overrides(self.phases)
         per_step = self.rollout.prompts_per_step * self.rollout.group_size
@@ -126,9 +132,11 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
         ReplayBuffer.options(env=env).as_actor(buf_cfg),
         Trainer.options(procs=dp, env=env).as_actor(cfg.trainer),
     )
-    reference = None
+    reference = critic = None
     if cfg.reference is not None:
         reference = await ReferenceModel.options(num_replicas=1, env=env).as_service(cfg.reference)
+    if cfg.critic is not None:
+        critic = await Critic.options(env=env).as_actor(cfg.critic)
 
     ckpt = Checkpointer(run_dir, cfg.checkpoint_every)
     log = MetricLog(run_dir, cfg.metrics)
@@ -177,7 +185,14 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             t0 = time.perf_counter()
             batch = await _next_batch(buffer, version, manager)
             t1 = time.perf_counter()
-            m = (await trainer.train_step.call(batch)).item(procs=0)
+            if critic is None:
+                m = (await trainer.train_step.call(batch)).item(procs=0)
+            else:  # PPO: values -> GAE -> policy and critic updates side by side
+                targets = await value_advantages(critic, batch, cfg.critic, cfg.whiten_advantages)
+                trained, cm = await asyncio.gather(
+                    trainer.train_step.call(batch), train_critic(critic, batch, targets)
+                )
+                m = {**trained.item(procs=0), **cm}
             t2 = time.perf_counter()
             version += 1
             handle = (await trainer.push_weights.call(version)).item(procs=0)

@@ -53,6 +53,9 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
         await sft_train(cfg.sft, run_dir / "sft")
     # Hand the SFT result to GRPO: the policy, the generator and the trainer all start there.
     cfg.grpo.model = cfg.grpo.generator.model = cfg.grpo.trainer.model = str(sft_dir)
+    for part in (cfg.grpo.critic, cfg.grpo.reference):  # a value model / reference start there
+        if part is not None:
+            part.model = str(sft_dir)
     (run_dir / "grpo").mkdir(exist_ok=True)
     result = await grpo_train(cfg.grpo, run_dir / "grpo", resume)
     evals = {**_previous_evals(run_dir / "grpo" / "metrics.jsonl"), **result["eval"]}

@@ -10,6 +10,8 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
+    "Critic": "forge.actors.critic",
+    "CriticConfig": "forge.training.critic",
     "DatasetActor": "forge.actors.dataset",
     "Generator": "forge.actors.generator",
     "GeneratorConfig": "forge.generation.backend",

@@ -28,7 +28,7 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
 
     Dtypes: ids and ``attention_mask_bt`` int64 (what HF models take); ``response_mask_bt``,
     logprobs and ``advantages_b`` float32 (masks multiply losses); ``policy_versions_b``
-    int64. ``ref_logprobs_bt`` is filled only when every episode has ``ref_logprobs``.
+    int64; ``rewards_b`` float32. ``ref_logprobs_bt`` is filled only when every episode has ``ref_logprobs``.
     """
     if not episodes:
         raise ValueError("collate_episodes needs at least one episode, got an empty list")
@@ -57,6 +57,7 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
         advantages_b=torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32),
         ref_logprobs_bt=ref_logprobs_bt,
         policy_versions_b=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
+        rewards_b=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
     )
 
 
