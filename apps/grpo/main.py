@@ -49,9 +49,11 @@ from forge.actors import (
     ReplayBuffer,
     ReplayBufferConfig,
     RewardActor,
+    RewardModel,
     Trainer,
 )
 from forge.generation import GeneratorConfig
+from forge.models.reward_model import RewardModelConfig
 from forge.plugins import Spec
 from forge.rollout import RolloutManager, heldout_accuracy
 from forge.slots import DATA_SOURCE, GROUP_FILTER, REWARD
@@ -83,6 +85,8 @@ class Config:
     trainer_procs: int = 1
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reference: ReferenceConfig | None = None
+    reward_model: RewardModelConfig | None = None  # a learned reward: its score is a component
+    reward_model_replicas: int = 1
     critic: CriticConfig | None = None  # PPO: a value model, GAE advantages per token
     whiten_advantages: bool = True  # with a critic: normalise GAE advantages per batch
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -132,7 +136,11 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
         ReplayBuffer.options(env=env).as_actor(buf_cfg),
         Trainer.options(procs=dp, env=env).as_actor(cfg.trainer),
     )
-    reference = critic = None
+    reference = critic = reward_model = None
+    if cfg.reward_model is not None:
+        reward_model = await RewardModel.options(
+            num_replicas=cfg.reward_model_replicas, env=env
+        ).as_service(cfg.reward_model)
     if cfg.reference is not None:
         reference = await ReferenceModel.options(num_replicas=1, env=env).as_service(cfg.reference)
     if cfg.critic is not None:
@@ -157,7 +165,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     if cfg.eval.at_start and not resume:
         await evaluate(version)
 
-    scorer = GroupScorer(cfg.rollout, data, generator, rewards, reference, log)
+    scorer = GroupScorer(cfg.rollout, data, generator, rewards, reference, log, reward_model)
     r = cfg.rollout
     manager = RolloutManager(
         scorer.produce,

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +63,12 @@ class RolloutConfig:
 class GroupScorer:
     """Makes one scored group per ``produce()`` call from the run's services."""
 
-    def __init__(self, cfg: RolloutConfig, data, generator, rewards, reference, log) -> None:
+    def __init__(
+        self, cfg: RolloutConfig, data, generator, rewards, reference, log, reward_model=None
+    ) -> None:
         self.cfg, self.data, self.generator = cfg, data, generator
         self.rewards, self.reference, self.log = rewards, reference, log
+        self.reward_model = reward_model  # a learned scorer: one more reward component
         self.aggregate = REWARD_AGGREGATOR.resolve(cfg.reward_aggregator)
         self.advantage = ADVANTAGE.resolve(cfg.advantage)
 
@@ -74,10 +78,13 @@ class GroupScorer:
         completions = await self.generator.generate.route(
             item["prompt"], n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature
         )
-        scored = await self.rewards.evaluate_batch.route(
-            [(item["prompt"], x.text, item["target"]) for x in completions]
-        )
-        components = [dict(s.components) for s in scored]
+        items = [(item["prompt"], x.text, item["target"]) for x in completions]
+        sources = [self.rewards] + ([self.reward_model] if self.reward_model else [])
+        results = await asyncio.gather(*(src.evaluate_batch.route(items) for src in sources))
+        components = [{} for _ in completions]
+        for scored in results:
+            for comp, s in zip(components, scored):
+                comp.update(s.components)
         if c.overlong_buffer:
             soft = c.max_tokens - c.overlong_buffer
             for comp, x in zip(components, completions):

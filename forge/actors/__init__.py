@@ -20,6 +20,8 @@ _EXPORTS: dict[str, str] = {
     "ReplayBuffer": "forge.actors.replay_buffer",
     "ReplayBufferConfig": "forge.actors.replay_buffer",
     "RewardActor": "forge.actors.reward",
+    "RewardModel": "forge.actors.reward_model",
+    "RewardModelConfig": "forge.models.reward_model",
     "Trainer": "forge.actors.trainer",
     "TrainerConfig": "forge.training.config",
 }

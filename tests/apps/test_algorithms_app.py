@@ -1,5 +1,6 @@
 """The GRPO app's algorithm options end to end on a tiny model, in real processes: PPO with a
-critic, a reference model that moves (EMA), and a phase switch of the loss mid-run."""
+critic, a reference model that moves (EMA), a learned reward model as a reward component,
+and a phase switch of the loss mid-run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 from forge.models import make_tiny_model
+from forge.models.reward_model import make_tiny_reward_model
 from tests.helpers import REPO, script_env
 
 CONFIG = """
@@ -25,6 +27,8 @@ trainer:
   optimizer: {{lr: 1.0e-4}}
 reference: {{model: "${{model}}", update: {{type: ema, decay: 0.5}}}}
 critic: {{model: "${{model}}", optimizer: {{lr: 1.0e-3}}}}
+reward_model: {{model: {rm}, name: rm_score}}
+reward_model_replicas: 2
 phases:
   - {{at: 2, name: no-kl, loss: {{kl_coef: 0.0}}, rollout: {{filter: nonzero_variance}}}}
 eval: {{at_start: false, at_end: false}}
@@ -34,7 +38,8 @@ eval: {{at_start: false, at_end: false}}
 def test_ppo_with_moving_reference_and_phases(tmp_path):
     model = make_tiny_model(tmp_path / "model", preset="tiny")
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(CONFIG.format(model=model))
+    rm = make_tiny_reward_model(tmp_path / "rm", preset="tiny")
+    cfg.write_text(CONFIG.format(model=model, rm=rm))
     out = subprocess.run(
         [
             sys.executable,
@@ -57,6 +62,9 @@ def test_ppo_with_moving_reference_and_phases(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = {r["step"]: r for r in rows if "train/loss" in r}
     assert sorted(steps) == [1, 2, 3, 4]
+    # the learned reward model's score is a logged component beside the task's reward
+    assert all("rollout/reward/rm_score" in r for r in steps.values())
+    assert all("rollout/reward/sumdigits_reward" in r for r in steps.values())
     for r in steps.values():  # the critic trains every step and reports its loss
         assert r["train/critic/value_loss"] >= 0 and "train/critic/explained_variance" in r
     # kl_coef 0.1 for steps 1-2 (versions 0-1), then 0: the loss moves by the KL term only
@@ -66,7 +74,7 @@ def test_ppo_with_moving_reference_and_phases(tmp_path):
 
 def test_critic_needs_a_per_token_loss(tmp_path):
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(CONFIG.format(model=tmp_path).replace("type: ppo", "type: grpo"))
+    cfg.write_text(CONFIG.format(model=tmp_path, rm=tmp_path).replace("type: ppo", "type: grpo"))
     out = subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--config", str(cfg)],
         capture_output=True,
