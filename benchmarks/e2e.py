@@ -23,7 +23,7 @@ Both frameworks train the same policy on the same task with the same work per op
   machine two OpenMP threads in one process can lose far more to contention than they gain
   (see docs/benchmarks.md), so that row shows TRL at its best on this hardware.
 
-Forge keeps every group (``drop_zero_variance=False``), as TRL does, so both train on exactly
+Forge keeps every group (``rollout.filter=keep_all``), as TRL does, so both train on exactly
 ``prompts*group`` completions per step. It runs twice: on-policy (``max_policy_age=0``:
 generation and training alternate) and off-by-one (``max_policy_age=1``: the next step's
 rollouts are generated while this step trains). Evaluation and checkpoints are off.
@@ -108,7 +108,7 @@ def forge_config(model: Path, age: int, args: argparse.Namespace):
         f"grpo.rollout.prompts_per_step={args.prompts}",
         f"grpo.rollout.group_size={args.group}",
         f"grpo.rollout.max_tokens={args.max_tokens}",
-        "grpo.rollout.drop_zero_variance=false",
+        "grpo.rollout.filter=keep_all",
         f"grpo.trainer.optimizer.lr={args.lr}",
         "grpo.eval.at_start=false",
         "grpo.eval.at_end=false",
