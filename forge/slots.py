@@ -8,6 +8,7 @@
 | ``ADVANTAGE`` | ``fn(rewards_b: Tensor, group_size: int) -> Tensor`` | grpo, dr_grpo, rloo |
 | ``LOSS`` | ``fn(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt, **_) -> (loss, metrics)`` | grpo, ppo, reinforce, gspo |
 | ``KL`` | ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` | k1, k2, k3 |
+| ``REFERENCE_UPDATE`` | ``fn(ref_sd, policy_sd, version) -> bool`` (edits ``ref_sd`` in place) | none, ema, reset (``ReferenceUpdateConfig.type``) |
 | ``DATA_SOURCE`` | a factory; the object has ``sample()`` and ``heldout()`` | jsonl, hf |
 | ``ENVIRONMENT`` | a factory; the object has ``reset(task)`` and ``step(action)`` | (apps provide them) |
 
@@ -26,6 +27,7 @@ __all__ = [
     "GROUP_FILTER",
     "KL",
     "LOSS",
+    "REFERENCE_UPDATE",
     "REWARD",
     "REWARD_AGGREGATOR",
 ]
@@ -81,6 +83,11 @@ KL = Slot(
     "KL estimator",
     {"k1": "forge.losses.kl:k1", "k2": "forge.losses.kl:k2", "k3": "forge.losses.kl:k3"},
     call=("logprobs_bt", "ref_logprobs_bt"),
+)
+REFERENCE_UPDATE = Slot(
+    "reference update rule",
+    {},  # the built-in rules are ReferenceUpdateConfig.type none/ema/reset
+    call=("ref_sd", "policy_sd", "version"),
 )
 DATA_SOURCE = Slot(
     "data source",

@@ -54,10 +54,15 @@ class ReferenceUpdateConfig:
 
     def __post_init__(self) -> None:
         if self.type not in REFERENCE_UPDATES:
-            raise ValueError(
-                f"ReferenceUpdateConfig.type: unknown reference update type {self.type!r}; "
-                f"choose one of {REFERENCE_UPDATES}"
-            )
+            if ":" not in self.type:
+                raise ValueError(
+                    f"ReferenceUpdateConfig.type: unknown reference update type {self.type!r}; "
+                    f"choose one of {REFERENCE_UPDATES} or an import string 'pkg.module:fn' "
+                    "of a rule fn(ref_sd, policy_sd, version) -> bool"
+                )
+            from forge.slots import REFERENCE_UPDATE
+
+            REFERENCE_UPDATE.validate(self.type, key="ReferenceUpdateConfig.type")
         if isinstance(self.decay, bool) or not 0.0 <= self.decay < 1.0:
             raise ValueError(
                 f"ReferenceUpdateConfig.decay must be in [0, 1) (the EMA weight of the old "
@@ -156,8 +161,10 @@ def apply_update_(
         ema_update_(ref_sd, policy_sd, rule.decay)
     elif rule.type == "reset":
         copy_update_(ref_sd, policy_sd)
-    else:  # __post_init__ rejects other types; a hand-mutated config lands here
-        raise ValueError(
-            f"unknown reference update type: {rule.type!r}; choose one of {REFERENCE_UPDATES}"
-        )
+    else:  # a user rule: it edits ref_sd in place and says whether it changed anything
+        from forge.slots import REFERENCE_UPDATE
+
+        _check_names(ref_sd, policy_sd)
+        with torch.no_grad():
+            return bool(REFERENCE_UPDATE.resolve(rule.type)(ref_sd, policy_sd, version))
     return True

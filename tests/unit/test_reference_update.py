@@ -131,3 +131,22 @@ def test_reference_config_nests_the_update_rule_from_yaml():
         config_from_dict(ReferenceConfig, {"model": "m", "update": {"type": "x"}})
     with pytest.raises(TypeError, match="ReferenceConfig.update must be a ReferenceUpdateConfig"):
         ReferenceConfig(model="m", update="ema")
+
+
+def halfway_rule(ref_sd, policy_sd, version):
+    """A user rule: move the reference half-way to the policy on odd versions only."""
+    if version % 2 == 0:
+        return False
+    for name, t in ref_sd.items():
+        t.copy_(0.5 * (t + policy_sd[name]))
+    return True
+
+
+def test_a_user_rule_by_import_string():
+    rule = ReferenceUpdateConfig(type="tests.unit.test_reference_update:halfway_rule")
+    ref = {"w": torch.tensor([0.0, 2.0])}
+    pol = {"w": torch.tensor([4.0, 4.0])}
+    assert apply_update_(rule, ref, pol, 1) and ref["w"].tolist() == [2.0, 3.0]
+    assert not apply_update_(rule, ref, pol, 2) and ref["w"].tolist() == [2.0, 3.0]
+    with pytest.raises(ValueError, match=r"ReferenceUpdateConfig.type: .*has no attribute"):
+        ReferenceUpdateConfig(type="tests.unit.test_reference_update:nope")
