@@ -67,8 +67,15 @@ class Episode:
     """A completion scored and ready for training.
 
     ``policy_version`` is the weight version that generated the response (the replay buffer
-    uses it for its policy-age limit). ``advantage`` is filled once the whole group is scored.
+    uses it for its policy-age limit); for a multi-turn episode, the oldest version that
+    sampled one of its turns. ``advantage`` is filled once the whole group is scored.
     ``ref_logprobs`` is set only when a reference model is used.
+
+    Multi-turn episodes put the whole conversation after the first prompt in
+    ``response_ids`` and set ``loss_mask`` (one 0/1 per response token): 1 on tokens the
+    policy sampled, 0 on environment, tool and chat-template tokens, which then count in no
+    loss. ``behavior_logprobs`` hold 0.0 at masked positions. ``None`` means every response
+    token counts (single-turn).
     """
 
     episode_id: str
@@ -83,6 +90,7 @@ class Episode:
     target: Any = None
     reward_breakdown: dict[str, float] = field(default_factory=dict)
     stop_reason: str = "stop"
+    loss_mask: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -9,7 +9,8 @@ Layout of row ``b`` (prompt length ``p``, response length ``r``, right padding t
     logprobs      0               logprob of token t      0
 
 so position ``t`` of a logprob tensor holds the log-probability of ``input_ids[t]`` given the
-tokens before it, matching :class:`~forge.types.TrainBatch`.
+tokens before it, matching :class:`~forge.types.TrainBatch`. A multi-turn episode's
+``loss_mask`` replaces the ``response`` row's 1s (environment and template tokens get 0).
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
         p, n = len(ep.prompt_ids), ep.num_tokens
         input_ids_bt[b, :n] = torch.tensor(ep.prompt_ids + ep.response_ids, dtype=torch.long)
         attention_mask_bt[b, :n] = 1
-        response_mask_bt[b, p:n] = 1.0
+        if ep.loss_mask is None:
+            response_mask_bt[b, p:n] = 1.0
+        else:  # multi-turn: only the tokens the policy sampled count
+            response_mask_bt[b, p:n] = torch.tensor(ep.loss_mask, dtype=torch.float32)
         behavior_logprobs_bt[b, p:n] = torch.tensor(ep.behavior_logprobs, dtype=torch.float32)
         if ref_logprobs_bt is not None:
             ref_logprobs_bt[b, p:n] = torch.tensor(ep.ref_logprobs, dtype=torch.float32)
@@ -67,6 +71,11 @@ def _check_lengths(ep: Episode) -> None:
         raise ValueError(
             f"episode {ep.episode_id!r} has {r} response tokens but "
             f"{len(ep.behavior_logprobs)} behavior_logprobs; they must be one per token"
+        )
+    if ep.loss_mask is not None and len(ep.loss_mask) != r:
+        raise ValueError(
+            f"episode {ep.episode_id!r} has {r} response tokens but {len(ep.loss_mask)} "
+            "loss_mask entries; they must be one per token"
         )
     if ep.ref_logprobs is not None and len(ep.ref_logprobs) != r:
         raise ValueError(

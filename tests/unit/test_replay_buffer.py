@@ -183,3 +183,17 @@ def test_collate_rejects_mismatched_logprobs():
     bad = Episode("x", [1], [2, 3], [-0.1], 0.0, 0)
     with pytest.raises(ValueError, match="'x' has 2 response tokens but 1 behavior_logprobs"):
         collate_episodes([bad])
+
+
+def test_collate_multi_turn_loss_mask():
+    from forge.replay import collate_episodes
+
+    ep = Episode(
+        "m", [5, 6], [7, 8, 9, 10], [-0.5, 0.0, 0.0, -0.25], 1.0, 3, loss_mask=[1, 0, 0, 1]
+    )
+    b = collate_episodes([ep])
+    assert b.response_mask_bt.tolist() == [[0.0, 0.0, 1.0, 0.0, 0.0, 1.0]]
+    assert b.behavior_logprobs_bt.tolist() == [[0.0, 0.0, -0.5, 0.0, 0.0, -0.25]]
+    bad = Episode("m", [5], [7, 8], [0.0, 0.0], 1.0, 3, loss_mask=[1])
+    with pytest.raises(ValueError, match="2 response tokens but 1 loss_mask"):
+        collate_episodes([bad])
