@@ -29,14 +29,65 @@ __all__ = [
     "GeneratorBackend",
     "GeneratorConfig",
     "WeightPullConfig",
+    "Prompt",
     "build_generator_backend",
+    "encode_prompt",
     "make_sampling_params",
     "state_dict_checksum",
 ]
 
 BACKENDS = ("hf", "vllm")
 UPDATE_MODES = ("in_flight", "drain")
-Prompt = str | list[dict[str, Any]]
+# A prompt: plain text, chat messages (rendered with the chat template), or token ids (used
+# verbatim: multi-turn rollouts send the whole conversation as the ids they have built).
+Prompt = str | list[dict[str, Any]] | list[int]
+
+
+def encode_prompt(
+    tokenizer, prompt: Prompt, max_positions: int | None = None
+) -> tuple[str, list[int]]:
+    """``(text, ids)`` of a prompt, the one encoding rule every generator backend uses.
+
+    - ``str``: tokenised with the tokenizer's special tokens (e.g. a BOS).
+    - chat messages (a list of dicts): the chat template with ``add_generation_prompt=True``,
+      tokenised without adding special tokens (the template already holds any BOS).
+    - token ids (a non-empty list of ints): used verbatim, nothing added; ``text`` is
+      ``tokenizer.decode(ids)``, for the record only.
+
+    ``max_positions`` (the model's context length): a prompt of that many tokens or more is a
+    ``ValueError``, since no token could be generated after it. ``TypeError`` for any other
+    prompt type, ``ValueError`` for a prompt that encodes to zero tokens.
+    """
+    if isinstance(prompt, str):
+        text = prompt
+        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    elif isinstance(prompt, list) and prompt:
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+        if bad:
+            raise TypeError(
+                f"a token-id prompt must hold only ints >= 0, got {type(bad[0]).__name__} "
+                f"{bad[0]!r}; pass a string, chat messages (dicts) or a list of token ids"
+            )
+        ids = list(prompt)
+        text = tokenizer.decode(ids)
+    elif isinstance(prompt, list):
+        raise ValueError("prompt is an empty list; pass chat messages or token ids")
+    else:
+        raise TypeError(
+            "prompt must be a string or a list of chat messages (dicts) or of token ids "
+            f"(ints), got {type(prompt).__name__}"
+        )
+    if not ids:
+        raise ValueError("prompt encodes to zero tokens; pass a non-empty prompt")
+    if max_positions is not None and len(ids) >= max_positions:
+        raise ValueError(
+            f"prompt has {len(ids)} tokens but the model's max_position_embeddings "
+            f"is {max_positions}; shorten the prompt"
+        )
+    return text, ids
 
 
 @dataclass

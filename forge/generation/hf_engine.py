@@ -33,17 +33,16 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from forge.generation import kv_cache
+from forge.generation.backend import Prompt, encode_prompt
 from forge.generation.sampling import sample_next
 from forge.models.logprobs import position_ids_from_mask
 from forge.types import Completion, SamplingParams
 
-Prompt = str | list[dict[str, Any]]
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, sample) pairs apart
 
 
@@ -125,7 +124,7 @@ class HFEngine:
         return [done.pop(i) for i in ids]
 
     def add_request(self, prompt: Prompt, params: SamplingParams) -> int:
-        """Queue a request (string or chat messages); returns its id for ``step()`` results."""
+        """Queue a request (string, chat messages or token ids); returns its id for ``step()``."""
         return self._enqueue(*self._encode_prompt(prompt), params)
 
     def has_work(self) -> bool:
@@ -244,26 +243,7 @@ class HFEngine:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _encode_prompt(self, prompt: Prompt) -> tuple[str, list[int]]:
-        if isinstance(prompt, str):
-            text, add_special = prompt, True
-        elif isinstance(prompt, list):
-            text = self.tokenizer.apply_chat_template(
-                prompt, add_generation_prompt=True, tokenize=False
-            )
-            add_special = False  # the template already holds any BOS
-        else:
-            raise TypeError(
-                f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
-            )
-        ids = list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
-        if not ids:
-            raise ValueError("prompt encodes to zero tokens; pass a non-empty prompt")
-        if self.max_positions is not None and len(ids) >= self.max_positions:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens but the model's max_position_embeddings "
-                f"is {self.max_positions}; shorten the prompt"
-            )
-        return text, ids
+        return encode_prompt(self.tokenizer, prompt, self.max_positions)
 
     def _enqueue(self, text: str, prompt_ids: list[int], params: SamplingParams) -> int:
         request_id = next(self._ids)

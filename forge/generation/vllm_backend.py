@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt
+from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt, encode_prompt
 from forge.types import Completion, SamplingParams
 
 logger = logging.getLogger("forge.generator")
@@ -258,20 +258,3 @@ def _to_completion(prompt: str, prompt_ids: list[int], out, version: int) -> Com
         stop_reason="length" if out.finish_reason == "length" else "stop",
         generator_version=version,
     )
-
-
-def encode_prompt(tokenizer, prompt: Prompt) -> tuple[str, list[int]]:
-    """Prompt text and ids, as ``HFEngine`` makes them (chat template for message lists)."""
-    if isinstance(prompt, str):
-        text, add_special = prompt, True
-    elif isinstance(prompt, list):
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        add_special = False  # the template already holds any BOS
-    else:
-        raise TypeError(
-            f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
-        )
-    ids = list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
-    if not ids:
-        raise ValueError("prompt encodes to zero tokens; pass a non-empty prompt")
-    return text, ids
