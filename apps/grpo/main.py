@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from apps.grpo.envs import EnvConfig, EpisodeScorer, heldout_success
 from apps.grpo.ppo import check_ppo, train_critic, value_advantages
 from apps.grpo.scoring import (
     GroupScorer,
@@ -44,6 +45,7 @@ from apps.grpo.state import Checkpointer, MetricLog, actor_env
 from forge.actors import (
     Critic,
     DatasetActor,
+    EnvActor,
     Generator,
     ReferenceModel,
     ReplayBuffer,
@@ -53,6 +55,7 @@ from forge.actors import (
     Trainer,
 )
 from forge.generation import GeneratorConfig
+from forge.models import load_tokenizer
 from forge.models.reward_model import RewardModelConfig
 from forge.plugins import Spec
 from forge.rollout import RolloutManager, heldout_accuracy
@@ -78,13 +81,14 @@ class Config:
     generator: GeneratorConfig
     trainer: TrainerConfig
     data: Spec
-    rewards: list[Spec]
+    rewards: list[Spec] = field(default_factory=list)  # (an env gives its own rewards)
     steps: int = 100
     max_policy_age: int = 1
     num_generators: int = 1
     trainer_procs: int = 1
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reference: ReferenceConfig | None = None
+    env: EnvConfig | None = None  # multi-turn: rollouts are episodes in this environment
     reward_model: RewardModelConfig | None = None  # a learned reward: its score is a component
     reward_model_replicas: int = 1
     critic: CriticConfig | None = None  # PPO: a value model, GAE advantages per token
@@ -99,7 +103,7 @@ class Config:
     def __post_init__(self) -> None:
         # Resolve every user-supplied part now: a typo fails before anything spawns.
         DATA_SOURCE.validate(self.data, key="data")
-        if not self.rewards:
+        if not self.rewards and self.env is None:
             raise ValueError(
                 f"rewards: give at least one reward function; built-ins: "
                 f"{', '.join(REWARD.names())}"
@@ -123,7 +127,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     """Run GRPO; returns ``{"history": [...], "eval": {step: accuracy}, "version": v}``."""
     env = actor_env(cfg.threads_per_actor)
     reward_fns = [REWARD.resolve(s) for s in cfg.rewards]
-    eval_reward = REWARD.resolve(cfg.eval.reward) if cfg.eval.reward else reward_fns[0]
+    eval_reward = [REWARD.resolve(cfg.eval.reward)] if cfg.eval.reward else reward_fns[:1]
     dp = cfg.trainer_procs
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     buf_cfg = ReplayBufferConfig(
@@ -132,11 +136,15 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     data, generator, rewards, buffer, trainer = await asyncio.gather(
         DatasetActor.options(env=env).as_actor(cfg.data),
         Generator.options(num_replicas=cfg.num_generators, env=env).as_service(cfg.generator),
-        RewardActor.options(num_replicas=1, env=env).as_service(reward_fns),
+        RewardActor.options(num_replicas=1, env=env).as_service(reward_fns)
+        if reward_fns
+        else _nothing(),
         ReplayBuffer.options(env=env).as_actor(buf_cfg),
         Trainer.options(procs=dp, env=env).as_actor(cfg.trainer),
     )
-    reference = critic = reward_model = None
+    reference = critic = reward_model = envs = None
+    if cfg.env is not None and cfg.env.replicas:
+        envs = await EnvActor.options(num_replicas=cfg.env.replicas, env=env).as_service(cfg.env.fn)
     if cfg.reward_model is not None:
         reward_model = await RewardModel.options(
             num_replicas=cfg.reward_model_replicas, env=env
@@ -155,20 +163,29 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     heldout = await data.heldout.call_one()
     evals: dict[int, float] = {}
 
+    scorer = GroupScorer(cfg.rollout, data, generator, rewards, reference, log, reward_model)
+    episodes = None
+    if cfg.env is not None:
+        episodes = EpisodeScorer(scorer, cfg.env, envs, load_tokenizer(cfg.model))
+
     async def evaluate(step: int) -> None:
-        acc = await heldout_accuracy(
-            generator.generate.route, heldout, eval_reward, cfg.eval.max_tokens
-        )
+        if episodes is not None:  # multi-turn: greedy episodes, success rate and turns
+            m = await heldout_success(episodes, heldout, cfg.eval.max_tokens)
+            acc = m["success_rate"]
+            log.record(step, {"eval/heldout_accuracy": acc, "eval/mean_turns": m["mean_turns"]})
+        else:
+            acc = await heldout_accuracy(
+                generator.generate.route, heldout, eval_reward[0], cfg.eval.max_tokens
+            )
+            log.record(step, {"eval/heldout_accuracy": acc})
         evals[step] = acc
-        log.record(step, {"eval/heldout_accuracy": acc})
 
     if cfg.eval.at_start and not resume:
         await evaluate(version)
 
-    scorer = GroupScorer(cfg.rollout, data, generator, rewards, reference, log, reward_model)
     r = cfg.rollout
     manager = RolloutManager(
-        scorer.produce,
+        episodes.produce if episodes is not None else scorer.produce,
         buffer.add.call_one,
         groups_per_step=r.prompts_per_step,
         max_policy_age=cfg.max_policy_age,
@@ -239,6 +256,10 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
         await evaluate(version)
     log.close()
     return {"history": log.history, "eval": evals, "version": version}
+
+
+async def _nothing() -> None:
+    """No reward service: the environment gives every reward."""
 
 
 async def _actor_metrics(trainer, generator, buffer) -> list[dict]:

@@ -93,15 +93,23 @@ class GroupScorer:
                 )
         totals = [float(t) for t in self.aggregate(components)]
         group = group_episodes(completions, totals, item["target"], self.advantage, components)
+        self.log_group(totals, components)
+        await self.add_reference(group)
+        return group
+
+    def log_group(self, totals: list[float], components: list[dict[str, float]]) -> None:
+        """Per-step means: the scalar reward, each named component, zero-variance groups."""
         self.log.add("rollout/reward", totals)
         for key, value in component_means(components).items():
             self.log.add(f"rollout/reward/{key}", [value])
         self.log.add("rollout/zero_variance_groups", [float(len(set(totals)) == 1)])
+
+    async def add_reference(self, group: list[Episode]) -> None:
+        """The reference model's logprobs of each episode's response (for the KL term)."""
         if self.reference is not None:
             refs = await self.reference.forward.route(group)
             for e, r in zip(group, refs):
                 e.ref_logprobs = r
-        return group
 
 
 def check_rollout_overrides(phases) -> None:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from apps.grpo.state import MetricLog, actor_env
 from forge.actors.trainer import Trainer
+from forge.envs.conversation import conversation_tokens
 from forge.models import load_tokenizer
 from forge.plugins import Spec
 from forge.replay import collate_episodes
@@ -47,12 +48,20 @@ class Config:
 
 
 def sft_batch(tokenizer, items: list[dict]):
-    """Prompt tokens as the generator encodes them; the target then EOS as the response."""
+    """Items are ``{"prompt", "target"}`` (prompt tokens as the generator encodes them; the
+    target then EOS as the response) or ``{"messages": [...]}`` (a multi-turn transcript laid
+    out as ``forge.envs.run_episode`` lays it out; only assistant turns are learned)."""
     eos = tokenizer.eos_token_id
     episodes = []
     for i, it in enumerate(items):
-        prompt_ids = tokenizer(it["prompt"], add_special_tokens=True)["input_ids"]
-        response_ids = tokenizer(str(it["target"]), add_special_tokens=False)["input_ids"] + [eos]
+        mask = None
+        if "messages" in it:
+            ids, full_mask, p = conversation_tokens(tokenizer, it["messages"])
+            prompt_ids, response_ids, mask = ids[:p], ids[p:], full_mask[p:]
+        else:
+            prompt_ids = tokenizer(it["prompt"], add_special_tokens=True)["input_ids"]
+            response_ids = tokenizer(str(it["target"]), add_special_tokens=False)["input_ids"]
+            response_ids = response_ids + [eos]
         episodes.append(
             Episode(
                 f"sft-{i}",
@@ -62,6 +71,7 @@ def sft_batch(tokenizer, items: list[dict]):
                 reward=0.0,
                 policy_version=0,
                 advantage=1.0,
+                loss_mask=mask,
             )
         )
     return collate_episodes(episodes, pad_id=tokenizer.pad_token_id or 0)

@@ -13,6 +13,7 @@ _EXPORTS: dict[str, str] = {
     "Critic": "forge.actors.critic",
     "CriticConfig": "forge.training.critic",
     "DatasetActor": "forge.actors.dataset",
+    "EnvActor": "forge.actors.env_actor",
     "Generator": "forge.actors.generator",
     "GeneratorConfig": "forge.generation.backend",
     "ReferenceConfig": "forge.training.config",

@@ -1,0 +1,186 @@
+"""Multi-turn groups for the GRPO app: G episodes of one task in an environment.
+
+With an ``env`` section the app's rollouts are episodes (``forge.envs.run_episode``): each
+turn generated on the generator service inside one session (so a replica keeps the
+conversation), each action answered by the environment (in this process, or by an
+``EnvActor`` service with ``env.replicas`` replicas), tools executed when the model calls
+them. A group is ``group_size`` episodes of one task; their rewards (or named reward
+components) are aggregated and turned into advantages like single-turn completions, and the
+loss counts only the tokens the policy sampled.
+
+An episode whose environment fails (raises, times out, or its replica dies) is played again
+from the start, on another replica when there are several, up to ``env.retries`` times; then
+it is dropped and counted (``env/dropped_episodes``), and so is its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from forge.envs import Tool, ToolSet, Trajectory, run_episode, tool
+from forge.envs.sandbox import python_tool
+from forge.plugins import Spec, import_string
+from forge.rollout import group_episodes
+from forge.slots import ENVIRONMENT
+from forge.types import Completion, Episode
+
+
+@dataclass
+class EnvConfig:
+    """The environment of a multi-turn run.
+
+    ``fn``: the environment (``forge.slots.ENVIRONMENT``: a class or factory, built fresh
+    per episode). ``replicas``: 0 runs environments in the rollout loop's own process (cheap
+    ones); N > 0 runs them in an ``EnvActor`` service of N replicas, one episode per session.
+    ``tools``: callables the model may call (import strings of plain functions, which become
+    tools with a schema from their type hints, or of ``forge.envs.Tool`` objects; ``python``
+    is the sandboxed Python tool). ``max_turns`` / ``max_context_tokens`` / ``step_timeout_s``
+    bound each episode; ``retries``: replays of an episode whose environment failed.
+    """
+
+    fn: Spec
+    replicas: int = 0
+    tools: list[Spec] = field(default_factory=list)
+    max_turns: int = 8
+    max_context_tokens: int = 1024
+    step_timeout_s: float = 30.0
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        ENVIRONMENT.validate(self.fn, key="env.fn")
+        build_tools(self.tools)
+        if self.replicas < 0 or self.retries < 0 or self.max_turns < 1:
+            raise ValueError(
+                f"env: replicas and retries must be >= 0 and max_turns >= 1, got "
+                f"{self.replicas}, {self.retries}, {self.max_turns}"
+            )
+
+
+def build_tools(specs: list[Spec]) -> ToolSet | None:
+    """A ToolSet from tool specs (see ``EnvConfig``); ``None`` when there are none."""
+    if not specs:
+        return None
+    tools = []
+    for i, spec in enumerate(specs):
+        name, kwargs = (spec, {}) if isinstance(spec, str) else (spec.fn, dict(spec.kwargs))
+        try:
+            if name == "python":  # the sandboxed Python tool, kwargs for its limits
+                tools.append(python_tool(**kwargs))
+                continue
+            obj = import_string(name)
+            if isinstance(obj, Tool):
+                tools.append(obj)
+            elif kwargs:  # a factory of a Tool, given its arguments
+                made = obj(**kwargs)
+                if not isinstance(made, Tool):
+                    raise TypeError(
+                        f"{name!r}(**{kwargs}) made a {type(made).__name__}, not a Tool"
+                    )
+                tools.append(made)
+            elif callable(obj):  # a plain function: its type hints give the schema
+                tools.append(tool(obj))
+            else:
+                raise TypeError(f"{name!r} is a {type(obj).__name__}, not a tool or function")
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"env.tools[{i}]: {e}") from None
+    return ToolSet(tools)
+
+
+class EpisodeScorer:
+    """Makes one scored group of episodes per ``produce()`` call."""
+
+    def __init__(self, scorer, env_cfg: EnvConfig, envs, tokenizer) -> None:
+        self.base = scorer  # the single-turn GroupScorer: config, services, aggregation
+        self.env_cfg, self.envs, self.tokenizer = env_cfg, envs, tokenizer
+        self.make_env = ENVIRONMENT.resolve(env_cfg.fn)
+        self.tools = build_tools(env_cfg.tools)
+
+    async def episode(self, task, *, temperature: float, max_tokens: int) -> Trajectory | None:
+        """One episode (replayed on environment failure); ``None`` once retries are spent."""
+        from forge.actors.env_actor import RemoteEnv
+
+        c = self.env_cfg
+        log = self.base.log
+        for _ in range(c.retries + 1):
+            env = RemoteEnv(self.envs) if self.envs is not None else self.make_env()
+            async with self.base.generator.session():
+                traj = await run_episode(
+                    env, task, self.base.generator.generate.route, self.tokenizer,
+                    max_turns=c.max_turns, max_context_tokens=c.max_context_tokens,
+                    sampling={"max_tokens": max_tokens, "temperature": temperature},
+                    tools=self.tools, step_timeout_s=c.step_timeout_s,
+                )  # fmt: skip
+            if traj.finish_reason != "env_error" and traj.turn_versions:
+                return traj
+            log.add("env/retried_episodes", [1.0])
+        log.add("env/dropped_episodes", [1.0])
+        return None
+
+    async def produce(self) -> list[Episode] | None:
+        r = self.base.cfg
+        task = await self.base.data.sample.call_one()
+        trajs = await asyncio.gather(
+            *(self.episode(task, temperature=r.temperature, max_tokens=r.max_tokens)
+              for _ in range(r.group_size))
+        )  # fmt: skip
+        if any(t is None for t in trajs):
+            self.base.log.add("env/dropped_groups", [1.0])
+            return None  # the manager gives the credit back and tries another task
+        components = episode_components(trajs)
+        totals = [float(t) for t in self.base.aggregate(components)]
+        group = group_episodes(
+            [_as_completion(t) for t in trajs], totals, task.get("target"), self.base.advantage,
+            components,
+        )  # fmt: skip
+        for e, t in zip(group, trajs):
+            e.policy_version = t.oldest_version  # aged by its stalest turn
+            e.loss_mask = t.loss_mask[t.prompt_length :]
+            e.stop_reason = t.finish_reason
+        self.base.log_group(totals, components)
+        self.base.log.add("env/turns", [float(t.num_turns) for t in trajs])
+        await self.base.add_reference(group)
+        return group
+
+
+def episode_components(trajs: list[Trajectory]) -> list[dict[str, float]]:
+    """Each episode's named rewards, the same names for all (missing ones are 0): the
+    environment's named components, plus ``reward`` for its scalar rewards."""
+    comps = []
+    for t in trajs:
+        c = dict(t.reward_components)
+        if t.reward != 0.0 or not c:
+            c["reward"] = t.reward
+        comps.append(c)
+    names = sorted(set().union(*comps))
+    return [{n: c.get(n, 0.0) for n in names} for c in comps]
+
+
+def _as_completion(t: Trajectory) -> Completion:
+    """The episode in the shape ``group_episodes`` takes (prompt, then everything after)."""
+    p = t.prompt_length
+    return Completion(
+        prompt="",
+        prompt_ids=t.token_ids[:p],
+        token_ids=t.token_ids[p:],
+        logprobs=t.logprobs[p:],
+        text="",
+        stop_reason=t.finish_reason,
+        generator_version=t.oldest_version,
+    )
+
+
+async def heldout_success(scorer: EpisodeScorer, tasks: list[dict], max_tokens: int) -> dict:
+    """Greedy episodes on held-out tasks: success rate (the ``success`` reward component if
+    the environment reports one, else reward > 0) and mean turns."""
+    trajs = await asyncio.gather(
+        *(scorer.episode({**t, "task_id": uuid.uuid4().hex[:8]}, temperature=0.0,
+                         max_tokens=max_tokens) for t in tasks)
+    )  # fmt: skip
+    done = [t for t in trajs if t is not None]
+    wins = [t.reward_components.get("success", float(t.reward > 0)) > 0 for t in done]
+    return {
+        "success_rate": sum(wins) / max(1, len(tasks)),
+        "mean_turns": sum(t.num_turns for t in done) / max(1, len(done)),
+    }

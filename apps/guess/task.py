@@ -1,0 +1,137 @@
+"""Guess the number: a multi-turn game with "higher"/"lower" feedback.
+
+The environment hides a number in ``1..n``; each model turn is a guess (the first integer in
+its text). It answers ``higher`` or ``lower`` until the guess is right (reward 1, minus
+``turn_cost`` per extra turn) or the turn limit ends the episode (reward 0). Binary search
+finds any number of 1..16 in at most 5 guesses; guessing at random (without repeats)
+within 6 turns succeeds 6/16 of the time.
+
+Plugins of this task (named by import string in ``apps/guess/cpu.yaml``):
+
+- ``GuessNumber``: the environment (``forge.envs.Environment``);
+- ``Secrets``: the data source of tasks ``{"secret": k}`` (held out: every number once);
+- ``random_guess_conversations``: SFT data that teaches the answer format only: the
+  assistant guesses uniformly at random, whatever the feedback;
+- ``binary_search``: the optimal policy, the baseline the report compares with.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from forge.envs import Environment, StepResult
+
+_INT = re.compile(r"-?\d+")
+
+
+def intro(n: int) -> str:
+    return f"Guess my number from 1 to {n}."
+
+
+def parse_guess(text: str) -> int | None:
+    """The first integer in the model's text, or None."""
+    m = _INT.search(text)
+    return int(m.group(0)) if m else None
+
+
+class GuessNumber(Environment):
+    """One episode of the game; ``task`` is ``{"secret": k}``."""
+
+    def __init__(self, n: int = 16, turn_cost: float = 0.05):
+        self.n, self.turn_cost = n, turn_cost
+        self.secret = 0
+        self.turns = 0
+
+    async def reset(self, task: dict[str, Any]) -> str:
+        self.secret, self.turns = int(task["secret"]), 0
+        if not 1 <= self.secret <= self.n:
+            raise ValueError(f"secret {self.secret} is outside 1..{self.n}")
+        return intro(self.n)
+
+    async def step(self, action: str) -> StepResult:
+        self.turns += 1
+        guess = parse_guess(action)
+        if guess is None:
+            return StepResult("a number, please", info={"invalid": True})
+        if guess == self.secret:
+            reward = max(0.0, 1.0 - self.turn_cost * (self.turns - 1))
+            return StepResult(
+                None,
+                reward={"success": 1.0, "efficiency": reward - 1.0},
+                done=True,
+                info={"success": True, "turns": self.turns},
+            )
+        return StepResult("higher" if guess < self.secret else "lower")
+
+
+class Secrets:
+    """Tasks ``{"secret": k}``: training secrets drawn uniformly, held out: 1..n once each."""
+
+    def __init__(self, n: int = 16, seed: int = 0):
+        self.n, self.rng = n, random.Random(seed)
+
+    def sample(self) -> dict:
+        k = self.rng.randint(1, self.n)
+        return {"secret": k, "prompt": intro(self.n), "target": k}
+
+    def heldout(self) -> list[dict]:
+        return [{"secret": k, "prompt": intro(self.n), "target": k} for k in range(1, self.n + 1)]
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+
+
+def play(policy, secret: int, n: int = 16, max_turns: int = 6) -> list[dict]:
+    """The chat transcript of ``policy(low, high, rng) -> guess`` playing one game."""
+    messages = [{"role": "user", "content": intro(n)}]
+    low, high = 1, n
+    for _ in range(max_turns):
+        guess = policy(low, high)
+        messages.append({"role": "assistant", "content": str(guess)})
+        if guess == secret:
+            break
+        if guess < secret:
+            low = max(low, guess + 1)
+            messages.append({"role": "user", "content": "higher"})
+        else:
+            high = min(high, guess - 1)
+            messages.append({"role": "user", "content": "lower"})
+    return messages
+
+
+def binary_search(low: int, high: int) -> int:
+    """The optimal guess: the middle of what is left."""
+    return (low + high) // 2
+
+
+class RandomGuessConversations:
+    """SFT data: whole games where the assistant guesses uniformly in 1..n, ignoring the
+    feedback. It teaches the format (a bare number per turn), not the strategy."""
+
+    def __init__(self, n: int = 16, max_turns: int = 6, seed: int = 0):
+        self.n, self.max_turns, self.rng = n, max_turns, random.Random(seed)
+
+    def sample(self) -> dict:
+        secret = self.rng.randint(1, self.n)
+        messages = play(lambda lo, hi: self.rng.randint(1, self.n), secret, self.n, self.max_turns)
+        return {"messages": messages}
+
+    def heldout(self) -> list[dict]:
+        return []
+
+
+def optimal_success_rate(n: int = 16, max_turns: int = 6) -> tuple[float, float]:
+    """``(success rate, mean turns)`` of binary search over every secret of 1..n."""
+    turns = []
+    for secret in range(1, n + 1):
+        msgs = play(binary_search, secret, n, max_turns)
+        guesses = [m for m in msgs if m["role"] == "assistant"]
+        if int(guesses[-1]["content"]) == secret:
+            turns.append(len(guesses))
+    return len(turns) / n, sum(turns) / max(1, len(turns))

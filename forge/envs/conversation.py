@@ -1,0 +1,60 @@
+"""Whole conversations as training tokens, laid out exactly as ``run_episode`` lays them out.
+
+SFT on multi-turn data must see the same token ids the policy will see and sample during RL,
+or the two stages disagree about where a turn starts and ends. ``conversation_tokens``
+renders a chat transcript with the same ``ChatRenderer`` arithmetic as the episode runner:
+
+    [prompt: template(first messages) + generation prompt]     mask 0
+    [assistant content ids + end-of-turn token]                 mask 1   (what the model samples)
+    [close + next messages + generation prompt]                 mask 0
+    ...
+"""
+
+from __future__ import annotations
+
+from forge.envs.chat import ChatRenderer
+from forge.envs.types import Message
+
+__all__ = ["conversation_tokens"]
+
+
+def conversation_tokens(tokenizer, messages: list[Message]) -> tuple[list[int], list[int], int]:
+    """``(token_ids, loss_mask, prompt_length)`` of a transcript whose assistant messages are
+    the targets. The transcript starts with at least one non-assistant message."""
+    chat = ChatRenderer(tokenizer)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if not first:
+        raise ValueError(
+            "a training conversation needs an opening message (user/system) and at least one "
+            f"assistant message, got roles {[m['role'] for m in messages]}"
+        )
+    end_of_turn = _end_of_turn_id(tokenizer)
+    ids = chat.prompt_ids(messages[:first])
+    prompt_length = len(ids)
+    mask = [0] * len(ids)
+    i = first
+    while i < len(messages):
+        sampled = chat.encode(messages[i]["content"]) + [end_of_turn]
+        ids += sampled
+        mask += [1] * len(sampled)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j == len(messages) and j == i + 1:
+            break  # the conversation ends on this assistant turn
+        context = chat.close_ids(sampled) + chat.suffix_ids(messages[: i + 1], messages[i + 1 : j])
+        if j == len(messages):  # trailing observations: no turn of the model follows
+            break
+        ids += context
+        mask += [0] * len(context)
+        i = j
+    return ids, mask, prompt_length
+
+
+def _end_of_turn_id(tokenizer) -> int:
+    """The token the model samples to end its turn: ChatML's ``<|im_end|>`` if the vocabulary
+    has it, else EOS."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end is not None:
+        return im_end
+    return tokenizer.eos_token_id
