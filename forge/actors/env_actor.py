@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from controller import endpoint
@@ -51,13 +50,12 @@ class EnvActor(ForgeActor):
 
     _busy_name = "env"
 
-    def __init__(self, spec: str | Callable[..., Any], env_kwargs: dict[str, Any] | None = None):
-        if not (isinstance(spec, str) or callable(spec)):
-            raise TypeError(
-                f"EnvActor spec must be an environment class, a factory or a "
-                f"'package.module:attr' string, got {type(spec).__name__}"
-            )
-        self.spec = spec
+    def __init__(self, spec: Any, env_kwargs: dict[str, Any] | None = None):
+        from forge.slots import ENVIRONMENT
+
+        # Any form the ENVIRONMENT slot takes: a class, a factory, "pkg.module:attr", or
+        # {fn, kwargs} / PluginSpec (resolved here, in the replica's own process).
+        self.spec = ENVIRONMENT.resolve(spec, key="EnvActor spec")
         self.env_kwargs = dict(env_kwargs or {})
         self._envs: dict[str, Any] = {}
 

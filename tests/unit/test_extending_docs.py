@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from forge.losses import LossConfig, build_loss
-from forge.slots import ADVANTAGE, DATA_SOURCE, GROUP_FILTER, REWARD, REWARD_AGGREGATOR
+from forge.plugins import import_string
+from forge.slots import (
+    ADVANTAGE,
+    DATA_SOURCE,
+    ENVIRONMENT,
+    GROUP_FILTER,
+    REWARD,
+    REWARD_AGGREGATOR,
+)
 from forge.types import Episode
 from tests.helpers import REPO
 
@@ -46,7 +54,7 @@ def myplugins(tmp_path, monkeypatch):
 
 
 def test_doc_has_every_example():
-    assert set(doc_modules()) >= {"rewards.py", "data.py", "losses.py", "sampling.py"}
+    assert set(doc_modules()) >= {"rewards.py", "data.py", "losses.py", "sampling.py", "envs.py"}
 
 
 def test_reward_examples(myplugins):
@@ -125,3 +133,17 @@ def test_slot_errors_name_the_problem(myplugins):
         REWARD.resolve("myplugins.sampling:some_success")
     with pytest.raises(ValueError, match=r"lacks the method\(s\) \['sample', 'heldout'\]"):
         DATA_SOURCE.resolve("collections:OrderedDict")
+
+
+async def test_env_example(myplugins):
+    from forge.envs import StepResult, build_env, tool
+
+    make = ENVIRONMENT.resolve("myplugins.envs:Tutor", key="env.fn")
+    env = build_env(make)
+    assert await env.reset({"prompt": "2+3=", "target": "5"}) == "2+3="
+    miss = await env.step("4")
+    assert isinstance(miss, StepResult) and not miss.done and miss.observation == "try again"
+    hit = await env.step(" 5 ")
+    assert hit.done and hit.reward == {"success": 1.0, "speed": 0.5}
+    add = tool(import_string("myplugins.envs:add"))
+    assert add.spec()["function"]["parameters"]["required"] == ["a", "b"]

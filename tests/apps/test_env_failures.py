@@ -1,0 +1,92 @@
+"""Multi-turn runs survive their environments: raising, hanging, and a replica SIGKILLed
+mid-run. Failed episodes are replayed (on another replica) or dropped and counted; the run
+finishes its steps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import psutil
+
+from apps.grpo.main import Config, train
+from forge.config.schema import config_from_dict
+from forge.models import make_tiny_model
+from tests.helpers import wait_dead
+
+
+def _config(model, env: dict, steps: int = 3) -> Config:
+    data = {
+        "app": "apps.grpo.main",
+        "model": str(model),
+        "steps": steps,
+        "max_policy_age": 1,
+        "data": {
+            "fn": "apps.sumdigits.task:SumDigits",
+            "kwargs": {"digits_min": 1, "digits_max": 2},
+        },
+        "env": {"max_turns": 3, "max_context_tokens": 256, **env},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_tokens": 4, "tasks": 2},
+        "generator": {"model": str(model), "max_batch_size": 16},
+        "trainer": {"model": str(model), "optimizer": {"lr": 1.0e-4}},
+        "eval": {"at_start": False, "at_end": False},
+    }
+    return config_from_dict(Config, data)
+
+
+def _metric_sum(run_dir, key: str) -> float:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sum(r.get(key, 0.0) for r in rows)
+
+
+def test_raising_and_hanging_environments_are_replayed(tmp_path):
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    cfg = _config(
+        model,
+        {
+            "fn": {"fn": "tests.apps.flaky_env:Flaky", "kwargs": {"fail": 0.15, "hang": 0.1}},
+            "step_timeout_s": 0.5,
+            "retries": 3,
+        },
+    )
+    result = asyncio.run(train(cfg, tmp_path))
+    assert result["version"] == 3
+    assert _metric_sum(tmp_path, "env/retried_episodes") > 0  # failures were replayed
+
+
+def test_an_env_replica_killed_mid_run(tmp_path):
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    env = {
+        "fn": {"fn": "tests.apps.flaky_env:Flaky", "kwargs": {"slow_s": 0.05}},
+        "replicas": 2,
+        "retries": 3,
+    }
+    cfg = _config(model, env, steps=6)
+    killed: list[int] = []
+
+    async def kill_one_env_replica():
+        me = psutil.Process()
+        while not killed:
+            await asyncio.sleep(0.5)
+            for child in me.children(recursive=True):
+                try:
+                    mesh = child.environ().get("FORGE_MESH", "")
+                except psutil.Error:
+                    continue
+                if mesh.startswith("EnvActor") and (tmp_path / "metrics.jsonl").exists():
+                    os.kill(child.pid, signal.SIGKILL)
+                    killed.append(child.pid)
+                    break
+
+    async def main():
+        killer = asyncio.create_task(kill_one_env_replica())
+        try:
+            return await train(cfg, tmp_path)
+        finally:
+            killer.cancel()
+
+    result = asyncio.run(main())
+    assert killed and not wait_dead(killed, 5)
+    assert result["version"] == 6  # the run finished every step
