@@ -147,3 +147,31 @@ async def test_env_example(myplugins):
     assert hit.done and hit.reward == {"success": 1.0, "speed": 0.5}
     add = tool(import_string("myplugins.envs:add"))
     assert add.spec()["function"]["parameters"]["required"] == ["a", "b"]
+
+
+async def test_environments_doc_example(tmp_path, monkeypatch):
+    """docs/environments.md's complete example plays a game to the end."""
+    text = (REPO / "docs" / "environments.md").read_text()
+    (block,) = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        if b.startswith("# mygame.py")
+    ]
+    assert len(block.splitlines()) <= 40
+    (tmp_path / "mygame.py").write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    make = ENVIRONMENT.resolve({"fn": "mygame:Guess", "kwargs": {"n": 16}})
+    data = DATA_SOURCE.resolve("mygame:Secrets")()
+    assert len(data.heldout()) == 16
+    env = make()
+    assert "1 to 16" in await env.reset({"secret": 11})
+    low, high, turns = 1, 16, 0
+    while True:  # binary search
+        turns += 1
+        guess = (low + high) // 2
+        r = await env.step(f"{guess}")
+        if r.done:
+            break
+        low, high = (guess + 1, high) if r.observation == "higher" else (low, guess - 1)
+    assert r.reward == {"success": 1.0, "turns": pytest.approx(-0.05 * turns)}
+    sys.modules.pop("mygame", None)
