@@ -36,13 +36,16 @@ class EnvConfig:
     ones); N > 0 runs them in an ``EnvActor`` service of N replicas, one episode per session.
     ``tools``: callables the model may call (import strings of plain functions, which become
     tools with a schema from their type hints, or of ``forge.envs.Tool`` objects; ``python``
-    is the sandboxed Python tool). ``max_turns`` / ``max_context_tokens`` / ``step_timeout_s``
-    bound each episode; ``retries``: replays of an episode whose environment failed.
+    is the sandboxed Python tool). ``advertise_tools: false`` leaves them out of the prompt
+    (for a model that learned them in SFT and whose context is too short for the listing).
+    ``max_turns`` / ``max_context_tokens`` / ``step_timeout_s`` bound each episode;
+    ``retries``: replays of an episode whose environment failed.
     """
 
     fn: Spec
     replicas: int = 0
     tools: list[Spec] = field(default_factory=list)
+    advertise_tools: bool = True
     max_turns: int = 8
     max_context_tokens: int = 1024
     step_timeout_s: float = 30.0
@@ -58,7 +61,7 @@ class EnvConfig:
             )
 
 
-def build_tools(specs: list[Spec]) -> ToolSet | None:
+def build_tools(specs: list[Spec], advertise: bool = True) -> ToolSet | None:
     """A ToolSet from tool specs (see ``EnvConfig``); ``None`` when there are none."""
     if not specs:
         return None
@@ -85,7 +88,7 @@ def build_tools(specs: list[Spec]) -> ToolSet | None:
                 raise TypeError(f"{name!r} is a {type(obj).__name__}, not a tool or function")
         except (ValueError, TypeError) as e:
             raise ValueError(f"env.tools[{i}]: {e}") from None
-    return ToolSet(tools)
+    return ToolSet(tools, advertise=advertise)
 
 
 class EpisodeScorer:
@@ -95,7 +98,7 @@ class EpisodeScorer:
         self.base = scorer  # the single-turn GroupScorer: config, services, aggregation
         self.env_cfg, self.envs, self.tokenizer = env_cfg, envs, tokenizer
         self.make_env = ENVIRONMENT.resolve(env_cfg.fn)
-        self.tools = build_tools(env_cfg.tools)
+        self.tools = build_tools(env_cfg.tools, env_cfg.advertise_tools)
 
     async def episode(self, task, *, temperature: float, max_tokens: int) -> Trajectory | None:
         """One episode (replayed on environment failure); ``None`` once retries are spent."""

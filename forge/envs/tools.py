@@ -14,6 +14,8 @@
 Advertising: a chat template that uses ``tools`` (Qwen2.5/3, Llama 3.1, ...) gets them as
 ``apply_chat_template(..., tools=schemas)``. One that ignores them (the tiny test model's
 ChatML template) gets a system message listing them in the Hermes/Qwen format instead.
+``ToolSet(..., advertise=False)`` adds nothing to the prompt: for a model that learned its
+tools in training and whose context cannot hold the listing.
 
 Execution never raises: an unknown tool, bad arguments, an exception in the tool, a timeout
 or an unparsable call become a ``role: "tool"`` message saying what went wrong, which the
@@ -167,10 +169,12 @@ class ToolResult:
 
 @dataclass
 class ToolSet:
-    """The tools of an environment, by name. ``max_output_chars`` truncates tool output."""
+    """The tools of an environment, by name. ``max_output_chars`` truncates tool output;
+    ``advertise=False`` keeps ``prepare`` from listing the tools in the prompt."""
 
     tools: Iterable[Tool | Callable[..., Any]] = ()
     max_output_chars: int = 4000
+    advertise: bool = True
     by_name: dict[str, Tool] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,8 +196,11 @@ class ToolSet:
         """``(messages, template_kwargs)`` that advertise the tools to the model.
 
         Templates that render ``tools`` get ``{"tools": specs}``; otherwise the tool listing
-        goes into the system message (prepended, or appended to an existing one).
+        goes into the system message (prepended, or appended to an existing one). With
+        ``advertise=False`` the messages come back unchanged.
         """
+        if not self.advertise:
+            return list(messages), {}
         if template_supports_tools(tokenizer):
             return list(messages), {"tools": self.specs()}
         block = tools_system_prompt(self.specs())
