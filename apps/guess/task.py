@@ -30,6 +30,11 @@ def intro(n: int) -> str:
     return f"Guess my number from 1 to {n}."
 
 
+def feedback(word: str, low: int, high: int, hint_range: bool) -> str:
+    """``higher`` / ``lower``, with the interval still allowed when ``hint_range``."""
+    return f"{word} ({low}-{high})" if hint_range else word
+
+
 def parse_guess(text: str) -> int | None:
     """The first integer in the model's text, or None."""
     m = _INT.search(text)
@@ -37,15 +42,21 @@ def parse_guess(text: str) -> int | None:
 
 
 class GuessNumber(Environment):
-    """One episode of the game; ``task`` is ``{"secret": k}``."""
+    """One episode of the game; ``task`` is ``{"secret": k}``.
 
-    def __init__(self, n: int = 16, turn_cost: float = 0.05):
-        self.n, self.turn_cost = n, turn_cost
-        self.secret = 0
-        self.turns = 0
+    ``hint_range=True`` restates what the feedback so far allows after each answer
+    (``higher (9-16)``), so the model need not rebuild the interval from the whole
+    conversation; it still has to learn which number to pick in it.
+    """
+
+    def __init__(self, n: int = 16, turn_cost: float = 0.05, hint_range: bool = False):
+        self.n, self.turn_cost, self.hint_range = n, turn_cost, hint_range
+        self.secret = self.turns = 0
+        self.low, self.high = 1, n
 
     async def reset(self, task: dict[str, Any]) -> str:
         self.secret, self.turns = int(task["secret"]), 0
+        self.low, self.high = 1, self.n
         if not 1 <= self.secret <= self.n:
             raise ValueError(f"secret {self.secret} is outside 1..{self.n}")
         return intro(self.n)
@@ -63,7 +74,11 @@ class GuessNumber(Environment):
                 done=True,
                 info={"success": True, "turns": self.turns},
             )
-        return StepResult("higher" if guess < self.secret else "lower")
+        if guess < self.secret:
+            self.low, word = max(self.low, guess + 1), "higher"
+        else:
+            self.high, word = min(self.high, guess - 1), "lower"
+        return StepResult(feedback(word, self.low, self.high, self.hint_range))
 
 
 class Secrets:
@@ -87,9 +102,11 @@ class Secrets:
         self.rng.setstate((version, tuple(internal), gauss))
 
 
-def play(policy, secret: int, n: int = 16, max_turns: int = 6) -> list[dict]:
+def play(
+    policy, secret: int, n: int = 16, max_turns: int = 6, hint_range: bool = False
+) -> list[dict]:
     """The chat transcript of ``policy(low, high) -> guess`` playing one game (``low`` and
-    ``high`` bound what the feedback so far allows)."""
+    ``high`` bound what the feedback so far allows), answered as ``GuessNumber`` answers."""
     messages = [{"role": "user", "content": intro(n)}]
     low, high = 1, n
     for _ in range(max_turns):
@@ -98,11 +115,10 @@ def play(policy, secret: int, n: int = 16, max_turns: int = 6) -> list[dict]:
         if guess == secret:
             break
         if guess < secret:
-            low = max(low, guess + 1)
-            messages.append({"role": "user", "content": "higher"})
+            low, word = max(low, guess + 1), "higher"
         else:
-            high = min(high, guess - 1)
-            messages.append({"role": "user", "content": "lower"})
+            high, word = min(high, guess - 1), "lower"
+        messages.append({"role": "user", "content": feedback(word, low, high, hint_range)})
     return messages
 
 
@@ -122,16 +138,23 @@ class RandomGuessConversations:
     GRPO steps (held-out greedy success flat at 1/16), which is why the demo uses the former.
     """
 
-    def __init__(self, n: int = 16, max_turns: int = 6, seed: int = 0, consistent: bool = True):
+    def __init__(
+        self,
+        n: int = 16,
+        max_turns: int = 6,
+        seed: int = 0,
+        consistent: bool = True,
+        hint_range: bool = False,
+    ):
         self.n, self.max_turns, self.rng = n, max_turns, random.Random(seed)
-        self.consistent = consistent
+        self.consistent, self.hint_range = consistent, hint_range
 
     def _guess(self, low: int, high: int) -> int:
         return self.rng.randint(low, high) if self.consistent else self.rng.randint(1, self.n)
 
     def sample(self) -> dict:
         secret = self.rng.randint(1, self.n)
-        return {"messages": play(self._guess, secret, self.n, self.max_turns)}
+        return {"messages": play(self._guess, secret, self.n, self.max_turns, self.hint_range)}
 
     def heldout(self) -> list[dict]:
         return []
