@@ -13,17 +13,20 @@ import pytest
 from tests.helpers import REPO, script_env
 
 CONFIG = str(REPO / "apps/calc/cpu.yaml")
-# Measured: 0.375 after SFT, 0.641 after 60 GRPO steps (lr 3e-4) on the 64 held-out questions.
+# Measured on the 64 held-out questions: 0.375 after SFT; after GRPO 0.594 (the demo's 100
+# steps; evals on the way 0.17, 0.52, 0.73) and 0.641 in a 60-step run. Runs are not
+# bit-reproducible (asynchronous rollouts), and the curve is noisy: the margin is modest.
 MARGIN = 0.15
 
 
 @pytest.mark.slow
 def test_calc_demo_learns_to_use_the_tool(tmp_path):
-    """A shortened demo (60 GRPO steps instead of 100) must clearly beat its SFT start."""
+    """The demo (without intermediate evals) must clearly beat its SFT start and the model
+    that answers without the tool."""
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--config", CONFIG, "--run-dir", str(run),
-         "grpo.steps=60", "grpo.eval.every=0"],
+         "grpo.eval.every=0"],
         capture_output=True, text=True, cwd=REPO, timeout=1800,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
     )  # fmt: skip
@@ -35,4 +38,4 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     assert s["no_tool"] <= 0.05 and s["success_rate"] >= s["no_tool"] + 0.4, s
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
-    assert len(steps) == 60 and steps[-1]["env/tool_calls"] > 0
+    assert len(steps) == 100 and steps[-1]["env/tool_calls"] > 0
