@@ -3,8 +3,19 @@
 The environment hides a number in ``1..n``; each model turn is a guess (the first integer in
 its text). It answers ``higher`` or ``lower`` until the guess is right (reward 1, minus
 ``turn_cost`` per extra turn) or the turn limit ends the episode (reward 0). Binary search
-finds any number of 1..16 in at most 5 guesses; guessing at random (without repeats)
-within 6 turns succeeds 6/16 of the time.
+finds any number of 1..8 in at most 4 guesses (1..16: 5).
+
+What was measured with a 0.33M-parameter model on 2 loaded cores (2026-11-23), held-out
+greedy success over every secret:
+
+- 1..16, 6 turns, plain feedback, SFT on uniform random guesses: 0.0625, flat for 60 GRPO
+  steps (no signal);
+- 1..16, 6 turns, plain feedback, SFT on random guesses inside the allowed range:
+  0.25 -> 0.625 in 100 steps (0.375 -> 0.625 with a longer SFT);
+- 1..16, 6 turns, feedback restating the range (``hint_range``): 0.81 after SFT, then no
+  gain in 50 steps (lr 2e-4; lr 6e-4 collapsed);
+- 1..8, 4 turns, ``hint_range`` (the shipped config): 0.875 -> 1.0 in 120 steps, 2.75 turns
+  on average (binary search: 2.62), 4.3 minutes; sampled success 0.75 -> 0.80.
 
 Plugins of this task (named by import string in ``apps/guess/cpu.yaml``):
 
