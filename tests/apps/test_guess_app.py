@@ -25,7 +25,8 @@ def test_guess_demo_learns(tmp_path):
     line = [x for x in out.stdout.splitlines() if x.startswith("success_rate=")][-1]
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
     assert s["optimal"] == 1.0
-    assert s["success_rate"] >= 0.875, s  # measured: 1.0 (one run; 8 held-out games)
+    # measured: 0.875 -> 1.0 (one run; 8 held-out games, greedy)
+    assert s["success_rate"] >= max(s["baseline"], 0.875), s
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 120
