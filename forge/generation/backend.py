@@ -125,6 +125,8 @@ class GeneratorConfig:
             logprob recomputation bit-for-bit on CPU; ``"sdpa"`` is faster on GPUs).
         weights: where versions are pulled from by number.
         engine_kwargs: extra keyword arguments for the backend's engine (``vllm.LLM``).
+        prefix_cache_tokens: hf backend: most tokens of finished sequences whose KV is kept
+            so that a conversation's next turn prefills only its new tokens (0: off).
     """
 
     model: str
@@ -138,11 +140,17 @@ class GeneratorConfig:
     attn_implementation: str = "eager"
     weights: WeightPullConfig = field(default_factory=WeightPullConfig)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    prefix_cache_tokens: int = 32768
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(
                 f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"
+            )
+        if self.prefix_cache_tokens < 0:
+            raise ValueError(
+                "GeneratorConfig.prefix_cache_tokens must be >= 0 (0 turns prefix reuse off), "
+                f"got {self.prefix_cache_tokens}"
             )
         if self.update_mode not in UPDATE_MODES:
             raise ValueError(

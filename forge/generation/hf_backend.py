@@ -22,6 +22,14 @@ and reports it as ``generator_version``; no completion ever mixes two versions.
 
 Pushed tensors must match the model's names and shapes exactly; a dtype difference is cast
 to the model's dtype (a float32 trainer feeding a bfloat16 generator).
+
+Prefix reuse (``GeneratorConfig.prefix_cache_tokens``): each lane's engine keeps finished
+sequences' KV for the next turn of their conversation (see ``hf_engine``). The cache lives in
+the lane, so it is per weight version: a new lane starts empty, and an in-place swap empties
+the current lane's cache before touching the weights. A conversation's turns reach the same
+replica (and so its cache) when called inside ``async with generator.session():``.
+``stats()`` counts ``prefix_hits``/``prefix_misses``/``prefix_reused_tokens``/``prefill_tokens``
+over the replica's life and reports ``prefix_cached_tokens`` kept now.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +89,7 @@ class HFBackend(GeneratorBackend):
             ("steps", "requests", "completions", "tokens", "max_batch_rows"), 0
         )
         self._stats.update(weight_updates=0, in_flight_updates=0, max_lanes=0)
+        self._prefix_counters: Counter = Counter()  # shared by every lane's engine
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -98,9 +107,19 @@ class HFBackend(GeneratorBackend):
         return model, load_tokenizer(cfg.model)
 
     def _new_lane(self, model, version: int) -> _Lane:
+        return _Lane(self._new_engine(model, version))
+
+    def _new_engine(self, model, version: int) -> HFEngine:
         cfg = self.config
-        engine = HFEngine(model, self.tokenizer, cfg.max_batch_size, version, cfg.seed + version)
-        return _Lane(engine)
+        return HFEngine(
+            model,
+            self.tokenizer,
+            cfg.max_batch_size,
+            version,
+            cfg.seed + version,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
+            counters=self._prefix_counters,
+        )
 
     async def close(self) -> None:
         if self._task is not None:
@@ -193,13 +212,7 @@ class HFBackend(GeneratorBackend):
                 _fail(future, error)
             lane.futures.clear()
             lane.rows = 0
-            lane.engine = HFEngine(
-                lane.engine.model,
-                self.tokenizer,
-                self.config.max_batch_size,
-                lane.version,
-                self.config.seed + lane.version,
-            )
+            lane.engine = self._new_engine(lane.engine.model, lane.version)
         if not any(lane.rows for lane in self._lanes):
             self._drained.set()
 
@@ -247,6 +260,7 @@ class HFBackend(GeneratorBackend):
             idle = not (current.futures or current.engine.has_work())
             if idle and mode == "in_flight":
                 model = current.engine.model
+                current.engine.clear_prefix_cache()  # its KV belongs to the old weights
                 await asyncio.to_thread(pull, dict(model.state_dict()))
                 current.engine.version = version
                 self.version = version
@@ -257,6 +271,7 @@ class HFBackend(GeneratorBackend):
 
     async def _swap_in_place(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         current = self._lanes[-1]
+        current.engine.clear_prefix_cache()  # its KV belongs to the old weights
         await asyncio.to_thread(load_in_place, current.engine.model, state_dict)
         # HFEngine stamps new requests with ``engine.version`` (its documented contract).
         current.engine.version = version
@@ -265,8 +280,17 @@ class HFBackend(GeneratorBackend):
         return dict(self._lanes[-1].engine.model.state_dict())
 
     def stats(self) -> dict[str, Any]:
+        counters = self._prefix_counters
+        prefix = {
+            name: counters[name]
+            for name in ("prefix_hits", "prefix_misses", "prefix_reused_tokens", "prefill_tokens")
+        }
+        prefix["prefix_cached_tokens"] = sum(
+            lane.engine.prefix_cache_stats()["tokens"] for lane in self._lanes
+        )
         return {
             **self._stats,
+            **prefix,
             "version": self.version,
             "lanes": len(self._lanes),
             "running_rows": sum(lane.rows for lane in self._lanes),

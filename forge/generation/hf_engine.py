@@ -15,6 +15,18 @@ they are left-padded, prefilled together and their KV cache is appended to the r
 Then every running row samples one token (``sampling.sample_next``) and finished rows are
 dropped from the batch and its cache, so they stop costing compute.
 
+Prefix reuse (``prefix_cache_tokens > 0``; ``prefix_cache.py``): a finished row's KV is kept,
+keyed by the token ids it covers. An admitted row whose prompt starts with a kept sequence
+(a conversation's next turn) is prefilled on top of that KV: admitted hit rows form one group
+whose cached KVs are stacked left-padded to a common past length, and each row feeds the
+``S`` last tokens of its prompt, ``S`` being the longest new suffix in the group (a row with a
+shorter suffix recomputes a few cached positions, so every row's tokens stay contiguous and
+the batch keeps its one layout: left padding, then tokens). Misses are prefilled as before,
+in their own group. Entries belong to one weight version: setting ``version`` (done after
+every weight change) empties the cache, and only rows admitted on the cache's version store
+or reuse KV. Results equal those without reuse (same tokens for a seed; logprobs within
+float rounding).
+
 Conventions (see ``forge.types.Completion``):
 - ``token_ids`` include a generated EOS token (so the trainer learns to stop); ``text`` is
   decoded without special tokens.
@@ -31,7 +43,8 @@ Conventions (see ``forge.types.Completion``):
 from __future__ import annotations
 
 import itertools
-from collections import deque
+import logging
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import torch
@@ -39,11 +52,13 @@ from transformers import DynamicCache
 
 from forge.generation import kv_cache
 from forge.generation.backend import Prompt, encode_prompt
+from forge.generation.prefix_cache import PrefixCache, PrefixHit
 from forge.generation.sampling import sample_next
 from forge.models.logprobs import position_ids_from_mask
 from forge.types import Completion, SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, sample) pairs apart
+logger = logging.getLogger("forge.generator")
 
 
 @dataclass
@@ -78,18 +93,30 @@ class HFEngine:
     """Generation core over an HF ``model`` (eval mode) and its ``tokenizer``.
 
     Not thread-safe: one caller drives ``generate``/``add_request``/``step``. Bump
-    ``version`` after loading new weights; ``seed`` fixes the streams of unseeded requests.
+    ``version`` after loading new weights (that also empties the prefix cache); ``seed`` fixes
+    the streams of unseeded requests. ``prefix_cache_tokens`` bounds the KV kept for prefix
+    reuse (0: off). ``counters`` (optional, shared by a backend's engines) receives
+    ``prefix_hits``, ``prefix_misses``, ``prefix_reused_tokens`` and ``prefill_tokens``.
     """
 
     def __init__(
-        self, model, tokenizer, max_batch_size: int = 32, version: int = 0, seed: int = 0
+        self,
+        model,
+        tokenizer,
+        max_batch_size: int = 32,
+        version: int = 0,
+        seed: int = 0,
+        prefix_cache_tokens: int = 0,
+        counters: Counter | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self.version = version
+        self._prefix = PrefixCache(prefix_cache_tokens, version)
+        self._version = version
+        self.counters = Counter() if counters is None else counters
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id
         if self.pad_id is None:
@@ -102,6 +129,26 @@ class HFEngine:
         self._waiting: deque[_Row] = deque()
         self._running: _Running | None = None
         self._pending: dict[int, list[_Row | None]] = {}
+
+    @property
+    def version(self) -> int:
+        """The weight version new requests are stamped with."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if value != self._version:
+            self._prefix.reset(value)  # KV computed with the old weights must not be reused
+        self._version = value
+
+    def clear_prefix_cache(self) -> None:
+        """Drop all kept KV (call before changing the weights in place)."""
+        self._prefix.reset(self._version)
+
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Entries and tokens kept now, and LRU evictions so far."""
+        p = self._prefix
+        return {"entries": len(p), "tokens": p.tokens, "evictions": p.evictions}
 
     # ---- public API -------------------------------------------------------------------
 
@@ -155,23 +202,57 @@ class HFEngine:
         if free <= 0 or not self._waiting:
             return
         rows = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-        new = self._prefill(rows)
+        hits = [self._lookup(r) for r in rows]
+        for key in {h.key for h in hits if h is not None}:
+            self._prefix.discard(key)  # superseded by the longer conversation (n > 1 shares it)
+        new = None
+        for is_hit in (True, False):
+            group = [(r, h) for r, h in zip(rows, hits) if (h is not None) == is_hit]
+            if group:
+                part = self._prefill([r for r, _ in group], [h for _, h in group])
+                new = part if new is None else _merge(new, part)
+        assert new is not None
         self._running = new if self._running is None else _merge(self._running, new)
 
-    def _prefill(self, rows: list[_Row]) -> _Running:
-        width = max(len(r.prompt_ids) for r in rows)
+    def _lookup(self, row: _Row) -> PrefixHit | None:
+        """The kept KV that ``row``'s prompt starts with, if any (same weight version only)."""
+        if not self._prefix.enabled or row.version != self._prefix.version:
+            return None
+        hit = self._prefix.lookup(tuple(row.prompt_ids))
+        self.counters["prefix_hits" if hit else "prefix_misses"] += 1
+        return hit
+
+    def _prefill(self, rows: list[_Row], hits: list[PrefixHit | None]) -> _Running:
+        """Prefill ``rows`` together, on top of their ``hits``' KV where given.
+
+        Every row feeds its last ``width`` prompt tokens (all of them when shorter), ``width``
+        being the longest suffix not covered by a hit; a prompt always feeds >= 1 token, whose
+        logits give the first sample. Row i reuses ``reuse[i]`` cached positions, stacked
+        left-padded to ``past`` columns, so its tokens end up contiguous and right-aligned.
+        """
+        lengths = [len(r.prompt_ids) for r in rows]
+        cached = [0 if h is None else min(len(h.key), n - 1) for h, n in zip(hits, lengths)]
+        width = max(n - c for n, c in zip(lengths, cached))
+        reuse = [max(0, n - width) for n in lengths]  # <= cached[i], by the choice of width
+        past = max(reuse)
         input_ids_bt = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention_mask_bt = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every row's last token is at column -1
-            input_ids_bt[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attention_mask_bt[i, width - len(r.prompt_ids) :] = 1
+        attention_mask_bt = torch.zeros((len(rows), past + width), dtype=torch.long)
+        for i, (r, n, k) in enumerate(zip(rows, lengths, reuse)):
+            # left padding: every row's last token is at column -1
+            input_ids_bt[i, width - (n - k) :] = torch.tensor(r.prompt_ids[k:])
+            attention_mask_bt[i, past + width - n :] = 1
         input_ids_bt = input_ids_bt.to(self.device)
         attention_mask_bt = attention_mask_bt.to(self.device)
-        cache = DynamicCache()
+        if past:
+            cache = kv_cache.stack_left_padded([h.kv if h else None for h in hits], reuse)
+        else:
+            cache = DynamicCache()
+        self.counters["prefix_reused_tokens"] += sum(reuse)
+        self.counters["prefill_tokens"] += sum(lengths) - sum(reuse)
         out = self.model(
             input_ids=input_ids_bt,
             attention_mask=attention_mask_bt,
-            position_ids=position_ids_from_mask(attention_mask_bt),
+            position_ids=position_ids_from_mask(attention_mask_bt)[:, past:],
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
@@ -180,6 +261,20 @@ class HFEngine:
         return _Running(
             rows, out.past_key_values, attention_mask_bt, next_pos_b, out.logits[:, -1].float()
         )
+
+    def _keep_prefixes(self, run: _Running, finished: list[int]) -> None:
+        """Store the KV of finished rows: everything fed, i.e. all but the last sampled token."""
+        if not kv_cache.is_full_attention(run.cache):
+            logger.warning("prefix reuse needs full-attention KV caches; turned off")
+            self._prefix.max_tokens = 0
+            return
+        fed_b = run.attention_mask_bt[finished].sum(-1).tolist()
+        for i, fed in zip(finished, fed_b):
+            row = run.rows[i]
+            key = (*row.prompt_ids, *row.token_ids[:-1])
+            assert fed == len(key), f"row covers {fed} positions, expected {len(key)}"
+            if row.version == self._prefix.version and self._prefix.fits(fed):
+                self._prefix.store(key, kv_cache.row_kv(run.cache, i, fed))
 
     def _decode_step(self) -> list[_Row]:
         """Sample for every running row, drop finished rows, run the model on the rest."""
@@ -197,6 +292,8 @@ class HFEngine:
             self._check_stop(row)
             (finished if row.stop_reason else keep).append(i)
         done = [run.rows[i] for i in finished]
+        if finished and self._prefix.enabled:
+            self._keep_prefixes(run, finished)
         if not keep:
             self._running = None
             return done
