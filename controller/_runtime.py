@@ -282,9 +282,13 @@ def reset_runtime() -> None:
 
 
 def install_signal_handlers() -> None:
-    """Turn SIGTERM into a normal exit (so atexit cleanup runs) if nobody else handles it."""
+    """Turn SIGTERM into a normal exit (so atexit cleanup runs) if nobody else handles it,
+    and make SIGINT raise KeyboardInterrupt even if it was inherited as ignored (a shell
+    starts background jobs that way): a controller must stop on SIGINT, never run on."""
     if threading.current_thread() is not threading.main_thread():
         return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
 
         def _on_term(signum, frame):

@@ -13,8 +13,10 @@ import sys
 
 
 def _run(args: argparse.Namespace) -> int:
+    from controller._runtime import install_signal_handlers
     from forge.launch import run_app
 
+    install_signal_handlers()  # SIGINT/SIGTERM stop the run, even from a background job
     try:
         return run_app(args.config, args.overrides, resume=args.resume, run_dir=args.run_dir)
     except ValueError as e:  # a config mistake: say it plainly, no traceback

@@ -33,7 +33,12 @@ asyncio.run(main())
 """
 
 
-def _start(tmp_path, mode: str):
+def _ignore_sigint() -> None:
+    """What a shell does to a background job: SIGINT ignored, inherited across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start(tmp_path, mode: str, sigint_ignored: bool = False):
     path = write_script(tmp_path, CONTROLLER)
     proc = subprocess.Popen(
         [sys.executable, str(path), mode],
@@ -42,6 +47,7 @@ def _start(tmp_path, mode: str):
         text=True,
         cwd=str(REPO),
         env=script_env(),
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )
     deadline = time.monotonic() + 60
     line = ""
@@ -61,6 +67,13 @@ def test_no_orphans_when_controller_is_signalled(tmp_path, sig):
     proc.send_signal(sig)
     proc.wait(timeout=10)
     assert wait_dead(pids, 5.0) == [], f"orphans after {sig.name}"
+
+
+def test_sigint_stops_a_controller_started_with_sigint_ignored(tmp_path):
+    proc, pids = _start(tmp_path, "wait", sigint_ignored=True)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=10)
+    assert wait_dead(pids, 5.0) == [], "orphans after SIGINT"
 
 
 @pytest.mark.parametrize("mode", ["exit", "raise"])
