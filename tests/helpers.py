@@ -58,3 +58,17 @@ def wait_dead(pids: list[int], timeout: float) -> list[int]:
         alive = [p for p in alive if pid_alive(p)]
         time.sleep(0.05)
     return alive
+
+
+def forge_run(
+    args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``forge run <args>`` in a real process from the repository root, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "forge.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        env=env or script_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )

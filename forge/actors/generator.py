@@ -41,7 +41,8 @@ from forge.generation.backend import (
     state_dict_checksum,
 )
 from forge.types import Completion
-from forge.weights import WeightHandle, WeightVersionError, build_weight_transport, pull_handle
+from forge.weights import WeightHandle, pull_handle
+from forge.weights.pull import has_pull_source, latest_pushed_version, pull_transport
 
 
 class Generator(ForgeActor):
@@ -169,29 +170,12 @@ class Generator(ForgeActor):
         return self.backend
 
     def _has_transport(self) -> bool:
-        w = self.config.weights
-        return bool(w.prefix if w.transport == "shm" else w.root)
+        return has_pull_source(self.config.weights)
 
     def _transport_or_raise(self):
         if self._transport is None:
-            w = self.config.weights
-            if not self._has_transport():
-                raise ValueError(
-                    "update_weights got no handle and GeneratorConfig.weights names no "
-                    f"{'prefix' if w.transport == 'shm' else 'root'} to look versions up by; "
-                    "pass handle=WeightHandle or configure GeneratorConfig.weights"
-                )
-            if w.transport == "shm":
-                kwargs = {"prefix": w.prefix, "shm_dir": w.shm_dir, "wait_s": w.wait_s}
-            else:
-                kwargs = {"root": w.root, "wait_s": w.wait_s}
-            self._transport = build_weight_transport(w.transport, **kwargs)
+            self._transport = pull_transport(self.config.weights, "GeneratorConfig")
         return self._transport
 
     def _latest_pushed(self) -> int:
-        versions = self._transport_or_raise().versions()
-        if not versions:
-            w = self.config.weights
-            where = f"prefix {w.prefix!r}" if w.transport == "shm" else f"root {w.root!r}"
-            raise WeightVersionError(f"no weight version was pushed yet under {where}")
-        return versions[-1]
+        return latest_pushed_version(self._transport_or_raise(), self.config.weights)

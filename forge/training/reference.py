@@ -32,7 +32,8 @@ from forge.replay import collate_episodes
 from forge.training.config import ReferenceConfig, resolve_device
 from forge.training.reference_update import apply_update_, should_update
 from forge.types import Episode, TrainBatch
-from forge.weights import WeightHandle, WeightVersionError, build_weight_transport, pull_handle
+from forge.weights import WeightHandle, pull_handle
+from forge.weights.pull import latest_pushed_version, pull_transport
 
 __all__ = ["ReferenceCore"]
 
@@ -91,28 +92,12 @@ class ReferenceCore:
         return version
 
     def _transport_or_raise(self):
-        w = self.cfg.weights
         if self._transport is None:
-            if not (w.prefix if w.transport == "shm" else w.root):
-                raise ValueError(
-                    "update_weights got no handle and ReferenceConfig.weights names no "
-                    f"{'prefix' if w.transport == 'shm' else 'root'} to look versions up by; "
-                    "pass handle=WeightHandle or configure ReferenceConfig.weights"
-                )
-            if w.transport == "shm":
-                kwargs = {"prefix": w.prefix, "shm_dir": w.shm_dir, "wait_s": w.wait_s}
-            else:
-                kwargs = {"root": w.root, "wait_s": w.wait_s}
-            self._transport = build_weight_transport(w.transport, **kwargs)
+            self._transport = pull_transport(self.cfg.weights, "ReferenceConfig")
         return self._transport
 
     def _latest_pushed(self) -> int:
-        versions = self._transport_or_raise().versions()
-        if not versions:
-            w = self.cfg.weights
-            where = f"prefix {w.prefix!r}" if w.transport == "shm" else f"root {w.root!r}"
-            raise WeightVersionError(f"no weight version was pushed yet under {where}")
-        return versions[-1]
+        return latest_pushed_version(self._transport_or_raise(), self.cfg.weights)
 
     @torch.no_grad()
     def logprobs_bt(

@@ -5,12 +5,10 @@ and a phase switch of the loss mid-run."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from forge.models import make_tiny_model
 from forge.models.reward_model import make_tiny_reward_model
-from tests.helpers import REPO, script_env
+from tests.helpers import forge_run
 
 CONFIG = """
 app: apps.grpo.main
@@ -40,23 +38,7 @@ def test_ppo_with_moving_reference_and_phases(tmp_path):
     cfg = tmp_path / "run.yaml"
     rm = make_tiny_reward_model(tmp_path / "rm", preset="tiny")
     cfg.write_text(CONFIG.format(model=model, rm=rm))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "forge.cli",
-            "run",
-            "--config",
-            str(cfg),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-        timeout=300,
-    )
+    out = forge_run(["--config", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[grpo] step 2: " in out.stdout and "no-kl" in out.stdout
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -75,12 +57,5 @@ def test_ppo_with_moving_reference_and_phases(tmp_path):
 def test_critic_needs_a_per_token_loss(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(CONFIG.format(model=tmp_path, rm=tmp_path).replace("type: ppo", "type: grpo"))
-    out = subprocess.run(
-        [sys.executable, "-m", "forge.cli", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-        timeout=120,
-    )
+    out = forge_run(["--config", str(cfg)], timeout=120)
     assert out.returncode == 2 and "critic is set" in out.stderr and "'grpo'" in out.stderr

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, script_env
+from tests.helpers import REPO, forge_run, script_env
 
 
 @pytest.mark.slow
 def test_guess_demo_learns(tmp_path):
     run = tmp_path / "run"
-    out = subprocess.run(
-        [sys.executable, "-m", "forge.cli", "run", "--config", str(REPO / "apps/guess/cpu.yaml"),
-         "--run-dir", str(run), "grpo.eval.every=0"],
-        capture_output=True, text=True, cwd=REPO, timeout=1200,
+    out = forge_run(
+        ["--config", str(REPO / "apps/guess/cpu.yaml"), "--run-dir", str(run), "grpo.eval.every=0"],
+        timeout=1200,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("success_rate=")][-1]
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}

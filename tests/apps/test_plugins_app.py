@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 from forge.models import make_tiny_model
-from tests.helpers import REPO, script_env
+from tests.helpers import forge_run, script_env
 from tests.unit.test_extending_docs import doc_modules
 
 CONFIG = """
@@ -54,22 +52,8 @@ def test_grpo_with_plugins_from_outside_the_repo(tmp_path):
     cfg.write_text(CONFIG.format(model=model))
     env = script_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugins"), env["PYTHONPATH"]])
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "forge.cli",
-            "run",
-            "--config",
-            str(cfg),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
+    out = forge_run(
+        ["--config", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=300, env=env
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -89,22 +73,8 @@ def test_grpo_with_plugins_from_outside_the_repo(tmp_path):
     # A typo in an import string fails at load, before anything spawns.
     bad = tmp_path / "bad.yaml"
     bad.write_text(CONFIG.format(model=model).replace("some_success", "some_sucess"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "forge.cli",
-            "run",
-            "--config",
-            str(bad),
-            "--run-dir",
-            str(tmp_path / "bad"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
+    out = forge_run(
+        ["--config", str(bad), "--run-dir", str(tmp_path / "bad")], timeout=120, env=env
     )
     assert out.returncode == 2
     assert "rollout.filter" in out.stderr and "has no attribute 'some_sucess'" in out.stderr
