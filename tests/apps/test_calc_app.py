@@ -20,6 +20,7 @@ MARGIN = 0.15
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the whole demo: ~10 minutes on 2 cores (the default is 300 s)
 def test_calc_demo_learns_to_use_the_tool(tmp_path):
     """The demo (without intermediate evals) must clearly beat its SFT start and the model
     that answers without the tool."""

@@ -11,6 +11,7 @@ from tests.helpers import REPO, forge_run, script_env
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the whole demo: ~4 minutes on 2 cores (the default is 300 s)
 def test_guess_demo_learns(tmp_path):
     run = tmp_path / "run"
     out = forge_run(
