@@ -42,7 +42,12 @@ from forge.generation.backend import (
 )
 from forge.types import Completion
 from forge.weights import WeightHandle, pull_handle
-from forge.weights.pull import has_pull_source, latest_pushed_version, pull_transport
+from forge.weights.pull import (
+    has_pull_source,
+    latest_pushed_version,
+    pull_transport,
+    requested_version,
+)
 
 
 class Generator(ForgeActor):
@@ -89,15 +94,7 @@ class Generator(ForgeActor):
             raise ValueError(
                 f"update_weights mode {mode!r} is unknown; choose one of {UPDATE_MODES}"
             )
-        if handle is not None:
-            if version is not None and version != handle.version:
-                raise ValueError(
-                    f"update_weights got version={version} but a handle for version "
-                    f"{handle.version}; pass one or make them agree"
-                )
-            version = handle.version
-        elif version is None:
-            version = self._latest_pushed()
+        version = requested_version(version, handle, self._latest_pushed)
         if version == backend.version:
             return version
         if version < backend.version:

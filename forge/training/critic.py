@@ -40,7 +40,7 @@ from forge.training.config import (
     resolve_device,
 )
 from forge.training.hf_trainer import loss_denominator
-from forge.training.schedule import build_scheduler
+from forge.training.schedule import build_optimizer, build_scheduler
 from forge.types import TrainBatch
 
 __all__ = ["CRITIC_FILE", "CriticConfig", "CriticCore", "ValueModel"]
@@ -149,14 +149,7 @@ class CriticCore:
         self.model = ValueModel(lm.get_decoder(), lm.config.hidden_size).to(self.device)
         del lm  # the LM head is not part of the value model
         self.model.train()
-        opt = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=opt.lr,
-            betas=opt.betas,
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule)
         self.step = 0
 

@@ -44,7 +44,7 @@ from forge.models import gather_logprobs, load_model, position_ids_from_mask, to
 from forge.models.logprobs import effective_temperature
 from forge.training import parallel
 from forge.training.config import TrainerConfig, resolve_device
-from forge.training.schedule import build_scheduler
+from forge.training.schedule import build_optimizer, build_scheduler
 from forge.types import TrainBatch
 
 __all__ = ["HFAdapter", "TrainerCore", "loss_denominator", "wrapped_logprobs"]
@@ -150,16 +150,7 @@ class TrainerCore:
         self.adapter = build_adapter(cfg, self.device)
         self.adapter.model.train()
         self.model = parallel.wrap_model(self.adapter.model, cfg.parallelism, self.device)
-        opt = cfg.optimizer
-        if opt.type != "adamw":
-            raise ValueError(f"unknown optimizer type: {opt.type!r}; choose one of ('adamw',)")
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=opt.lr,
-            betas=opt.betas,
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule)
         self.loss_fn = build_loss(cfg.loss)
         self.aggregation = cfg.loss.resolved_aggregation()

@@ -33,7 +33,7 @@ from forge.training.config import ReferenceConfig, resolve_device
 from forge.training.reference_update import apply_update_, should_update
 from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle, pull_handle
-from forge.weights.pull import latest_pushed_version, pull_transport
+from forge.weights.pull import latest_pushed_version, pull_transport, requested_version
 
 __all__ = ["ReferenceCore"]
 
@@ -64,15 +64,7 @@ class ReferenceCore:
         rule = self.cfg.update
         if rule.type == "none":
             return self.applied_version
-        if handle is not None:
-            if version is not None and version != handle.version:
-                raise ValueError(
-                    f"update_weights got version={version} but a handle for version "
-                    f"{handle.version}; pass one or make them agree"
-                )
-            version = handle.version
-        elif version is None:
-            version = self._latest_pushed()
+        version = requested_version(version, handle, self._latest_pushed)
         if version == self.seen_version:
             return self.applied_version
         if version < self.seen_version:

@@ -40,3 +40,12 @@ def build_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` over ``lr_multiplier``; call ``.step()`` once after each update."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg))
+
+
+def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    """AdamW from an ``OptimizerConfig`` (the only type so far)."""
+    if cfg.type != "adamw":
+        raise ValueError(f"unknown optimizer type: {cfg.type!r}; choose one of ('adamw',)")
+    return torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )

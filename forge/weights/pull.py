@@ -10,7 +10,7 @@ from typing import Any
 
 from forge.weights.store import WeightTransport, WeightVersionError, build_weight_transport
 
-__all__ = ["has_pull_source", "latest_pushed_version", "pull_transport"]
+__all__ = ["has_pull_source", "latest_pushed_version", "pull_transport", "requested_version"]
 
 
 def has_pull_source(w: Any) -> bool:
@@ -38,3 +38,16 @@ def latest_pushed_version(transport: WeightTransport, w: Any) -> int:
         where = f"prefix {w.prefix!r}" if w.transport == "shm" else f"root {w.root!r}"
         raise WeightVersionError(f"no weight version was pushed yet under {where}")
     return versions[-1]
+
+
+def requested_version(version: int | None, handle: Any, latest: Any) -> int:
+    """The version an ``update_weights(version, handle)`` call asks for: the handle's (which
+    ``version``, if given, must match), else ``version``, else ``latest()``."""
+    if handle is not None:
+        if version is not None and version != handle.version:
+            raise ValueError(
+                f"update_weights got version={version} but a handle for version "
+                f"{handle.version}; pass one or make them agree"
+            )
+        return handle.version
+    return latest() if version is None else version
