@@ -16,6 +16,7 @@ from pathlib import Path
 
 from apps.grpo.main import Config as GRPOConfig
 from apps.grpo.main import train as grpo_train
+from apps.grpo.supervise import train_with_restarts
 from apps.sft.main import Config as SFTConfig
 from apps.sft.main import train as sft_train
 from forge.env import get_cache_dir
@@ -56,7 +57,7 @@ async def sft_then_rl(cfg: Config, run_dir: Path, resume: bool, name: str) -> di
         if part is not None:
             part.model = str(sft_dir)
     (run_dir / "grpo").mkdir(exist_ok=True)
-    result = await grpo_train(g, run_dir / "grpo", resume)
+    result = await train_with_restarts(grpo_train, g, run_dir / "grpo", resume)
     evals = {**_previous_evals(run_dir / "grpo" / "metrics.jsonl"), **result["eval"]}
     plot_curves(
         result["history"],

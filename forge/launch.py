@@ -8,17 +8,21 @@ An app is a module (named by the config's ``app:`` key, e.g. ``apps.grpo.main``)
 The config is validated before anything is spawned; the resolved config is written to
 ``<run_dir>/config.yaml``. ``--resume <run_dir>`` reloads that file (plus overrides) and
 passes ``resume=True`` so the app continues from its last checkpoint. Ctrl-C or SIGTERM stop
-every process the run spawned before the command exits.
+every process the run spawned before the command exits. A runtime failure
+(``ForgeRuntimeError``: a process died, a service had no replica, ...) stops them too, prints
+the error and the ``forge run --resume`` command, and exits with code 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from controller.errors import ForgeRuntimeError
 from forge import env
 
 
@@ -82,6 +86,15 @@ def run_app(
     except KeyboardInterrupt:
         print("[forge] interrupted; all processes stopped", flush=True)
         return 130
+    except ForgeRuntimeError as e:  # a process died, a service gave up, ...: say what, and how
+        print(
+            f"forge run: error: {type(e).__name__}: {e}\n"
+            f"forge run: all processes stopped; continue from the last checkpoint with:\n"
+            f"    forge run --resume {rdir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     return 0
 
 

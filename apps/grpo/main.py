@@ -42,6 +42,7 @@ from apps.grpo.scoring import (
     check_rollout_overrides,
 )
 from apps.grpo.state import Checkpointer, MetricLog, actor_env
+from apps.grpo.supervise import check_restarts, train_with_restarts
 from forge.actors import (
     Critic,
     DatasetActor,
@@ -97,6 +98,8 @@ class Config:
     phases: list[PhaseConfig] = field(default_factory=list)  # loss/rollout switches by step
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
     checkpoint_every: int = 0
+    restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
+    reward_replicas: int = 1
     threads_per_actor: int = 1
     seed: int = 0
 
@@ -115,6 +118,7 @@ class Config:
         check_ppo(self.critic, self.trainer.loss.type)
         validate_phases(self.phases, self.trainer.loss)
         check_rollout_overrides(self.phases)
+        check_restarts(self.restart_on_failure, self.checkpoint_every)
         per_step = self.rollout.prompts_per_step * self.rollout.group_size
         if per_step % self.trainer_procs:
             raise ValueError(
@@ -136,7 +140,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     data, generator, rewards, buffer, trainer = await asyncio.gather(
         DatasetActor.options(env=env).as_actor(cfg.data),
         Generator.options(num_replicas=cfg.num_generators, env=env).as_service(cfg.generator),
-        RewardActor.options(num_replicas=1, env=env).as_service(reward_fns)
+        RewardActor.options(num_replicas=cfg.reward_replicas, env=env).as_service(reward_fns)
         if reward_fns
         else _nothing(),
         ReplayBuffer.options(env=env).as_actor(buf_cfg),
@@ -283,7 +287,7 @@ async def _next_batch(buffer, version: int, manager: RolloutManager):
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    result = await train(cfg, run_dir, resume)
+    result = await train_with_restarts(train, cfg, run_dir, resume)  # restart_on_failure
     print(f"[grpo] done: version {result['version']}, held-out accuracy {result['eval']}")
 
 

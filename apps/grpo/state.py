@@ -97,10 +97,18 @@ class Checkpointer:
         return final
 
     def latest(self) -> Path | None:
+        """The directory of the last published checkpoint (``None``: none yet)."""
         marker = self.root / "latest"
         if not marker.is_file():
             return None
         return self.root / json.loads(marker.read_text())["dir"]
+
+    def latest_step(self) -> int | None:
+        """The step of the last published checkpoint (``None``: none yet)."""
+        marker = self.root / "latest"
+        if not marker.is_file():
+            return None
+        return int(json.loads(marker.read_text())["step"])
 
     async def restore(self, trainer, buffer, data) -> int:
         """Load the latest checkpoint into the actors; returns its step (0 if none)."""
