@@ -2,7 +2,8 @@
 
 ``FORGE_BACKEND=local`` starts actor processes on this host (``controller._local``);
 ``FORGE_BACKEND=monarch`` asks Monarch for them (``controller._monarch``: this host, or the
-hosts of a Monarch job registered with ``use_host_mesh``). Either way the result is an
+hosts of a Monarch job registered with ``use_host_mesh``); ``FORGE_BACKEND=hosts`` asks Forge
+host agents on other hosts (``controller._hosts``, ``FORGE_HOSTS``). Either way the result is an
 ordinary ``ProcMesh``, so actors, adverbs and services run unchanged.
 """
 
@@ -12,11 +13,11 @@ import os
 
 from controller.mesh import HostMesh, ProcMesh
 
-BACKENDS = ("local", "monarch")
+BACKENDS = ("local", "monarch", "hosts")
 
 
 def backend_name() -> str:
-    """``FORGE_BACKEND``: ``local`` (default) or ``monarch``."""
+    """``FORGE_BACKEND``: ``local`` (default), ``monarch`` or ``hosts``."""
     name = os.environ.get("FORGE_BACKEND", "local").strip().lower() or "local"
     if name not in BACKENDS:
         raise ValueError(f"unknown FORGE_BACKEND {name!r}; choose one of {list(BACKENDS)}")
@@ -31,6 +32,10 @@ async def spawn_procs_for(opts, name: str) -> ProcMesh:
         from controller._monarch import spawn_monarch  # imports monarch: only when chosen
 
         return await spawn_monarch(opts.hosts or 1, {"procs": opts.procs}, dict(opts.env), name)
+    if backend_name() == "hosts":
+        from controller._hosts import spawn_on_hosts
+
+        return await spawn_on_hosts(opts, name)
     return await HostMesh(opts.hosts or 1).spawn_procs(
         per_host={"procs": opts.procs}, env=dict(opts.env), name=name
     )
@@ -48,7 +53,7 @@ async def _spawn_with_gpus(opts, name: str) -> ProcMesh:
     """One GPU per process, disjoint from every other mesh's, released when the mesh stops."""
     from controller._gpus import get_allocator
 
-    if backend_name() == "monarch" or (opts.hosts or 1) > 1:
+    if backend_name() != "local" or (opts.hosts or 1) > 1:
         raise ValueError(
             "with_gpus=True is provisioned on the local backend (one host); on Monarch the "
             "allocator's hosts own their GPUs"

@@ -1,0 +1,262 @@
+"""Several "hosts" on one machine: Linux network namespaces joined by a bridge.
+
+Each host is a network namespace ``forgeh<i>`` with its own address ``10.77.0.<i+1>/24`` on a
+veth whose other end is enslaved to the bridge ``forgebr0`` (``10.77.0.1/24``) in the root
+namespace, where the controller runs::
+
+    root namespace: controller, forgebr0 10.77.0.1 ──┬── veth fgh1 ── forgeh1: eth0 10.77.0.2, agent
+                                                     └── veth fgh2 ── forgeh2: eth0 10.77.0.3, agent
+
+In each namespace a Forge host agent (``python -m controller._hosts``) listens on port 7100;
+the controller reaches it with ``FORGE_BACKEND=hosts``. The namespaces share this machine's
+filesystem (the repository, the key file, ``/dev/shm``), like cluster nodes with a shared
+filesystem; only the network is separate.
+
+Command line (as root)::
+
+    python -m tests.multihost.netns up --hosts 2 --key-file /tmp/forge-hosts.key
+    python -m tests.multihost.netns status
+    python -m tests.multihost.netns kill forgeh2     # fail a host: SIGKILL all its processes
+    python -m tests.multihost.netns down
+
+``up`` is idempotent (it tears down what an earlier run left first); ``down`` always removes
+every namespace, link and process this harness made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "forgeh"  # namespaces forgeh1, forgeh2, ...
+BRIDGE = "forgebr0"
+SUBNET = "10.77.0"
+AGENT_PORT = 7100
+AGENT_START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class NetnsHost:
+    """One simulated host: its namespace, address and (once started) its agent process."""
+
+    ns: str
+    ip: str
+    agent: subprocess.Popen | None = None
+
+    @property
+    def agent_address(self) -> str:
+        return f"{self.ip}:{AGENT_PORT}"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def unavailable_reason() -> str | None:
+    """Why namespaces cannot be used here (None if they can): needs root and ``ip netns``."""
+    if sys.platform != "linux":
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root (run the multihost tests as root)"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    probe = f"{PREFIX}probe"
+    try:
+        _ip("netns", "add", probe)
+    except subprocess.CalledProcessError as e:
+        return f"`ip netns add` failed: {e.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def namespaces() -> list[str]:
+    """This harness's namespaces that exist now."""
+    out = _ip("netns", "list", check=False).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return sorted(n for n in names if n.startswith(PREFIX) and n[len(PREFIX) :].isdigit())
+
+
+def ns_pids(ns: str) -> list[int]:
+    """Pids of every process in namespace ``ns``."""
+    out = _ip("netns", "pids", ns, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def kill_host(ns: str) -> list[int]:
+    """Fail a host: SIGKILL every process in its namespace (what ``ip netns pids <ns> | xargs
+    kill -9`` does). Returns the pids killed."""
+    pids = ns_pids(ns)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def teardown(hosts: list[NetnsHost] | None = None) -> list[int]:
+    """Kill every process in the harness's namespaces, delete them, their veths and the bridge.
+    Safe to call any time, as often as wanted. Returns the pids it killed."""
+    killed = []
+    for h in hosts or []:
+        if h.agent is not None and h.agent.poll() is None:
+            h.agent.kill()
+    for ns in namespaces():
+        killed += kill_host(ns)
+    deadline = time.monotonic() + 10
+    for ns in namespaces():
+        while ns_pids(ns) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _ip("netns", "del", ns, check=False)  # deleting it deletes its veth and the peer
+    for h in hosts or []:
+        if h.agent is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                h.agent.wait(5)
+    links = _ip("-o", "link", "show", check=False).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name == BRIDGE or (name.startswith("fgh") and name[3:].isdigit()):
+            _ip("link", "del", name, check=False)
+    return killed
+
+
+def setup(n: int) -> list[NetnsHost]:
+    """Create ``n`` hosts (namespaces ``forgeh1..n``) on the bridge; idempotent."""
+    if not 1 <= n <= 50:
+        raise ValueError(f"hosts must be between 1 and 50, got {n}")
+    teardown()
+    try:
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+        _ip("link", "set", BRIDGE, "up")
+        hosts = []
+        for i in range(1, n + 1):
+            ns, veth, ip = f"{PREFIX}{i}", f"fgh{i}", f"{SUBNET}.{i + 1}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", veth, "master", BRIDGE)
+            _ip("link", "set", veth, "up")
+            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "route", "add", "default", "via", f"{SUBNET}.1")
+            hosts.append(NetnsHost(ns, ip))
+    except BaseException:
+        teardown()
+        raise
+    return hosts
+
+
+def write_key_file(path: str | Path) -> Path:
+    """A fresh random shared secret for the agents, readable by its owner only (0600)."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def start_agent(host: NetnsHost, key_file: str | Path, log: str | Path) -> None:
+    """Start the host agent inside ``host``'s namespace; returns once it listens."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("FORGE_BACKEND", None)
+    log = Path(log)
+    log.touch()
+    offset = log.stat().st_size
+    with open(log, "ab") as out:  # the agent and its workers write here
+        host.agent = subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, sys.executable, "-m", "controller._hosts"]
+            + ["--listen", f"tcp:{host.agent_address}", "--key-file", str(key_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,  # Ctrl-C in the terminal goes to the controller only
+        )
+    deadline = time.monotonic() + AGENT_START_TIMEOUT_S
+    while time.monotonic() < deadline and host.agent.poll() is None:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            if b"forge host agent listening" in f.read():
+                return
+        time.sleep(0.1)
+    code = host.agent.poll()
+    if code is None:
+        host.agent.kill()
+    raise RuntimeError(
+        f"host agent in namespace {host.ns} did not start within {AGENT_START_TIMEOUT_S:.0f} s "
+        f"(exit status {code}); see {log}"
+    )
+
+
+@contextlib.contextmanager
+def running_hosts(n: int, key_file: str | Path, log_dir: str | Path):
+    """``n`` hosts with an agent each; everything is removed on exit, whatever happened."""
+    hosts: list[NetnsHost] = []
+    try:
+        hosts = setup(n)
+        for h in hosts:
+            start_agent(h, key_file, Path(log_dir) / f"agent-{h.ns}.log")
+        yield hosts
+    finally:
+        teardown(hosts)
+
+
+def hosts_env(hosts: list[NetnsHost], key_file: str | Path) -> dict[str, str]:
+    """The environment a controller needs to place its processes on ``hosts``."""
+    return {
+        "FORGE_BACKEND": "hosts",
+        "FORGE_HOSTS": ",".join(h.agent_address for h in hosts),
+        "FORGE_HOSTS_KEY_FILE": str(key_file),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.multihost.netns", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="create the hosts and start an agent in each")
+    up.add_argument("--hosts", type=int, default=2)
+    up.add_argument("--key-file", default="/tmp/forge-hosts.key")
+    up.add_argument("--log-dir", default="/tmp")
+    sub.add_parser("down", help="remove every namespace, link and process of the harness")
+    sub.add_parser("status", help="list the hosts and their processes")
+    kill = sub.add_parser("kill", help="SIGKILL every process in one host's namespace")
+    kill.add_argument("ns")
+    args = p.parse_args(argv)
+    if args.cmd in ("up", "down") and (why := unavailable_reason()):
+        print(f"cannot run: {why}", file=sys.stderr)
+        return 2
+    if args.cmd == "up":
+        write_key_file(args.key_file)
+        hosts = setup(args.hosts)
+        try:
+            for h in hosts:
+                start_agent(h, args.key_file, Path(args.log_dir) / f"agent-{h.ns}.log")
+        except BaseException:
+            teardown(hosts)
+            raise
+        for k, v in hosts_env(hosts, args.key_file).items():
+            print(f"export {k}={v}")
+    elif args.cmd == "down":
+        killed = teardown()
+        print(f"removed the hosts; killed {len(killed)} process(es)")
+    elif args.cmd == "status":
+        for ns in namespaces():
+            print(ns, "pids:", " ".join(map(str, ns_pids(ns))) or "-")
+    else:
+        print("killed:", " ".join(map(str, kill_host(args.ns))) or "nothing")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
