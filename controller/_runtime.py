@@ -200,6 +200,7 @@ class Runtime:
         self.local_procs: dict[str, object] = {}  # address -> _local.LocalProc owned here
         self.proc_meshes: list = []  # ProcMeshes owned by this process, in spawn order
         self.services: list = []  # services created by this process
+        self.status_fields: dict = {}  # app fields for status snapshots (controller/status.py)
         self._names = itertools.count()
         self.closed = False
         atexit.register(self.close)

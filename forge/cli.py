@@ -3,6 +3,7 @@
 
     forge run --config apps/sumdigits/cpu.yaml [a.b=c ...]
     forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
+    forge top [RUN_DIR] [--once]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -32,6 +33,16 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _top(args: argparse.Namespace) -> int:
+    from forge.top import main as top_main
+
+    try:
+        return top_main(args.run_dir, once=args.once, interval=args.interval)
+    except ValueError as e:
+        print(f"forge top: error: {e}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -41,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", help="where to write outputs (default: runs/<app>-<time>)")
     run.add_argument("overrides", nargs="*", metavar="a.b=c", help="config overrides")
     run.set_defaults(fn=_run)
+    top = sub.add_parser("top", help="live view of a run: services, replicas, steps, rewards")
+    top.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="default: the newest run")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.set_defaults(fn=_top)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "mini", "small", "llama"])

@@ -100,9 +100,11 @@ def run_app(
 
 async def _run(module, cfg, run_dir: Path, resume: bool) -> None:
     from controller import shutdown
+    from forge.observability.status import run_status
 
     try:
-        await module.run(cfg, run_dir, resume)
+        with run_status(run_dir, app=cfg.app):  # <run_dir>/status.json for `forge top`
+            await module.run(cfg, run_dir, resume)
     finally:
         # Also on an exception or Ctrl-C (CancelledError): stop every actor we spawned.
         await asyncio.shield(asyncio.ensure_future(shutdown()))

@@ -159,7 +159,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
         critic = await Critic.options(env=env).as_actor(cfg.critic)
 
     ckpt = Checkpointer(run_dir, cfg.checkpoint_every)
-    log = MetricLog(run_dir, cfg.metrics)
+    log = MetricLog(run_dir, cfg.metrics, cfg.steps)
     version = await ckpt.restore(trainer, buffer, data) if resume else 0
     if version:
         handle = (await trainer.push_weights.call(version)).item(procs=0)
@@ -225,7 +225,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             t2 = time.perf_counter()
             version += 1
             handle = (await trainer.push_weights.call(version)).item(procs=0)
-            await generator.update_weights.fanout(version, handle)
+            log.status.served(await generator.update_weights.fanout_by_replica(version, handle))
             if reference is not None:  # a moving reference (EMA / reset) pulls it too
                 await reference.update_weights.fanout(version, handle)
             t3 = time.perf_counter()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from forge.observability import build_backends, get_collector, merge_states
+from forge.observability.status import StepStatus
 
 
 def actor_env(threads: int) -> dict[str, str]:
@@ -23,10 +24,12 @@ def actor_env(threads: int) -> dict[str, str]:
 
 
 class MetricLog:
-    """Collects metrics between steps, reduces them per step, writes them to backends."""
+    """Collects metrics between steps, reduces them per step, writes them to backends and
+    to the run's live status (``forge top``; ``steps``: the run's length, if known)."""
 
-    def __init__(self, run_dir: Path, backends: list[str]):
+    def __init__(self, run_dir: Path, backends: list[str], steps: int | None = None):
         self.backends = build_backends(backends, run_dir)
+        self.status = StepStatus(Path(run_dir).name, steps)
         self.history: list[dict[str, float]] = []
         self._pending: dict[str, list[float]] = {}
         self._remote: list[dict] = []
@@ -44,6 +47,7 @@ class MetricLog:
         self.history.append(row)
         for b in self.backends:
             b.log(step, metrics)
+        self.status.eval(step, metrics)
 
     def step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Log ``metrics`` plus the means of what was ``add``ed since the last step and of
@@ -58,6 +62,7 @@ class MetricLog:
         now = time.perf_counter()
         out["time/elapsed_s"] = now - self._t
         self.record(step, out)
+        self.status.step(step, out)
         return out
 
     def close(self) -> None:
