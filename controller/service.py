@@ -39,6 +39,7 @@ from controller.mesh import ActorMesh
 from controller.router import LeastLoadedRouter, build_router
 
 logger = logging.getLogger("controller")
+REQUEST_COUNTS = ("sent", "retried", "completed", "failed", "cancelled")
 
 
 class Service:
@@ -60,6 +61,7 @@ class Service:
         self._next_index = 0
         self._stopped = False
         self._restarts: dict[int, Any] = {}
+        self._requests = dict.fromkeys(REQUEST_COUNTS, 0)
 
     def __repr__(self) -> str:
         return f"<Service {self.name} replicas={[r.state for r in self.replicas]}>"
@@ -222,6 +224,17 @@ class Service:
         """Per replica index: state, pids, request counts, in flight, latency, sessions."""
         return {r.index: r.metrics() for r in self.replicas}
 
+    def request_counts(self) -> dict[str, int]:
+        """``route`` requests since the service started: ``sent``, ``retried`` (re-sent after
+        their replica died), ``completed``, ``failed`` (an error reached the caller) and
+        ``cancelled`` (the caller gave up); the rest of ``sent`` is in flight."""
+        with self._lock:
+            return dict(self._requests)
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._requests[key] += 1
+
     # -- sessions --------------------------------------------------------------------------
     def _bind(self, sid: str, r: Replica | None) -> None:
         old = self._sessions.get(sid)
@@ -334,6 +347,19 @@ class Service:
                 r.in_flight -= 1
 
     async def _route(self, ep: str, args, kwargs, sid: str | None) -> Any:
+        self._count("sent")
+        try:
+            value = await self._route_retrying(ep, args, kwargs, sid)
+        except asyncio.CancelledError:
+            self._count("cancelled")
+            raise
+        except BaseException:
+            self._count("failed")
+            raise
+        self._count("completed")
+        return value
+
+    async def _route_retrying(self, ep: str, args, kwargs, sid: str | None) -> Any:
         tried: set[int] = set()
         last: ActorDiedError | None = None
 
@@ -354,6 +380,7 @@ class Service:
                 tried.add(r.index)
                 if len(tried) > self.config.max_retries:
                     raise
+                self._count("retried")
                 logger.info("service %s: re-sending %s after %s", self.name, ep, e)
 
     async def _fanout(self, ep: str, args, kwargs) -> dict[int, Any]:
