@@ -346,6 +346,11 @@ def host_pool() -> HostPool:
     return pool
 
 
+def reset_host_pool() -> None:
+    """Forget the agents and which of them are dead (re-read ``FORGE_HOSTS`` on next use)."""
+    _pools.clear()
+
+
 _REPLICA = re.compile(r"-r\d+$")
 
 

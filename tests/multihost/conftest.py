@@ -1,0 +1,80 @@
+"""The ``hosts`` fixture: two simulated hosts (network namespaces) with a host agent each.
+
+Tests here need root and ``ip netns`` and skip with the reason otherwise. Each test gets fresh
+namespaces; afterwards it checks that ``shutdown()`` left only the agents on the hosts, and
+that tearing the hosts down left none of their processes alive.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+import pytest
+
+from controller import shutdown
+from controller._hosts import reset_host_pool
+from tests.helpers import pid_alive, wait_dead
+from tests.multihost import netns
+
+LOCK = "/tmp/forge-netns.lock"  # one user of the forgeh* namespaces at a time
+LOCK_WAIT_S = 600.0
+
+
+def _lock() -> int:
+    fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                pytest.fail(f"{LOCK} stayed locked for {LOCK_WAIT_S:.0f} s")
+            time.sleep(0.2)
+
+
+def only_agents_left(hosts: list[netns.NetnsHost], timeout: float = 10.0) -> dict[str, list[int]]:
+    """Wait until each live host runs nothing but its agent; returns the extra pids per host."""
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = {
+            h.ns: [p for p in netns.ns_pids(h.ns) if p != h.agent.pid and pid_alive(p)]
+            for h in hosts
+            if h.agent.poll() is None
+        }
+        if not any(extra.values()) or time.monotonic() > deadline:
+            return {k: v for k, v in extra.items() if v}
+        time.sleep(0.1)
+
+
+@pytest.fixture
+async def hosts(tmp_path, monkeypatch):
+    """Two hosts ``forgeh1`` (10.77.0.2) and ``forgeh2`` (10.77.0.3) with agents running, and
+    ``FORGE_BACKEND=hosts`` pointed at them for this test."""
+    why = netns.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    fd = _lock()
+    seen: set[int] = set()
+    try:
+        key = netns.write_key_file(tmp_path / "hosts.key")
+        with netns.running_hosts(2, key, tmp_path) as hs:
+            for k, v in netns.hosts_env(hs, key).items():
+                monkeypatch.setenv(k, v)
+            reset_host_pool()
+            try:
+                yield hs
+            finally:
+                for h in hs:
+                    seen.update(netns.ns_pids(h.ns))
+                await shutdown()
+                reset_host_pool()
+            leftover = only_agents_left(hs)
+            assert not leftover, f"processes left on the hosts after shutdown(): {leftover}"
+        alive = wait_dead(sorted(seen), 5.0)
+        assert not alive, f"processes alive after the hosts were torn down: {alive}"
+    finally:
+        os.close(fd)
