@@ -133,6 +133,14 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _train_item(key: str, v: float) -> str:
+    """``time/train_s 0.32`` -> ``train 0.32s``; ``train/loss`` -> ``loss``."""
+    name = key.split("/", 1)[-1].replace("_per_s", "/s")
+    if key.startswith("time/"):
+        return f"{name.removesuffix('_s').replace('_', ' ')} {_fmt(v)}s"
+    return f"{name.replace('_', ' ')} {_fmt(v)}"
+
+
 def _header(snap: dict[str, Any], path: Path, now: float) -> Text:
     info = snap.get("info", {})
     t = Text()
@@ -191,7 +199,7 @@ def _progress(rl: dict[str, Any]) -> Table:
         )
     train = rl.get("train") or {}
     if train:
-        grid.add_row("train", "  ".join(f"{k} {_fmt(v)}" for k, v in train.items()))
+        grid.add_row("train", "  ".join(_train_item(k, v) for k, v in train.items()))
     return grid
 
 
