@@ -223,7 +223,14 @@ class AgentConnection:
                     self.address, self._key, self._on_frame, self._on_lost, AGENT_TIMEOUT_S
                 )
             except (OSError, asyncio.TimeoutError) as e:
-                self._mark_dead(f"host agent {self.address} is unreachable: {e or type(e)}")
+                if "authentication" in str(e):
+                    why = (
+                        f"host agent {self.address} rejected our key: {ENV_KEY_FILE} must hold "
+                        "the same secret as the agent's --key-file"
+                    )
+                else:
+                    why = f"host agent {self.address} is unreachable: {e or type(e).__name__}"
+                self._mark_dead(why)
                 raise ConnectionError(self.dead) from None
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
@@ -243,7 +250,10 @@ class AgentConnection:
             fut.set_result((kind, bytes(body)))
 
     def _on_lost(self, proto, exc) -> None:
-        self._mark_dead(f"host agent {self.address} is unreachable (connection lost: {exc})")
+        self._mark_dead(
+            f"host agent {self.address} is unreachable: its connection closed "
+            f"({exc or 'host down or agent killed'})"
+        )
 
     def _mark_dead(self, why: str) -> None:
         if not self.dead:
@@ -364,7 +374,7 @@ async def spawn_on_hosts(opts, name: str) -> ProcMesh:
     spread_key = _REPLICA.sub("", name) if opts.num_replicas > 1 else None
     mesh_name = rt.unique_name(name)
     bg = rt.background_loop()
-    for _attempt in range(len(pool.hosts)):
+    for _attempt in range(len(pool.hosts) + 1):  # each failure marks a host dead; then pick raises
         hosts = pool.pick(n_hosts, spread_key, rt.proc_meshes)
         keys = [(spread_key, id(h)) for h in hosts] if spread_key else []
         for k in keys:  # replicas start in parallel: count this one before it is running
