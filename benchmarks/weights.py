@@ -5,21 +5,24 @@
 Builds a randomly initialised fp32 Qwen2 model (hidden 768, 12 layers, vocab 32k: ~110M
 parameters, ~0.44 GB; nothing is downloaded) in a temporary directory, starts a ``Trainer``
 actor (1 process) and a ``Generator`` service with 2 replicas (hf backend) on it, then times,
-side by side in one run and as medians over ``--repeats``:
+side by side in one run and as medians over ``--repeats`` (after ``WARMUP_ROUNDS`` rounds that
+fill the pusher's pool of recycled files and the pullers' kept mappings: the steady state of
+a training run; the first, cold push and pull are printed too):
 
-- **push**: ``trainer.push_weights.call_one(version)`` (the state dict into a fresh
-  ``/dev/shm`` file; the controller's round trip included);
+- **push**: ``trainer.push_weights.call_one(version)`` (the state dict into a recycled
+  ``/dev/shm`` file, or a new one while the pool fills; the controller's round trip included);
 - **pull, fanout**: ``gen.update_weights.fanout(handle=h)``: both replicas pull the version
   and swap it in (they run in parallel, so the time is per replica and for both);
 - **pull, one replica**: ``gen.update_weights.route(handle=h)``: one replica alone;
-- **memcpy**: ``dst.copy_(src)`` of the same number of bytes into preallocated memory, in this
-  process (the floor for moving the bytes once);
+- **memcpy**: ``dst.copy_(src)`` of the same number of bytes (the bytes a version stores: tied
+  weights once) into preallocated memory, in this process (the floor for moving them once);
 - **breakdown**, redone in this process on a model of the same shape, each with its page-fault
   count: ``pull_handle(h)`` into fresh tensors then ``load_in_place`` into the model (what a
-  Generator replica does); ``pull_handle(h, into=...)`` straight into the model's tensors;
-  ``write_shm_file`` of a new version (what the trainer's push does); and, not Forge code
-  paths, ``os.preadv`` of the file into the model's tensors and ``os.pwrite`` of the same
-  layout into a new file (what read/write-based transfers would cost).
+  busy Generator replica does); ``pull_handle(h, into=...)`` straight into the model's tensors
+  (what an idle replica does); a ``SharedMemoryTransport`` push into a recycled file (what the
+  trainer's push does in steady state) and ``write_shm_file`` into a new file (its first
+  pushes); and, not Forge code paths, ``os.preadv`` of the file into the model's tensors and
+  ``os.pwrite`` of the same layout into a new file (what read/write-based transfers cost).
 
 The last line is machine-readable: ``sync_vs_memcpy=<ratio>`` (one replica's pull time, from
 the fanout, over the memcpy time).
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import resource
 import statistics
@@ -40,6 +44,10 @@ import torch
 
 from benchmarks.common import time_sync
 from controller import shutdown
+
+# Rounds (2 pushes each) before timing: keep_last=2 versions plus 1 spare file is 3 pushes
+# until every push rewrites a recycled file and every pull reads through a kept mapping.
+WARMUP_ROUNDS = 2
 
 
 def build_model(out: Path, hidden: int, layers: int, vocab: int) -> int:
@@ -88,10 +96,10 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
         GeneratorConfig(model=model_dir, backend="hf")
     )
     startup = time.perf_counter() - t0
-    push, fan, one = [], [], []
+    push, fan, one, cold = [], [], [], {}
     version, handle = 0, None
     try:
-        for i in range(repeats + 1):  # the first round warms up and is not counted
+        for i in range(repeats + WARMUP_ROUNDS):
             for pull, timings in (
                 (gen.update_weights.fanout, fan),
                 (gen.update_weights.route, one),
@@ -103,7 +111,9 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
                 t = time.perf_counter()
                 await pull(handle=handle)
                 t_pull = time.perf_counter() - t
-                if i:
+                cold.setdefault("push", t_push)
+                cold.setdefault("pull", t_pull)
+                if i >= WARMUP_ROUNDS:
                     push.append(t_push)
                     timings.append(t_pull)
         checks = set(await gen.state_dict_checksum.fanout())
@@ -113,6 +123,7 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
             "push": push,
             "fanout": fan,
             "one": one,
+            "cold": cold,
             "handle": handle,
             "replicas_agree": len(checks) == 1,
             "trainer": trainer,
@@ -132,6 +143,7 @@ def bench_breakdown(model_dir: str, handle, repeats: int) -> dict:
     # The first copy into a freshly loaded model faults its pages in; replicas pay that once.
     load_in_place(model, pull_handle(handle))
     own = {k: v.detach() for k, v in model.state_dict().items() if k in handle.manifest}
+    recycled = _RecycledPush(own)
     steps = {
         "fresh": lambda: pull_handle(handle),
         "load_in_place": lambda: load_in_place(model, sd),
@@ -141,8 +153,10 @@ def bench_breakdown(model_dir: str, handle, repeats: int) -> dict:
         # Not in Forge, for reference: read() the shm file straight into the model's
         # tensors, which skips the per-page faults of a fresh mapping.
         "preadv": lambda: _preadv_into(handle, own),
-        # The push side, same bytes: what the trainer's push_weights does (a new file written
-        # through a mapping), and for reference os.pwrite of the same layout into a new file.
+        # The push side, same bytes: what the trainer's push_weights does (a recycled file
+        # rewritten; a new file while its pool fills), and for reference os.pwrite of the same
+        # layout into a new file.
+        "recycled": recycled.push,
         "push": lambda: _push_shm(own, "mmap"),
         "pwrite": lambda: _push_shm(own, "pwrite", handle),
     }
@@ -160,8 +174,29 @@ def bench_breakdown(model_dir: str, handle, repeats: int) -> dict:
             if name == "fresh":
                 sd = out
             del out
+    recycled.close()
     med = statistics.median
     return {k: (med(times[k]), med(faults[k])) for k in steps}
+
+
+class _RecycledPush:
+    """Pushes through a ``SharedMemoryTransport`` with keep_last=2 retention, as the trainer's
+    ``WeightStore`` does; warmed up so that every timed push rewrites a recycled file."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor]) -> None:
+        from forge.weights import SharedMemoryTransport, WeightStore
+
+        transport = SharedMemoryTransport(f"bench-{os.getpid()}", spares=1)
+        self.store, self.state_dict = WeightStore(transport, keep_last=2), state_dict
+        self.versions = itertools.count(1)
+        for _ in range(3):
+            self.push()
+
+    def push(self) -> None:
+        self.store.push(self.state_dict, next(self.versions))
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def _push_shm(state_dict: dict[str, torch.Tensor], how: str, handle=None) -> None:
@@ -174,9 +209,10 @@ def _push_shm(state_dict: dict[str, torch.Tensor], how: str, handle=None) -> Non
             return
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            for name, meta in handle.manifest.items():
+            stored = {meta.offset: name for name, meta in handle.manifest.items()}
+            for offset, name in stored.items():  # tied weights once, as the file stores them
                 buf = memoryview(state_dict[name].reshape(-1).view(torch.uint8).numpy())
-                os.pwrite(fd, buf, meta.offset)
+                os.pwrite(fd, buf, offset)
         finally:
             os.close(fd)
     finally:
@@ -192,9 +228,10 @@ def _minor_faults() -> int:
 def _preadv_into(handle, own: dict[str, torch.Tensor]) -> None:
     fd = os.open(handle.location, os.O_RDONLY)
     try:
-        for name, meta in handle.manifest.items():
+        stored = {meta.offset: name for name, meta in handle.manifest.items()}
+        for offset, name in stored.items():  # tied weights once (they share the memory)
             buf = memoryview(own[name].reshape(-1).view(torch.uint8).numpy())
-            os.preadv(fd, [buf], meta.offset)
+            os.preadv(fd, [buf], offset)
     finally:
         os.close(fd)
 
@@ -237,7 +274,13 @@ def main() -> None:
     bd = res["breakdown"]
     print(
         f"model: {n_params / 1e6:.1f}M params, {nbytes / 1e9:.3f} GB pushed (fp32); "
-        f"trainer + 2 replicas started in {res['startup']:.1f} s"
+        f"trainer + 2 replicas started in {res['startup']:.1f} s; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    cold = res["cold"]
+    print(
+        f"first (cold) push {cold['push'] * 1e3:.1f} ms, first pull+swap (fanout) "
+        f"{cold['pull'] * 1e3:.1f} ms; medians below are after {WARMUP_ROUNDS} warm-up rounds"
     )
     rows = [
         ("push (trainer -> shm)", push),
@@ -253,6 +296,7 @@ def main() -> None:
         "load_in_place": "load_in_place(model, pulled)",
         "into": "pull_handle(into=model)",
         "preadv": "reference: os.preadv into model",
+        "recycled": "push: transport, recycled file",
         "push": "push: write_shm_file (new file)",
         "pwrite": "reference: os.pwrite into new file",
     }

@@ -6,21 +6,47 @@ ones), so the cost is two memcpys per byte and no pickling. File layout::
 
     [ b"FORGEW01" | u64 header length | JSON header | pad ] [ tensor 0 | pad ] [ tensor 1 ] ...
 
-Every tensor starts at a 64-byte-aligned offset (cache line; also any dtype's alignment). The
+Every tensor starts at a 64-byte-aligned offset (cache line; also any dtype's alignment).
+Tensors that share their bytes (tied embeddings: ``lm_head.weight`` is
+``model.embed_tokens.weight``) are stored once; their manifest entries share one offset. The
 JSON header repeats the manifest so a process that only knows the version can still pull it.
-The file is written under a temporary name and hard-linked to its final name only when
+A new file is written under a temporary name and hard-linked to its final name only when
 complete, so a reader never sees a half-written version.
+
+Warm files on both sides. Most of a copy into a *fresh* tmpfs file, or out of a *fresh*
+mapping, is page faults, not bytes. So:
+
+* the pusher keeps the files it wrote mapped, and when retention drops a version it renames
+  the file to a spare (``forge-w-<prefix>-spare-...``) instead of unlinking it; the next push
+  rewrites a spare of the right size through its already-populated mapping (a memcpy);
+* a puller keeps up to :data:`KEEP_MAPPED` read-only mappings per process, keyed by the file's
+  inode, so pulling a recycled file again copies through populated page tables.
+
+The invariant that makes recycling safe: **a file is only written while no version name
+links to it and the writer holds an exclusive ``flock`` on it; a reader copies only while
+holding a shared ``flock`` and after checking that the header names the version it asked
+for.** A spare is taken only if its exclusive lock is free (a late reader of the dropped
+version still holds its shared lock: the pusher then leaves that spare alone and writes a
+fresh file); the writer puts the new header in first, so a reader that opened the file under
+its old name and locks it afterwards sees another version number and reports the version as
+dropped, never mixes two versions. Files are never resized, so a kept mapping never reaches
+past the end of its file. A kept mapping holds its file's memory until the next pull in that
+process notices the file was unlinked, or :func:`close_mappings`, or the process exits.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
 import re
 import struct
+import threading
 import time
+import warnings
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -35,37 +61,52 @@ from forge.weights.store import (
     dtype_name,
 )
 
-__all__ = ["SharedMemoryTransport", "read_shm_file", "write_shm_file"]
+__all__ = [
+    "KEEP_MAPPED",
+    "SharedMemoryTransport",
+    "close_mappings",
+    "read_shm_file",
+    "write_shm_file",
+]
 
 _MAGIC = b"FORGEW01"
 _ALIGN = 64
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+KEEP_MAPPED = 4  # read-only mappings a puller keeps (keep_last=2 + 1 spare fit with room)
 
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of ``t``'s data (made contiguous first if it is not)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+def _alias_key(t: torch.Tensor) -> tuple | None:
+    """Equal keys mean the same bytes (tied weights); ``None`` for empty tensors."""
+    if t.numel() == 0:
+        return None
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
 
 
 def _plan_layout(
     state_dict: dict[str, torch.Tensor], version: int
 ) -> tuple[dict[str, TensorMeta], bytes, int]:
     """Manifest with absolute 64-byte-aligned offsets, the encoded file header, file size."""
-    rows = [
-        [n, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()]
-        for n, t in state_dict.items()
-    ]
+    first: dict[tuple, str] = {}
+    rows = []
+    for n, t in state_dict.items():
+        key = _alias_key(t)
+        same_as = first.setdefault(key, n) if key is not None else n
+        rows.append([n, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size(), same_as])
     # The header lists the offsets, which depend on the header's size: reserve room for the
     # rows plus up to 24 characters per offset, then lay the tensors out after it.
     data_start = _align(
         16 + len(json.dumps({"version": version, "tensors": rows})) + 24 * len(rows)
     )
-    manifest, offset = {}, data_start
-    for name, dtype, shape, nbytes in rows:
+    manifest: dict[str, TensorMeta] = {}
+    offset = data_start
+    for name, dtype, shape, nbytes, same_as in rows:
+        if same_as != name:
+            manifest[name] = manifest[same_as]
+            continue
         manifest[name] = TensorMeta(dtype, tuple(shape), offset, nbytes)
         offset = _align(offset + nbytes)
     table = [[n, m.dtype, list(m.shape), m.offset, m.nbytes] for n, m in manifest.items()]
@@ -74,13 +115,61 @@ def _plan_layout(
     return manifest, _MAGIC + struct.pack("<Q", len(header)) + header, offset
 
 
-def _advise_huge_pages(mm: mmap.mmap) -> None:
-    """Ask for 2 MiB pages: push cost is mostly faulting in fresh tmpfs pages, and huge pages
-    cut the faults 512x where the host allows it (shmem_enabled=advise)."""
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):
-        pass  # Only a performance hint; kernels without THP for shmem refuse it harmlessly.
+def _view(file_u8: torch.Tensor, meta: TensorMeta, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor ``meta`` describes, as a view of the mapped file (no copy)."""
+    return file_u8[meta.offset : meta.offset + meta.nbytes].view(dtype).view(meta.shape)
+
+
+class _Segment:
+    """A file this process writes, mapped once and kept mapped while the file exists, so a
+    recycled file is rewritten through page tables that are already populated."""
+
+    def __init__(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            # Allocate every page in one call: running out of /dev/shm is an OSError here,
+            # not a SIGBUS in the middle of the copy, and no page is faulted in one by one.
+            os.posix_fallocate(fd, 0, size)
+            self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        self.fd, self.path, self.size = fd, path, size
+        self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def try_lock(self) -> bool:
+        """Take the exclusive lock unless a reader holds a shared one."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def unlock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    @torch.no_grad()
+    def write(self, header: bytes, manifest: dict[str, TensorMeta], state_dict) -> None:
+        # Header first: a reader of this file's previous version now sees another version.
+        self.mm[: len(header)] = header
+        written = set()
+        for name, meta in manifest.items():
+            if meta.nbytes and meta.offset not in written:
+                # One copy per tensor, straight from the source (strided or CUDA) into place.
+                t = state_dict[name].detach()
+                _view(self.u8, meta, t.dtype).copy_(t)
+                written.add(meta.offset)
+
+    def close(self, unlink: bool) -> None:
+        del self.u8  # the tensor exports mm's buffer; it must die before mm can close
+        self.mm.close()
+        os.close(self.fd)
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
 
 def write_shm_file(
@@ -88,31 +177,93 @@ def write_shm_file(
 ) -> dict[str, TensorMeta]:
     """Write ``state_dict`` to a new file ``path`` (mode 0600); return the manifest.
 
-    Fails with ``FileExistsError`` if ``path`` exists (``O_EXCL``): files are never reused.
+    Fails with ``FileExistsError`` if ``path`` exists (``O_EXCL``).
     """
     manifest, header, size = _plan_layout(state_dict, version)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    seg = _Segment(path, size)
     try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as mm:
-            _advise_huge_pages(mm)
-            mm[: len(header)] = header
-            file_u8 = torch.frombuffer(mm, dtype=torch.uint8)
-            try:
-                for name, meta in manifest.items():
-                    if meta.nbytes:
-                        # One memcpy per tensor (copy_ also reads a CUDA source directly).
-                        end = meta.offset + meta.nbytes
-                        file_u8[meta.offset : end].copy_(_as_bytes(state_dict[name]))
-            finally:
-                # The tensor exports mm's buffer; it must die before mm can close.
-                del file_u8
+        seg.write(header, manifest, state_dict)
     except BaseException:
-        os.unlink(path)
+        seg.close(unlink=True)
         raise
-    finally:
-        os.close(fd)
+    seg.close(unlink=False)
     return manifest
+
+
+class _Mapping:
+    """A read-only, populated mapping of one weight file, kept across pulls."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+        flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
+        self.mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
+        with warnings.catch_warnings():
+            # torch warns that the buffer is read-only; these views are only ever read.
+            warnings.simplefilter("ignore", UserWarning)
+            self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def header(self, path: str) -> tuple[int, dict[str, TensorMeta]]:
+        if self.mm[:8] != _MAGIC:
+            raise ValueError(f"{path} is not a Forge weight file (bad magic {self.mm[:8]!r})")
+        (length,) = struct.unpack("<Q", self.mm[8:16])
+        header = json.loads(self.mm[16 : 16 + length])
+        table = header["tensors"]
+        return header["version"], {n: TensorMeta(d, tuple(s), o, b) for n, d, s, o, b in table}
+
+    def close(self) -> None:
+        del self.u8
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a view outlived its pull (e.g. held by a traceback); freed with it
+        os.close(self.fd)
+
+
+class _Mappings:
+    """This process's kept mappings, by inode; one pull at a time uses them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._by_inode: OrderedDict[tuple[int, int], _Mapping] = OrderedDict()
+
+    def get(self, fd: int) -> tuple[_Mapping, bool]:
+        """The mapping of ``fd``'s file and whether it took ownership of ``fd``."""
+        for key, m in list(self._by_inode.items()):
+            if os.fstat(m.fd).st_nlink == 0:  # unlinked: only this mapping keeps it alive
+                self._by_inode.pop(key).close()
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        m = self._by_inode.get(key)
+        if m is not None and m.size == st.st_size:
+            self._by_inode.move_to_end(key)
+            return m, False
+        if m is not None:
+            self._by_inode.pop(key).close()
+        m = self._by_inode[key] = _Mapping(fd, st.st_size)
+        while len(self._by_inode) > KEEP_MAPPED:
+            self._by_inode.popitem(last=False)[1].close()
+        return m, True
+
+    def close(self) -> None:
+        while self._by_inode:
+            self._by_inode.popitem()[1].close()
+
+
+_MAPPINGS = _Mappings()
+
+
+def close_mappings() -> None:
+    """Unmap every weight file this process kept mapped (frees files already unlinked)."""
+    with _MAPPINGS.lock:
+        _MAPPINGS.close()
+
+
+def _gone(version: int, path: str, why: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"weight version {version} is not in shared memory: {path} {why}. It was never "
+        "pushed, was dropped by the pusher's retention, or was pushed on another host (use "
+        "safetensors_dir there)"
+    )
 
 
 def read_shm_file(
@@ -125,7 +276,8 @@ def read_shm_file(
     """Copy a version out of its shm file into ``into`` (returned) or into fresh tensors.
 
     ``manifest=None`` reads it from the file header. Waits up to ``wait_s`` seconds for the
-    file to appear, then raises ``FileNotFoundError`` naming the version and the file.
+    file to appear, then raises ``FileNotFoundError`` naming the version and the file (also
+    if the file was recycled for a newer version meanwhile).
     """
     deadline = time.monotonic() + wait_s
     while True:
@@ -134,82 +286,64 @@ def read_shm_file(
             break
         except FileNotFoundError:
             if time.monotonic() >= deadline:
-                raise FileNotFoundError(
-                    f"weight version {version} is not in shared memory: {path} does not exist "
-                    f"(waited {wait_s:g}s). It was never pushed, was dropped by the pusher's "
-                    "retention, or was pushed on another host (use safetensors_dir there)"
-                ) from None
+                raise _gone(version, path, f"does not exist (waited {wait_s:g}s)") from None
             time.sleep(0.01)
+    kept = False
     try:
-        if manifest is None:
-            manifest = _read_manifest_fd(fd, path)
-        out = _read_into(fd, manifest, version, into)
+        with _MAPPINGS.lock:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _gone(version, path, "is being rewritten with a newer version") from None
+            try:
+                mapping, kept = _MAPPINGS.get(fd)
+                found, header_manifest = mapping.header(path)
+                if found != version:
+                    raise _gone(version, path, f"now holds version {found}")
+                return _copy_out(mapping.u8, manifest or header_manifest, version, into)
+            finally:
+                # Explicit: the kept mapping shares this open file, so closing fd would not
+                # release the lock.
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
-    return out
+        if not kept:
+            os.close(fd)
 
 
-def _read_manifest_fd(fd: int, path: str) -> dict[str, TensorMeta]:
-    head = os.pread(fd, 16, 0)
-    if head[:8] != _MAGIC:
-        raise ValueError(f"{path} is not a Forge weight file (bad magic {head[:8]!r})")
-    (length,) = struct.unpack("<Q", head[8:16])
-    header = json.loads(os.pread(fd, length, 16))
-    return {n: TensorMeta(d, tuple(s), o, b) for n, d, s, o, b in header["tensors"]}
-
-
-def _pread_exact(fd: int, dst: torch.Tensor, offset: int, nbytes: int) -> None:
-    """Read ``nbytes`` at ``offset`` straight into ``dst``'s memory (one copy, no mapping,
-    no page faults on the file side)."""
-    view = memoryview(dst.reshape(-1).view(torch.uint8).numpy())
-    done = 0
-    while done < nbytes:
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"short read of weight file at offset {offset + done}")
-        done += n
-
-
-def _read_into(
-    fd: int,
+@torch.no_grad()
+def _copy_out(
+    file_u8: torch.Tensor,
     manifest: dict[str, TensorMeta],
     version: int,
     into: dict[str, torch.Tensor] | None,
 ) -> dict[str, torch.Tensor]:
+    """One copy per stored tensor out of the mapping (tied names: once per destination)."""
     source = f"weight version {version}"
-    if into is not None:
-        check_into_keys(into, list(manifest), source)
-    out = into if into is not None else {}
+    if into is None:
+        fresh: dict[TensorMeta, torch.Tensor] = {}
+        out = {}
+        for name, meta in manifest.items():
+            if meta not in fresh or not meta.nbytes:
+                fresh[meta] = _view(file_u8, meta, dtype_from_name(meta.dtype)).clone()
+            out[name] = fresh[meta]  # tied names stay tied, as in the pusher's state dict
+        return out
+    check_into_keys(into, list(manifest), source)
+    done = set()
     for name, meta in manifest.items():
-        dtype = dtype_from_name(meta.dtype)
-        dst = into.get(name) if into is not None else None
-        direct = (
-            dst is not None
-            and dst.device.type == "cpu"
-            and dst.is_contiguous()
-            and dst.dtype == dtype
-            and tuple(dst.shape) == tuple(meta.shape)
-        )
-        if direct:
-            _pread_exact(fd, dst, meta.offset, meta.nbytes)
-            continue
-        fresh = torch.empty(meta.shape, dtype=dtype)
-        if meta.nbytes:
-            _pread_exact(fd, fresh, meta.offset, meta.nbytes)
-        if into is not None:
-            copy_into(into, name, fresh, source)  # checks the layout, then copies/casts device
-        else:
-            out[name] = fresh
-    return out
+        dst = into.get(name)
+        key = (meta.offset, meta.nbytes, dst.data_ptr() if dst is not None else None)
+        if meta.nbytes and key in done:
+            continue  # the same bytes into the same memory (the model's tied weights)
+        copy_into(into, name, _view(file_u8, meta, dtype_from_name(meta.dtype)), source)
+        done.add(key)
+    return into
 
 
-def _unlink_all(paths: set[str]) -> None:
-    for path in list(paths):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        paths.discard(path)
+def _close_all(live: dict[int, _Segment], spares: list[_Segment]) -> None:
+    for seg in [*live.values(), *spares]:
+        seg.close(unlink=True)
+    live.clear()
+    spares.clear()
 
 
 class SharedMemoryTransport(WeightTransport):
@@ -219,14 +353,19 @@ class SharedMemoryTransport(WeightTransport):
         prefix: names this run's files (letters, digits, ``_.-``); pusher and pullers agree.
         shm_dir: a RAM-backed directory (``/dev/shm`` on Linux).
         wait_s: how long ``pull(version)`` waits for a version's file to appear.
+        spares: files of dropped versions kept (renamed, still mapped) for later pushes to
+            rewrite instead of faulting in new pages; each holds one version's bytes of
+            memory. ``0`` unlinks dropped versions at once.
 
-    Files this instance pushed are unlinked by ``drop``/``close``, and at garbage collection
-    or interpreter exit as a safety net; a crash (SIGKILL) can still leave them behind.
+    Files this instance pushed are unlinked by ``close``, and at garbage collection or
+    interpreter exit as a safety net; a crash (SIGKILL) can still leave them behind.
     """
 
     name = "shm"
 
-    def __init__(self, prefix: str, shm_dir: str = "/dev/shm", wait_s: float = 0.0) -> None:
+    def __init__(
+        self, prefix: str, shm_dir: str = "/dev/shm", wait_s: float = 0.0, spares: int = 1
+    ) -> None:
         if not _PREFIX_RE.match(prefix):
             raise ValueError(
                 f"SharedMemoryTransport prefix {prefix!r} must be non-empty letters, digits, "
@@ -234,11 +373,16 @@ class SharedMemoryTransport(WeightTransport):
             )
         if not Path(shm_dir).is_dir():
             raise ValueError(f"SharedMemoryTransport shm_dir {shm_dir!r} is not a directory")
+        if not isinstance(spares, int) or spares < 0:
+            raise ValueError(f"SharedMemoryTransport spares must be an int >= 0, got {spares!r}")
         self.prefix = prefix
         self.shm_dir = shm_dir
         self.wait_s = wait_s
-        self._owned: set[str] = set()
-        self._finalizer = weakref.finalize(self, _unlink_all, self._owned)
+        self.spares = spares
+        self._live: dict[int, _Segment] = {}  # versions this instance pushed
+        self._spares: list[_Segment] = []
+        self._renames = 0
+        self._finalizer = weakref.finalize(self, _close_all, self._live, self._spares)
 
     def path(self, version: int) -> str:
         """File holding ``version``."""
@@ -248,19 +392,42 @@ class SharedMemoryTransport(WeightTransport):
         final = self.path(version)
         if os.path.exists(final):
             raise ValueError(f"weight version {version} already exists at {final}; drop it first")
-        tmp = f"{final}.tmp-{os.getpid()}-{id(self)}"
-        manifest = write_shm_file(tmp, state_dict, version)
+        manifest, header, size = _plan_layout(state_dict, version)
+        seg = self._take_spare(size)  # locked exclusively: no reader is in it
+        if seg is None:
+            seg = _Segment(self._unique_name("tmp"), size)
         try:
+            seg.write(header, manifest, state_dict)
+            seg.unlock()  # no-op for a new file, which nobody could lock
             # link() never replaces an existing name: an atomic, no-clobber publish.
-            os.link(tmp, final)
-        except FileExistsError:
-            raise ValueError(
-                f"weight version {version} was pushed concurrently by another process ({final})"
-            ) from None
-        finally:
-            os.unlink(tmp)
-        self._owned.add(final)
+            os.link(seg.path, final)
+        except BaseException as e:
+            seg.close(unlink=True)
+            if isinstance(e, FileExistsError):
+                raise ValueError(
+                    f"weight version {version} was pushed concurrently by another process ({final})"
+                ) from None
+            raise
+        os.unlink(seg.path)
+        seg.path = final
+        self._live[int(version)] = seg
         return WeightHandle(version, self.name, final, manifest)
+
+    def _unique_name(self, kind: str) -> str:
+        self._renames += 1
+        name = f"forge-w-{self.prefix}-{kind}-{os.getpid()}-{id(self):x}-{self._renames}"
+        return os.path.join(self.shm_dir, name)
+
+    def _take_spare(self, size: int) -> _Segment | None:
+        """A spare of ``size`` bytes that no reader holds, exclusively locked; else None."""
+        for seg in list(self._spares):
+            if seg.size != size:  # the state dict changed shape: this file will not fit
+                self._spares.remove(seg)
+                seg.close(unlink=True)
+            elif seg.try_lock():
+                self._spares.remove(seg)
+                return seg
+        return None
 
     def pull(
         self,
@@ -274,12 +441,26 @@ class SharedMemoryTransport(WeightTransport):
         return read_shm_file(self.path(version), version, None, into, self.wait_s)
 
     def drop(self, version: int) -> None:
-        path = self.path(version)
+        """Remove ``version``'s name; a file this instance pushed becomes a spare (while
+        fewer than ``spares`` are kept), else it is unlinked."""
+        seg = self._live.pop(int(version), None)
+        if seg is None:
+            try:
+                os.unlink(self.path(version))
+            except FileNotFoundError:
+                pass
+            return
+        if len(self._spares) >= self.spares:
+            seg.close(unlink=True)
+            return
+        spare = self._unique_name("spare")
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        self._owned.discard(path)
+            os.rename(seg.path, spare)  # atomic: new opens of the version fail from here on
+        except FileNotFoundError:  # someone else removed it; nothing to keep
+            seg.close(unlink=False)
+            return
+        seg.path = spare
+        self._spares.append(seg)
 
     def versions(self) -> list[int]:
         pattern = re.compile(rf"^forge-w-{re.escape(self.prefix)}-v(\d+)$")
@@ -287,4 +468,4 @@ class SharedMemoryTransport(WeightTransport):
         return sorted(int(m.group(1)) for m in found if m)
 
     def close(self) -> None:
-        _unlink_all(self._owned)
+        _close_all(self._live, self._spares)

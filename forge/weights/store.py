@@ -60,7 +60,9 @@ class WeightHandle:
 
     @property
     def nbytes(self) -> int:
-        return sum(meta.nbytes for meta in self.manifest.values())
+        """Bytes stored: tied names that share one offset count once."""
+        stored = {meta.offset: meta.nbytes for meta in self.manifest.values() if meta.nbytes}
+        return sum(stored.values())
 
 
 class WeightVersionError(KeyError):

@@ -3,6 +3,7 @@ torch.distributed bucketed broadcast (a real 2-process gloo group)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import stat
@@ -25,6 +26,7 @@ from forge.weights import (
     plan_buckets,
     pull_handle,
 )
+from forge.weights.shm import close_mappings, read_shm_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM = "/dev/shm"
@@ -127,7 +129,10 @@ def test_store_retention_and_version_errors(prefix):
         store.push({"w": torch.full((3,), float(version))}, version)
     assert store.versions() == [3, 4] and store.latest() == 4
     assert store.transport.versions() == [3, 4]
-    assert shm_files(prefix) == [f"forge-w-{prefix}-v3", f"forge-w-{prefix}-v4"]
+    # Dropped versions' names are gone; one file is kept as a spare for the next push.
+    files = shm_files(prefix)
+    assert files[-2:] == [f"forge-w-{prefix}-v3", f"forge-w-{prefix}-v4"]
+    assert len(files) == 3 and files[0].startswith(f"forge-w-{prefix}-spare-")
     assert store.pull()["w"].tolist() == [4.0, 4.0, 4.0]  # default: latest
     assert store.pull(3)["w"].tolist() == [3.0, 3.0, 3.0]
 
@@ -148,7 +153,7 @@ def test_store_retention_and_version_errors(prefix):
 
 def test_shm_drop_unlinks_file_with_no_leak(prefix):
     before = sorted(os.listdir(SHM))
-    transport = SharedMemoryTransport(prefix)
+    transport = SharedMemoryTransport(prefix, spares=0)
     transport.push({"w": torch.ones(1000)}, version=0)
     path = transport.path(0)
     assert os.path.exists(path)
@@ -169,6 +174,150 @@ def test_shm_missing_version_is_a_bounded_clear_error(prefix):
     assert 0.2 <= time.monotonic() - start < 5.0
     with pytest.raises(ValueError, match="prefix 'a/b' must be"):
         SharedMemoryTransport("a/b")
+    with pytest.raises(ValueError, match="spares must be an int >= 0, got -1"):
+        SharedMemoryTransport(prefix, spares=-1)
+
+
+def test_shm_recycles_dropped_file_and_keeps_versions_apart(prefix, tmp_path):
+    transport = SharedMemoryTransport(prefix, spares=1)
+    sds = {v: mixed_state_dict(seed=v) for v in (1, 2, 3)}
+    transport.push(sds[1], version=1)
+    inode_1 = os.stat(transport.path(1)).st_ino
+    transport.push(sds[2], version=2)
+    # A late reader's only way in after the drop: a second name for version 1's file.
+    late = str(tmp_path.parent / f"late-{prefix}")
+    os.link(transport.path(1), f"{SHM}/{os.path.basename(late)}")
+    late = f"{SHM}/{os.path.basename(late)}"
+    try:
+        assert_same(read_shm_file(late, 1), sds[1])
+        transport.drop(1)
+        assert not os.path.exists(transport.path(1)) and transport.versions() == [2]
+        transport.push(sds[3], version=3)
+        assert os.stat(transport.path(3)).st_ino == inode_1  # rewritten, not a new file
+        assert_same(transport.pull(3), sds[3])
+        assert_same(transport.pull(2), sds[2])  # the live version is untouched
+        # The recycled file now says version 3: the late reader is told, never given a mix.
+        with pytest.raises(FileNotFoundError, match=r"weight version 1 .* now holds version 3"):
+            read_shm_file(late, 1)
+    finally:
+        os.unlink(late)
+    transport.close()
+    assert shm_files(prefix) == []
+
+
+def test_shm_spare_held_by_a_reader_is_not_rewritten(prefix):
+    transport = SharedMemoryTransport(prefix, spares=1)
+    meta = transport.push({"w": torch.full((1000,), 1.0)}, version=1).manifest["w"]
+    transport.push({"w": torch.full((1000,), 2.0)}, version=2)
+    reader = os.open(transport.path(1), os.O_RDONLY)  # a reader mid-copy holds LOCK_SH
+    try:
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        inode_1 = os.fstat(reader).st_ino
+        transport.drop(1)
+        transport.push({"w": torch.full((1000,), 3.0)}, version=3)
+        assert os.stat(transport.path(3)).st_ino != inode_1  # a fresh file instead
+        data = bytearray(os.pread(reader, meta.nbytes, meta.offset))
+        assert torch.frombuffer(data, dtype=torch.float32).eq(1.0).all()  # still version 1
+    finally:
+        os.close(reader)
+    assert transport.pull(3)["w"].eq(3.0).all()
+    transport.close()
+    assert shm_files(prefix) == []
+
+
+def test_shm_tied_weights_stored_once_and_pulled_tied(prefix):
+    transport = SharedMemoryTransport(prefix)
+    sd = mixed_state_dict()
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    handle = transport.push(sd, version=1)
+    embed, head = handle.manifest["model.embed_tokens.weight"], handle.manifest["lm_head.weight"]
+    assert embed == head and handle.nbytes == sum(
+        t.numel() * t.element_size() for n, t in sd.items() if n != "lm_head.weight"
+    )
+    fresh = transport.pull(1)
+    assert_same(fresh, sd)
+    assert fresh["lm_head.weight"] is fresh["model.embed_tokens.weight"]
+    # Into a model whose tied tensors share memory, and into one whose tensors do not.
+    tied = {n: torch.zeros_like(t) for n, t in sd.items()}
+    tied["lm_head.weight"] = tied["model.embed_tokens.weight"]
+    assert_same(transport.pull(1, into=tied), sd)
+    untied = {n: torch.zeros_like(t) for n, t in sd.items()}
+    assert_same(transport.pull(1, into=untied), sd)
+    transport.close()
+
+
+def test_shm_kept_mappings_release_unlinked_files(prefix):
+    transport = SharedMemoryTransport(prefix)
+    other = SharedMemoryTransport(f"{prefix}-other")
+    transport.push({"w": torch.ones(1000)}, version=1)
+    other.push({"w": torch.ones(10)}, version=1)
+    path = transport.path(1)
+    transport.pull(1)
+
+    def mapped() -> list[str]:
+        with open("/proc/self/maps") as f:
+            return [line.split(None, 5)[-1].strip() for line in f if path in line]
+
+    assert mapped() == [path]  # kept for the next pull of this file
+    transport.close()
+    assert mapped() == [f"{path} (deleted)"]  # still holding the memory...
+    other.pull(1)
+    assert mapped() == []  # ...until the next pull sees it was unlinked
+    close_mappings()
+    other.close()
+
+
+_RECYCLE_READER = """
+import sys, time, torch
+from forge.weights import SharedMemoryTransport
+transport = SharedMemoryTransport({prefix!r})
+ok = gone = 0
+deadline = time.monotonic() + {seconds}
+while time.monotonic() < deadline:
+    versions = transport.versions()
+    if not versions:
+        continue
+    try:
+        sd = transport.pull(versions[-1])
+    except FileNotFoundError:
+        gone += 1
+        continue
+    for name, t in sd.items():
+        assert bool((t == versions[-1]).all()), (name, versions[-1], t.min(), t.max())
+    ok += 1
+print("OK", ok, gone)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_shm_recycling_under_concurrent_readers_never_mixes_versions(prefix):
+    code = _RECYCLE_READER.format(prefix=prefix, seconds=2.0)
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    store = WeightStore(SharedMemoryTransport(prefix, spares=1), keep_last=1)
+    version = 0
+    try:
+        while any(r.poll() is None for r in readers):
+            version += 1
+            store.push({f"t{i}": torch.full((1 << 20,), float(version)) for i in range(8)}, version)
+        outputs = [r.communicate(timeout=60) for r in readers]
+    finally:
+        for r in readers:
+            if r.poll() is None:
+                r.kill()
+        store.close()
+    for r, (out, err) in zip(readers, outputs):
+        assert r.returncode == 0, err
+        assert out.startswith("OK") and int(out.split()[1]) > 0, out
+    assert version > 10
 
 
 def test_safetensors_dir_round_trip(tmp_path):
