@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -133,6 +134,10 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+
+
 def _train_item(key: str, v: float) -> str:
     """``time/train_s 0.32`` -> ``train 0.32s``; ``train/loss`` -> ``loss``."""
     name = key.split("/", 1)[-1].replace("_per_s", "/s")
@@ -203,17 +208,35 @@ def _progress(rl: dict[str, Any]) -> Table:
     return grid
 
 
-def _services(snap: dict[str, Any]) -> Table:
-    t = Table(title="services", title_justify="left", expand=False)
-    for col in ("service", "replica", "state", "pid", "in flight", "queued", "requests"):
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A compact table; ``columns`` may use two-line headers ("in\\nflight") to stay narrow."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.padding = (0, 1, 0, 0)
+    for col in columns:
         t.add_column(col, no_wrap=True)
-    t.add_column("failed", no_wrap=True)
-    t.add_column("restarts", no_wrap=True)
-    t.add_column("p50 ms", no_wrap=True)
-    t.add_column("last error", overflow="fold", max_width=60)
+    return t
+
+
+def _fit(t: Table, keep: tuple[int, ...]) -> Table:
+    """Columns ``keep`` (names, states, pids) are never cut short; numbers give way first."""
+    for i in keep:
+        col = t.columns[i]
+        col.min_width = max([len(str(c)) for c in col._cells] + [len(str(col.header))])
+    return t
+
+
+def _services(snap: dict[str, Any]) -> RenderableType:
+    """One row per replica; last errors below the table (they are long)."""
+    t = _table(
+        "services",
+        ("service", "rep", "state", "pid", "in\nflight", "queued", "reqs", "fail", "re-\nstarts",
+         "p50\nms"),
+    )  # fmt: skip
+    errors = Text()
     for svc in snap.get("services", []):
         for i, r in enumerate(svc.get("replicas", [])):
             state = r.get("state", "?")
+            failed, restarts = r.get("requests_failed", 0), r.get("restarts", 0)
             t.add_row(
                 svc["name"] if i == 0 else "",
                 str(r.get("index")),
@@ -222,21 +245,21 @@ def _services(snap: dict[str, Any]) -> Table:
                 str(r.get("in_flight", 0)),
                 str(r.get("queued", 0)),
                 str(r.get("requests_total", 0)),
-                Text(
-                    str(r.get("requests_failed", 0)),
-                    style="red" if r.get("requests_failed") else "",
-                ),
-                Text(str(r.get("restarts", 0)), style="yellow" if r.get("restarts") else ""),
-                _fmt(r.get("latency_p50_ms")),
-                Text(r.get("last_error") or "", style="red"),
+                Text(str(failed), style="red" if failed else ""),
+                Text(str(restarts), style="yellow" if restarts else ""),
+                _ms(r.get("latency_p50_ms")),
             )
-    return t
+            if r.get("last_error"):
+                errors.append(f"{svc['name']} replica {r.get('index')}: ", style="bold")
+                errors.append(r["last_error"] + "\n", style="red")
+    _fit(t, (0, 2, 3))
+    if not errors:
+        return t
+    return Group(t, Text("last errors", style="italic"), errors)
 
 
 def _meshes(snap: dict[str, Any]) -> Table:
-    t = Table(title="meshes", title_justify="left")
-    for col in ("mesh", "ranks", "pids", "alive"):
-        t.add_column(col, no_wrap=True)
+    t = _table("meshes", ("mesh", "ranks", "pids", "alive"))
     for m in snap.get("meshes", []):
         ranks = m.get("ranks", [])
         alive = sum(r.get("alive", False) for r in ranks)
@@ -250,7 +273,7 @@ def _meshes(snap: dict[str, Any]) -> Table:
                 style="green" if alive == len(ranks) else "red",
             ),
         )
-    return t
+    return _fit(t, (0, 2))
 
 
 def render(snap: dict[str, Any], path: Path | str = STATUS_FILE, now: float | None = None) -> Panel:
