@@ -150,3 +150,20 @@ def test_restarts_need_checkpoints(tmp_path):
     assert out.returncode == 2
     assert "restart_on_failure=2" in out.stderr and "checkpoint_every > 0" in out.stderr
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_which_deaths_a_checkpoint_can_undo():
+    """Trainer, replay buffer and data source state is checkpointed; a service replica's or
+    a critic's is not (services restart their replicas themselves)."""
+    from apps.grpo.supervise import restorable_death
+    from controller import ActorDiedError
+
+    trainer = ActorDiedError("Trainer-2", 0, 4242, -9)
+    assert restorable_death(trainer) is trainer
+    try:  # a rollout loop's failure wraps the death as its cause
+        raise RuntimeError("a rollout loop failed") from ActorDiedError("ReplayBuffer-5", 0, 1)
+    except RuntimeError as e:
+        assert restorable_death(e).mesh == "ReplayBuffer-5"
+    assert restorable_death(ActorDiedError("Generator-r0-7", 0, 1, -9)) is None
+    assert restorable_death(ActorDiedError("Critic-3", 0, 1, -9)) is None
+    assert restorable_death(ValueError("x")) is None
