@@ -1,0 +1,96 @@
+"""``forge top`` in a real terminal: the CPU demo runs in one tmux window, ``forge top`` in
+another; the captured screen shows the services and replicas and a step count that
+advances, then the run marked finished."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, script_env
+
+CONFIG = str(REPO / "apps/sumdigits/cpu.yaml")
+STEPS = 40
+
+
+def _tmux(sock: str, *args: str) -> str:
+    out = subprocess.run(
+        ["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30, check=True
+    )
+    return out.stdout
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.5)
+
+
+def _grpo_step(status: Path) -> int:
+    try:
+        rl = json.loads(status.read_text())["extra"].get("rl") or {}
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+    return rl.get("step", 0) if rl.get("stage") == "grpo" else 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"))
+    envs = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("PYTHONPATH", "FORGE_CACHE_DIR"))
+    py = shlex.quote(sys.executable)
+    demo = (
+        f"cd {shlex.quote(str(REPO))} && env {envs} {py} -m forge.cli run --config {CONFIG} "
+        f"--run-dir {run} sft.steps=20 grpo.steps={STEPS} grpo.eval.at_start=false "
+        f"grpo.eval.every=0 > {log} 2>&1; sleep 300"
+    )
+    top = f"cd {shlex.quote(str(REPO))} && env {envs} {py} -m forge.cli top {run}; sleep 300"
+    sock = f"forge-top-test-{uuid.uuid4().hex[:8]}"
+    _tmux(sock, "new-session", "-d", "-s", "t", "-x", "160", "-y", "50", demo)
+    try:
+        _wait(lambda: _grpo_step(run / "status.json") >= 1, 400, "the demo's first GRPO step")
+        _tmux(sock, "new-window", "-t", "t", top)
+        _tmux(sock, "resize-window", "-t", "t:1", "-x", "160", "-y", "50")
+        size = _tmux(sock, "display-message", "-p", "-t", "t:1", "#{pane_width}x#{pane_height}")
+        assert size.strip() == "160x50", size
+
+        def screen_step() -> tuple[str, int] | None:
+            screen = _tmux(sock, "capture-pane", "-p", "-t", "t:1")
+            m = re.search(rf"step (\d+)/{STEPS}", screen)
+            whole = "╰" in screen  # the frame's bottom border: not caught mid-redraw
+            return (screen, int(m.group(1))) if m and whole else None
+
+        screen, first = _wait(screen_step, 30, "forge top to draw a step count")
+        for want in ("RUNNING", "Generator", "RewardActor", "healthy", "Trainer", "reward"):
+            assert want in screen, (want, screen)
+        assert re.search(r"trainer v\d+\s+generator r0 v\d+", screen), screen
+        _, later = _wait(
+            lambda: (s := screen_step()) and s[1] > first and s, 120, "the step to advance"
+        )
+        assert first < later <= STEPS
+
+        def finished():
+            s = _tmux(sock, "capture-pane", "-p", "-t", "t:1")
+            return s if "FINISHED" in s else None
+
+        screen = _wait(finished, 300, "the run to finish on screen")
+        assert f"step {STEPS}/{STEPS}" in screen and "last eval" in screen, screen
+        assert "heldout_accuracy=" in log.read_text()
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)
