@@ -36,6 +36,13 @@ class ServiceConfig:
     max_retries: int = 2  # re-sends of a request whose replica died, each to another replica
     unavailable_timeout: float = 30.0  # how long route() waits for a replica to recover
     router: str | Router = "round_robin"
+    # Active health checks: every ``health_check_interval_s`` each process of every healthy
+    # replica is pinged; one that does not answer within ``health_check_timeout_s`` (its event
+    # loop is blocked) makes the replica unhealthy: its requests are re-sent elsewhere and it
+    # is restarted. The ping is answered by the actor's event loop, so ``def`` endpoints
+    # (run in a thread) may work for as long as they need. ``0`` turns the checks off.
+    health_check_interval_s: float = 5.0
+    health_check_timeout_s: float = 30.0
 
     @classmethod
     def from_options(cls, opts) -> ServiceConfig:
@@ -48,6 +55,13 @@ class ServiceConfig:
             v = getattr(cfg, key)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"options({key}=...) must be a number of seconds > 0, got {v!r}")
+        for key in ("health_check_interval_s", "health_check_timeout_s"):
+            v = getattr(cfg, key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ValueError(
+                    f"options({key}=...) must be a number of seconds >= 0 (0: no health "
+                    f"checks), got {v!r}"
+                )
         for key, lo in (("replica_max_concurrent_requests", 1), ("max_retries", 0)):
             v = getattr(cfg, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -70,6 +84,8 @@ class Replica:
         self.total = self.ok = self.failed = self.restarts = 0
         self.latencies: collections.deque[float] = collections.deque(maxlen=1000)
         self.last_error: str | None = None
+        self.down_since: float | None = None  # monotonic time it was taken out of rotation
+        self.last_recovery_s: float | None = None  # down -> healthy again, last restart
         self.lock = threading.Lock()
         self._cap = cap
         self._sems: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
@@ -103,6 +119,7 @@ class Replica:
             "sessions": self.sessions,
             "restarts": self.restarts,
             "last_error": self.last_error,
+            "last_recovery_s": self.last_recovery_s,
         }
 
 
@@ -119,6 +136,9 @@ class ServiceEndpoint:
 
     def __repr__(self) -> str:
         return f"<service endpoint {self._svc.name}.{self.name}>"
+
+    def __reduce__(self):
+        return (getattr, (self._svc, self.name))  # the service pickles to a ServiceRef
 
     def route(self, *args: Any, sess_id: str | None = None, **kwargs: Any) -> Future:
         """One healthy replica answers (rank 0's value). ``sess_id`` (or an enclosing

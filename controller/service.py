@@ -3,9 +3,14 @@
 ``svc = await Cls.options(num_replicas=3, procs=1).as_service(*init_args)`` starts every
 replica (each its own proc mesh) in parallel. ``await svc.ep.route(x)`` sends one request to
 one healthy replica (round robin unless the router says otherwise; sticky within a session);
-``await svc.ep.fanout(x)`` sends it to every healthy replica. A replica whose process dies
-is marked unhealthy at once, its requests are retried elsewhere, its sessions re-homed, and
-it is restarted in the background on the runtime's loop.
+``await svc.ep.fanout(x)`` sends it to every healthy replica. A replica whose process dies,
+or whose event loop stops answering health-check pings, is marked unhealthy at once, its
+requests are retried elsewhere, its sessions re-homed, and it is restarted in the background
+on the runtime's loop (its ``on_recover`` endpoint runs before it takes traffic again).
+
+A ``Service`` is picklable: an actor that receives one gets a ``ServiceRef``
+(controller/_service_ref.py) that routes and fans out itself, reading the replica table this
+service keeps in the session directory (see ``_publish``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
+import pickle
 import threading
 import time
 import uuid
 from typing import Any
 
+from controller import _wire
 from controller._runtime import get_runtime
 from controller._service_types import (
     DRAINING,
@@ -62,6 +70,19 @@ class Service:
         self._stopped = False
         self._restarts: dict[int, Any] = {}
         self._requests = dict.fromkeys(REQUEST_COUNTS, 0)
+        self._checker: Any = None  # the health-check task (a concurrent future)
+        self._table_path: str | None = None  # set once pickled: remote handles read it
+
+    def __reduce__(self):
+        from controller._service_ref import ServiceRef
+
+        with self._lock:
+            if self._table_path is None:
+                self._table_path = os.path.join(
+                    get_runtime().session.dir, f"service-{self.name}-{uuid.uuid4().hex[:8]}.pkl"
+                )
+            self._publish()
+        return (ServiceRef, (self.name, self._cls, self._table_path, self.config))
 
     def __repr__(self) -> str:
         return f"<Service {self.name} replicas={[r.state for r in self.replicas]}>"
@@ -88,6 +109,9 @@ class Service:
         svc = cls(actor_cls, opts, config, args, kwargs)
         svc.replicas = await svc._add_replicas(config.num_replicas)
         get_runtime().services.append(svc)
+        if config.health_check_interval_s > 0 and config.health_check_timeout_s > 0:
+            loop = get_runtime().background_loop()
+            svc._checker = asyncio.run_coroutine_threadsafe(svc._health_checks(), loop)
         return svc
 
     async def _add_replicas(self, n: int) -> list[Replica]:
@@ -125,6 +149,10 @@ class Service:
             r.gen += 1
             gen = r.gen
             r.state = HEALTHY
+            if r.down_since is not None:
+                r.last_recovery_s = time.monotonic() - r.down_since
+                r.down_since = None
+            self._publish()
         pm = mesh._proc_mesh
         pm._owner = self  # deaths are ours to handle: no "UNHANDLED FAILURE" noise
         pm.add_death_callback(lambda f: self._mark_dead(r, gen, f.message))
@@ -136,7 +164,9 @@ class Service:
                 return
             r.state = UNHEALTHY
             r.last_error = reason
+            r.down_since = time.monotonic()
             self._rehome(r)
+            self._publish()
             if self._stopped or not r.wanted:
                 return
             logger.warning(
@@ -167,7 +197,44 @@ class Service:
                     self._attach(r, mesh)
             if not keep:
                 await _stop_mesh(mesh)
+            else:
+                logger.warning(
+                    "service %s: replica %d is back after %.2f s",
+                    self.name,
+                    r.index,
+                    r.last_recovery_s or 0.0,
+                )
             return
+
+    async def _health_checks(self) -> None:
+        """Every ``health_check_interval_s``, ping each process of every healthy replica; a
+        replica with a process that stays silent for ``health_check_timeout_s`` is taken out
+        of rotation and restarted like a dead one (its in-flight requests fail over when its
+        processes are stopped). Runs on the runtime's loop until the service stops."""
+        interval = self.config.health_check_interval_s
+        timeout = self.config.health_check_timeout_s
+        while not self._stopped:
+            await asyncio.sleep(interval)
+            with self._lock:
+                targets = [
+                    (r, r.gen, r.mesh)
+                    for r in self.replicas
+                    if r.state == HEALTHY and r.mesh is not None
+                ]
+            results = await asyncio.gather(
+                *(asyncio.wait_for(_ping(m), timeout) for _, _, m in targets),
+                return_exceptions=True,
+            )
+            for (r, gen, _), res in zip(targets, results):
+                if isinstance(res, asyncio.TimeoutError):
+                    self._mark_dead(
+                        r,
+                        gen,
+                        f"a process did not answer a health check within {timeout} s "
+                        "(its event loop is blocked)",
+                    )
+                elif isinstance(res, Exception) and not isinstance(res, ActorDiedError):
+                    logger.debug("service %s: health check of %r: %s", self.name, r, res)
 
     def shutdown(self) -> Future[None]:
         """Stop every replica and its processes. Later calls raise ``ServiceUnavailable``."""
@@ -183,6 +250,10 @@ class Service:
                 restarts = list(self._restarts.values())
             for cf in restarts:
                 cf.cancel()
+            if self._checker is not None:
+                self._checker.cancel()
+            with self._lock:
+                self._publish()
             services = get_runtime().services
             if self in services:
                 services.remove(self)
@@ -211,6 +282,8 @@ class Service:
                     restart = self._restarts.pop(v.index, None)
                     if restart is not None:
                         restart.cancel()
+            with self._lock:
+                self._publish()
             for v in victims:
                 while v.in_flight:
                     await asyncio.sleep(self.config.health_poll_rate)
@@ -221,8 +294,31 @@ class Service:
         return Future(run, f"{self.name}.scale")
 
     def metrics(self) -> dict[int, dict[str, Any]]:
-        """Per replica index: state, pids, request counts, in flight, latency, sessions."""
+        """Per replica index: state, pids, request counts, in flight, latency, sessions,
+        restarts, last error and ``last_recovery_s`` (out of rotation -> healthy again)."""
         return {r.index: r.metrics() for r in self.replicas}
+
+    def _publish(self) -> None:
+        """Write the replica table that pickled handles (``ServiceRef``) route with: replaced
+        atomically on every change once this service has been pickled (call with the lock)."""
+        if self._table_path is None:
+            return
+        table = {
+            "stopped": self._stopped,
+            "replicas": [
+                (r.index, r.gen, r.state, r.mesh)
+                for r in self.replicas
+                if r.state == HEALTHY and r.mesh is not None
+            ],
+            "states": {r.index: r.state for r in self.replicas},
+        }
+        tmp = f"{self._table_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(table, f)
+            os.replace(tmp, self._table_path)
+        except OSError as e:  # the session dir is gone (shutting down): nobody reads it
+            logger.debug("service %s: cannot write its replica table: %s", self.name, e)
 
     def request_counts(self) -> dict[str, int]:
         """``route`` requests since the service started: ``sent``, ``retried`` (re-sent after
@@ -401,6 +497,13 @@ class Service:
         if not out:
             raise ServiceUnavailable(f"service {self.name!r}: every replica died during fanout")
         return out
+
+
+async def _ping(mesh: ActorMesh) -> None:
+    """A PING to every process of ``mesh``, answered by each worker's event loop."""
+    await asyncio.gather(
+        *(mesh._request(rank, _wire.PING, b"", "health check", None) for rank in mesh._shape.ranks)
+    )
 
 
 async def _stop_mesh(mesh: ActorMesh) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from controller import Actor, endpoint
 
@@ -38,6 +39,50 @@ class Echo(Actor):
     @endpoint
     async def was_recovered(self) -> bool:
         return self.recovered
+
+    @endpoint
+    async def hang_once(self, marker: str) -> int:
+        """The first call (the one that creates ``marker``) blocks this process's event loop
+        for good; later calls, on any replica, answer with their pid."""
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return os.getpid()
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        time.sleep(3600)  # blocks the loop: no ping is answered
+        return os.getpid()
+
+    @endpoint
+    def sync_sleep(self, seconds: float) -> int:
+        """Legitimate long work in a ``def`` endpoint (runs in a thread, off the loop)."""
+        time.sleep(seconds)
+        return os.getpid()
+
+
+class Caller(Actor):
+    """Gets a service handle in an endpoint argument and calls through it."""
+
+    def __init__(self):
+        self.svc = None
+
+    @endpoint
+    async def keep(self, svc) -> str:
+        self.svc = svc
+        return type(svc).__name__
+
+    @endpoint
+    async def route_pids(self, n: int) -> list[int]:
+        return [await self.svc.pid.route() for _ in range(n)]
+
+    @endpoint
+    async def fanout_pids(self) -> list[int]:
+        return await self.svc.pid.fanout()
+
+    @endpoint
+    async def route_with(self, ep, x):
+        """``ep`` is a pickled service endpoint (``svc.echo``)."""
+        return await ep.route(x)
 
 
 class StartsOnce(Actor):
