@@ -100,6 +100,7 @@ class StepStatus:
         }
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=_RATE_WINDOW)
         self._history: collections.deque[float] = collections.deque(maxlen=_HISTORY)
+        self._publish()  # the stage shows at once (e.g. grpo replacing sft), before step 1
 
     def step(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record step ``step`` (the trainer's weight version after it) and its metrics."""
@@ -137,9 +138,12 @@ class StepStatus:
     def served(self, versions: Mapping[int, int]) -> None:
         """The weight version each generator replica now serves (``{replica index: v}``,
         e.g. from ``update_weights.fanout_by_replica``). Replicas missing keep their last."""
-        self.fields["generator_versions"].update({str(i): int(v) for i, v in versions.items()})
+        new = {str(i): int(v) for i, v in versions.items()}
+        # a new dict, never an update in place: the writer thread may be serialising the old
+        self.fields["generator_versions"] = {**self.fields["generator_versions"], **new}
         self._publish()
 
     def _publish(self) -> None:
+        # Every nested value is replaced, never mutated, so a shallow copy is a safe snapshot.
         self.fields["updated_at"] = time.time()
         set_status_field("rl", dict(self.fields))

@@ -62,20 +62,44 @@ def test_finished_and_crashed_runs_say_so(tmp_path):
             assert snap["error"] is None and "CRASHED" not in top.stdout
 
 
-@pytest.mark.timeout(240)
-def test_a_killed_controller_shows_as_not_updating(tmp_path):
-    run = tmp_path / "hang"
+def _start_hanging(tmp_path, run) -> subprocess.Popen:
+    """``forge run`` of the app that hangs after its replica restarted; returns once there."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "run", "--config", _cfg(tmp_path, "hang"),
          "--run-dir", str(run)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=script_env(), cwd=REPO,
     )  # fmt: skip
+    line, deadline = "", time.monotonic() + 120
+    while not line.startswith("KILLED"):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"the app did not start: {line!r}")
+        line = proc.stdout.readline()
+    return proc
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_marks_the_run_interrupted(tmp_path):
+    run = tmp_path / "int"
+    proc = _start_hanging(tmp_path, run)
     try:
-        line = ""
-        deadline = time.monotonic() + 120
-        while not line.startswith("KILLED"):
-            assert time.monotonic() < deadline and proc.poll() is None, "app did not start"
-            line = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+    snap = json.loads((run / "status.json").read_text())
+    assert snap["state"] == "interrupted" and len(snap["services"]) == 1
+    assert "INTERRUPTED" in _forge("top", str(run), "--once").stdout
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_controller_shows_as_not_updating(tmp_path):
+    run = tmp_path / "hang"
+    proc = _start_hanging(tmp_path, run)
+    try:
         snap = json.loads((run / "status.json").read_text())
         pids = [p for s in snap["services"] for r in s["replicas"] for p in r["pids"]]
         assert snap["state"] == "running" and len(pids) == 2
