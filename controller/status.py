@@ -53,13 +53,13 @@ def status_fields() -> dict[str, Any]:
 
 
 def _mesh_entry(pm) -> dict[str, Any]:
-    ranks = []
+    ranks, pids = [], pm.pids
     for rank, proc in enumerate(pm._procs):
         code = getattr(proc, "returncode", None)
         ranks.append(
             {
                 "rank": rank,
-                "pid": pm.pids[rank],
+                "pid": pids[rank],
                 "alive": code is None,
                 "exit": None if code is None else describe_exit(code),
             }
