@@ -78,3 +78,28 @@ async def hosts(tmp_path, monkeypatch):
         assert not alive, f"processes alive after the hosts were torn down: {alive}"
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def monarch_hosts(tmp_path):
+    """Two hosts running Monarch's worker loop (port 4444) instead of Forge agents."""
+    why = netns.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    fd = _lock()
+    hs: list[netns.NetnsHost] = []
+    seen: set[int] = set()
+    try:
+        hs = netns.setup(2)
+        for h in hs:
+            netns.start_monarch_worker(h, tmp_path / f"monarch-{h.ns}.log")
+        yield hs
+        for h in hs:
+            seen.update(netns.ns_pids(h.ns))
+        leftover = only_agents_left(hs)
+        assert not leftover, f"processes left beside Monarch's worker loops: {leftover}"
+    finally:
+        netns.teardown(hs)
+        os.close(fd)
+    alive = wait_dead(sorted(seen), 5.0)
+    assert not alive, f"processes alive after the hosts were torn down: {alive}"

@@ -199,6 +199,38 @@ def start_agent(host: NetnsHost, key_file: str | Path, log: str | Path) -> None:
     )
 
 
+MONARCH_PORT = 4444
+
+
+def start_monarch_worker(host: NetnsHost, log: str | Path) -> None:
+    """Start Monarch's worker loop (``run_worker_loop_forever``) in ``host``'s namespace on
+    port 4444, for ``attach_to_workers``; returns once it accepts connections. Monarch 0.7.0
+    serves it without authentication (``ca="trust_all_connections"``)."""
+    import socket
+
+    code = (
+        "from monarch.actor import run_worker_loop_forever; "
+        f"run_worker_loop_forever(ca='trust_all_connections', address='tcp://{host.ip}:{MONARCH_PORT}')"
+    )
+    with open(log, "ab") as out:
+        host.agent = subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + AGENT_START_TIMEOUT_S
+    while time.monotonic() < deadline and host.agent.poll() is None:
+        try:
+            socket.create_connection((host.ip, MONARCH_PORT), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"Monarch worker in namespace {host.ns} did not start; see {log}")
+
+
 @contextlib.contextmanager
 def running_hosts(n: int, key_file: str | Path, log_dir: str | Path):
     """``n`` hosts with an agent each; everything is removed on exit, whatever happened."""
