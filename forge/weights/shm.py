@@ -36,6 +36,7 @@ process notices the file was unlinked, or :func:`close_mappings`, or the process
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import mmap
@@ -56,7 +57,7 @@ from forge.weights.store import (
     WeightHandle,
     WeightTransport,
     check_into_keys,
-    copy_into,
+    checked_destination,
     dtype_from_name,
     dtype_name,
 )
@@ -120,6 +121,19 @@ def _view(file_u8: torch.Tensor, meta: TensorMeta, dtype: torch.dtype) -> torch.
     return file_u8[meta.offset : meta.offset + meta.nbytes].view(dtype).view(meta.shape)
 
 
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` (same dtype and shape); one single-threaded ``memmove`` when both are
+    contiguous CPU tensors. A copy is memory-bound, so intra-op threads add little, and on a
+    busy host oversubscribed OpenMP threads made ``copy_`` 3x slower than one thread (see the
+    weight sync section of docs/benchmarks.md)."""
+    cpu = dst.device.type == "cpu" and src.device.type == "cpu"
+    if cpu and dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype:
+        if src.numel():
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+    else:
+        dst.copy_(src)
+
+
 class _Segment:
     """A file this process writes, mapped once and kept mapped while the file exists, so a
     recycled file is rewritten through page tables that are already populated."""
@@ -158,7 +172,7 @@ class _Segment:
             if meta.nbytes and meta.offset not in written:
                 # One copy per tensor, straight from the source (strided or CUDA) into place.
                 t = state_dict[name].detach()
-                _view(self.u8, meta, t.dtype).copy_(t)
+                _copy(_view(self.u8, meta, t.dtype), t)
                 written.add(meta.offset)
 
     def close(self, unlink: bool) -> None:
@@ -324,7 +338,9 @@ def _copy_out(
         out = {}
         for name, meta in manifest.items():
             if meta not in fresh or not meta.nbytes:
-                fresh[meta] = _view(file_u8, meta, dtype_from_name(meta.dtype)).clone()
+                src = _view(file_u8, meta, dtype_from_name(meta.dtype))
+                fresh[meta] = torch.empty(meta.shape, dtype=src.dtype)
+                _copy(fresh[meta], src)
             out[name] = fresh[meta]  # tied names stay tied, as in the pusher's state dict
         return out
     check_into_keys(into, list(manifest), source)
@@ -334,7 +350,8 @@ def _copy_out(
         key = (meta.offset, meta.nbytes, dst.data_ptr() if dst is not None else None)
         if meta.nbytes and key in done:
             continue  # the same bytes into the same memory (the model's tied weights)
-        copy_into(into, name, _view(file_u8, meta, dtype_from_name(meta.dtype)), source)
+        src = _view(file_u8, meta, dtype_from_name(meta.dtype))
+        _copy(checked_destination(into, name, src, source), src)
         done.add(key)
     return into
 

@@ -25,6 +25,7 @@ __all__ = [
     "WeightTransport",
     "WeightVersionError",
     "build_weight_transport",
+    "checked_destination",
     "copy_into",
     "dtype_from_name",
     "dtype_name",
@@ -92,6 +93,13 @@ def copy_into(into: dict[str, torch.Tensor], name: str, src: torch.Tensor, sourc
     ``copy_`` would silently cast dtypes and broadcast shapes; a mismatch here means the
     generator's model is not the trainer's, so it is an error naming the parameter.
     """
+    checked_destination(into, name, src, source).copy_(src)
+
+
+def checked_destination(
+    into: dict[str, torch.Tensor], name: str, src: torch.Tensor, source: str
+) -> torch.Tensor:
+    """``into[name]``, checked to exist with ``src``'s dtype and shape (see :func:`copy_into`)."""
     dst = into.get(name)
     if dst is None:
         raise ValueError(
@@ -103,7 +111,7 @@ def copy_into(into: dict[str, torch.Tensor], name: str, src: torch.Tensor, sourc
             f"{source}: parameter {name!r} is {dtype_name(src.dtype)}"
             f"{list(src.shape)} but the destination is {dtype_name(dst.dtype)}{list(dst.shape)}"
         )
-    dst.copy_(src)
+    return dst
 
 
 def check_into_keys(into: dict[str, torch.Tensor], names: list[str], source: str) -> None:
