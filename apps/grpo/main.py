@@ -100,7 +100,7 @@ class Config:
     checkpoint_every: int = 0
     restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
     reward_replicas: int = 1
-    threads_per_actor: int = 1
+    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -202,6 +202,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     manager.version = version
     manager.start()
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
+    flush, buf_m = None, {}  # the in-flight actor-metrics flush, the buffer's last metrics
     bar = tqdm(range(version, cfg.steps), desc="grpo", file=sys.stdout, dynamic_ncols=True)
     try:
         for _ in bar:
@@ -230,8 +231,11 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                 await reference.update_weights.fanout(version, handle)
             t3 = time.perf_counter()
             manager.advance(version)
-            buf_m = await buffer.metrics.call_one()
-            log.merge(await _actor_metrics(trainer, generator, buffer))
+            # Actor metrics travel off the critical path: this step's row merges what the
+            # previous step's flush returned, and a new flush starts (the last one is awaited).
+            if flush is not None:
+                buf_m = await _merge_flush(flush, log)
+            flush = asyncio.ensure_future(_actor_metrics(trainer, generator, buffer))
             stats = log.step(
                 version,
                 {
@@ -241,8 +245,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                     "time/train_s": t2 - t1,
                     "time/weight_sync_s": t3 - t2,
                     "time/step_s": t3 - t0,
-                    "buffer/sampled_policy_age_mean": buf_m["replay/sampled_policy_age_mean"],
-                    "buffer/evicted_stale": buf_m["replay/evicted_stale"],
+                    **buf_m,
                 },
             )
             bar.set_postfix(
@@ -256,6 +259,10 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     finally:
         bar.close()
         await manager.stop()
+        if flush is not None and sys.exc_info()[0] is not None:
+            flush.cancel()  # failing: the error matters, not the last metrics
+    if flush is not None:  # the last step's actor metrics
+        log.record_remote(version, await _merge_flush(flush, log))
     if cfg.eval.at_end and version not in evals:
         await evaluate(version)
     log.close()
@@ -266,14 +273,26 @@ async def _nothing() -> None:
     """No reward service: the environment gives every reward."""
 
 
-async def _actor_metrics(trainer, generator, buffer) -> list[dict]:
-    """Per-process metric states recorded since the last step (busy fractions, ...)."""
+async def _actor_metrics(trainer, generator, buffer) -> tuple[list[dict], dict]:
+    """Per-process metric states recorded since the last flush (busy fractions, ...) and the
+    replay buffer's metrics, fetched concurrently."""
     parts = await asyncio.gather(
         trainer.flush_metrics.call(),
         generator.flush_metrics.fanout(),
         buffer.flush_metrics.call_one(),
+        buffer.metrics.call_one(),
     )
-    return [*parts[0].values(), *parts[1], parts[2]]
+    return [*parts[0].values(), *parts[1], parts[2]], parts[3]
+
+
+async def _merge_flush(flush: asyncio.Future, log: MetricLog) -> dict:
+    """Merge a finished (or awaited) flush into ``log``; returns the buffer metrics to log."""
+    states, buf_m = await flush
+    log.merge(states)
+    return {
+        "buffer/sampled_policy_age_mean": buf_m["replay/sampled_policy_age_mean"],
+        "buffer/evicted_stale": buf_m["replay/evicted_stale"],
+    }
 
 
 async def _next_batch(buffer, version: int, manager: RolloutManager):

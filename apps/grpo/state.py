@@ -14,13 +14,16 @@ from forge.observability.status import StepStatus
 
 
 def actor_env(threads: int) -> dict[str, str]:
-    """Environment for the app's actor processes: a fixed torch thread count (so actors
-    sharing a small machine do not oversubscribe it) and no download progress bars."""
-    return {
-        "OMP_NUM_THREADS": str(threads),
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    """Environment for the app's actor processes: no download progress bars, and their torch
+    threads. ``threads=0`` (the default of the apps' ``threads_per_actor``): the host's thread
+    budget (``controller.threads``) hands cores to whichever components are computing, one
+    thread at rest. ``threads=N``: a fixed N threads per process, budget off."""
+    env = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    if threads < 0:
+        raise ValueError(f"threads_per_actor must be >= 0 (0: thread budget), got {threads}")
+    env["OMP_NUM_THREADS"] = str(threads or 1)
+    env["FORGE_THREAD_BUDGET"] = "0" if threads else "1"
+    return env
 
 
 class MetricLog:
@@ -48,6 +51,12 @@ class MetricLog:
         for b in self.backends:
             b.log(step, metrics)
         self.status.eval(step, metrics)
+
+    def record_remote(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` plus the actor states merged since the last step as an extra
+        row for ``step`` (the run's last flush, which arrives after its last step)."""
+        self.record(step, {**metrics, **merge_states(self._remote)})
+        self._remote = []
 
     def step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Log ``metrics`` plus the means of what was ``add``ed since the last step and of

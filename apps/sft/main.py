@@ -41,7 +41,7 @@ class Config:
     batch_size: int = 64
     output: str = ""  # HF directory for the result; default <run_dir>/model
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
-    threads_per_actor: int = 1
+    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
 
     def __post_init__(self) -> None:
         DATA_SOURCE.validate(self.data, key="data")

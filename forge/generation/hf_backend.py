@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from controller import threads
 from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt
 from forge.generation.hf_engine import HFEngine
 from forge.types import Completion, SamplingParams
@@ -145,25 +146,38 @@ class HFBackend(GeneratorBackend):
         return await future
 
     async def _serve(self) -> None:
-        while True:
-            if not self._has_work():
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            async with self._step_lock:
-                self._admit()
-                lanes = [lane for lane in self._lanes if lane.engine.has_work()]
-                if lanes:
-                    try:
-                        results = await asyncio.to_thread(_step_lanes, lanes)
-                    except Exception as e:  # noqa: BLE001 - fail its requests, keep serving
-                        logger.exception("generation step failed")
-                        self._reset_lanes(lanes, e)
-                    else:
-                        self._deliver(results)
-                self._retire_idle_lanes()
-            # Yield so that waiting endpoint tasks (new requests, updates) get to run.
-            await asyncio.sleep(0)
+        # Busy in the host's thread budget (controller.threads) while there is work: decode
+        # steps run with this process's share of the cores, re-read every step.
+        busy = None
+        try:
+            while True:
+                if not self._has_work():
+                    if busy is not None:
+                        busy.__exit__(None, None, None)
+                        busy = None
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if busy is None:
+                    busy = threads.compute()
+                    busy.__enter__()
+                async with self._step_lock:
+                    self._admit()
+                    lanes = [lane for lane in self._lanes if lane.engine.has_work()]
+                    if lanes:
+                        try:
+                            results = await asyncio.to_thread(_step_lanes, lanes)
+                        except Exception as e:  # noqa: BLE001 - fail its requests, keep serving
+                            logger.exception("generation step failed")
+                            self._reset_lanes(lanes, e)
+                        else:
+                            self._deliver(results)
+                    self._retire_idle_lanes()
+                # Yield so that waiting endpoint tasks (new requests, updates) get to run.
+                await asyncio.sleep(0)
+        finally:
+            if busy is not None:
+                busy.__exit__(None, None, None)
 
     def _has_work(self) -> bool:
         queued = bool(self._inbox) and not self._paused
@@ -304,7 +318,8 @@ def _fail(future: asyncio.Future, error: BaseException) -> None:
 
 
 def _step_lanes(lanes: list[_Lane]) -> list[tuple[_Lane, list[tuple[int, list[Completion]]]]]:
-    """One decode step of every lane (runs in a worker thread)."""
+    """One decode step of every lane (runs in a worker thread, with its share of cores)."""
+    threads.get_budget().rebalance()
     return [(lane, lane.engine.step()) for lane in lanes]
 
 

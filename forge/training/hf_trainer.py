@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.models import gather_logprobs, load_model, position_ids_from_mask, token_logprobs
 from forge.models.logprobs import effective_temperature
@@ -195,17 +196,21 @@ class TrainerCore:
         denom, tokens = max(float(local[0]), 1.0), float(local[1])
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
+        budget = threads.get_budget()  # inside the actor's compute(): a share of the cores
         for i, rows in enumerate(micro):
             share = loss_denominator(mask_bt[rows], self.aggregation) / denom
             if rows.numel() == 0:  # keeps collectives in step with ranks that have more rows
                 rows, share = torch.zeros(1, dtype=torch.long, device=self.device), 0.0
             last = i == len(micro) - 1
             with self._no_sync(last):
+                budget.rebalance()  # neighbours may have started or finished work
                 loss, metrics = self._micro_loss(b, rows)
+                budget.rebalance()
                 (loss * (share * self.world)).backward()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + share * v
         out = self._reduce_metrics(sums)
+        budget.rebalance()
         out["grad_norm"] = self._clip_and_step()
         out.update(lr=self.last_lr, tokens=tokens, step=float(self.step))
         out["seconds"] = time.perf_counter() - t0
