@@ -29,13 +29,14 @@ def _tmux(sock: str, *args: str) -> str:
     return out.stdout
 
 
-def _wait(cond, timeout: float, what: str):
+def _wait(cond, timeout: float, what: str, show=lambda: ""):
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
         if got:
             return got
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{show()}")
         time.sleep(0.5)
 
 
@@ -70,18 +71,22 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
         size = _tmux(sock, "display-message", "-p", "-t", "t:1", "#{pane_width}x#{pane_height}")
         assert size.strip() == "160x50", size
 
+        def show() -> str:
+            screen = _tmux(sock, "capture-pane", "-p", "-t", "t:1")
+            return f"screen:\n{screen}\nrun log (end):\n{log.read_text()[-3000:]}"
+
         def screen_step() -> tuple[str, int] | None:
             screen = _tmux(sock, "capture-pane", "-p", "-t", "t:1")
             m = re.search(rf"step (\d+)/{STEPS}", screen)
-            whole = "╰" in screen  # the frame's bottom border: not caught mid-redraw
-            return (screen, int(m.group(1))) if m and whole else None
+            drawn = "meshes" in screen  # the last section: the frame is not caught mid-redraw
+            return (screen, int(m.group(1))) if m and drawn else None
 
-        screen, first = _wait(screen_step, 30, "forge top to draw a step count")
+        screen, first = _wait(screen_step, 60, "forge top to draw a step count", show)
         for want in ("RUNNING", "Generator", "RewardActor", "healthy", "Trainer", "reward"):
             assert want in screen, (want, screen)
         assert re.search(r"trainer v\d+\s+generator r0 v\d+", screen), screen
         _, later = _wait(
-            lambda: (s := screen_step()) and s[1] > first and s, 120, "the step to advance"
+            lambda: (s := screen_step()) and s[1] > first and s, 120, "the step to advance", show
         )
         assert first < later <= STEPS
 
@@ -89,7 +94,7 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
             s = _tmux(sock, "capture-pane", "-p", "-t", "t:1")
             return s if "FINISHED" in s else None
 
-        screen = _wait(finished, 300, "the run to finish on screen")
+        screen = _wait(finished, 300, "the run to finish on screen", show)
         assert f"step {STEPS}/{STEPS}" in screen and "last eval" in screen, screen
         assert "heldout_accuracy=" in log.read_text()
     finally:
