@@ -142,7 +142,8 @@ def _train_item(key: str, v: float) -> str:
     """``time/train_s 0.32`` -> ``train 0.32s``; ``train/loss`` -> ``loss``."""
     name = key.split("/", 1)[-1].replace("_per_s", "/s")
     if key.startswith("time/"):
-        return f"{name.removesuffix('_s').replace('_', ' ')} {_fmt(v)}s"
+        secs = f"{v:.2f}s" if v >= 0.1 else f"{1000 * v:.0f}ms"
+        return f"{name.removesuffix('_s').replace('_', ' ')} {secs}"
     return f"{name.replace('_', ' ')} {_fmt(v)}"
 
 
@@ -311,8 +312,11 @@ def main(run_dir: str | None, once: bool = False, interval: float = 1.0) -> int:
     def frame() -> RenderableType:
         try:
             return render(load_status(path), path)
-        except ValueError as e:
+        except ValueError as e:  # no file yet, or not a snapshot
             return Panel(Text(str(e), style="yellow"), title="forge top", title_align="left")
+        except Exception as e:  # noqa: BLE001 - shown, and the view keeps refreshing
+            msg = f"cannot render {path}: {type(e).__name__}: {e}"
+            return Panel(Text(msg, style="red"), title="forge top", title_align="left")
 
     try:
         with Live(frame(), console=console, screen=True, auto_refresh=False) as live:
