@@ -297,7 +297,13 @@ class HFBackend(GeneratorBackend):
         counters = self._prefix_counters
         prefix = {
             name: counters[name]
-            for name in ("prefix_hits", "prefix_misses", "prefix_reused_tokens", "prefill_tokens")
+            for name in (
+                "prefix_hits",
+                "prefix_misses",
+                "prefix_reused_tokens",
+                "prefill_tokens",
+                "prefill_shared_rows",
+            )
         }
         prefix["prefix_cached_tokens"] = sum(
             lane.engine.prefix_cache_stats()["tokens"] for lane in self._lanes

@@ -15,6 +15,9 @@ they are left-padded, prefilled together and their KV cache is appended to the r
 Then every running row samples one token (``sampling.sample_next``) and finished rows are
 dropped from the batch and its cache, so they stop costing compute.
 
+Rows with the same prompt (a request's ``n`` samples: a GRPO group) are prefilled once and
+share copies of that KV (``prefill_shared_rows`` counts the rows that skipped a prefill).
+
 Prefix reuse (``prefix_cache_tokens > 0``; ``prefix_cache.py``): a finished row's KV is kept,
 keyed by the token ids it covers. An admitted row whose prompt starts with a kept sequence
 (a conversation's next turn) is prefilled on top of that KV: admitted hit rows form one group
@@ -230,6 +233,10 @@ class HFEngine:
         logits give the first sample. Row i reuses ``reuse[i]`` cached positions, stacked
         left-padded to ``past`` columns, so its tokens end up contiguous and right-aligned.
         """
+        if all(h is None for h in hits):
+            shared = self._prefill_shared(rows)
+            if shared is not None:
+                return shared
         lengths = [len(r.prompt_ids) for r in rows]
         cached = [0 if h is None else min(len(h.key), n - 1) for h, n in zip(hits, lengths)]
         width = max(n - c for n, c in zip(lengths, cached))
@@ -260,6 +267,29 @@ class HFEngine:
         next_pos_b = attention_mask_bt.sum(-1)
         return _Running(
             rows, out.past_key_values, attention_mask_bt, next_pos_b, out.logits[:, -1].float()
+        )
+
+    def _prefill_shared(self, rows: list[_Row]) -> _Running | None:
+        """Prefill each distinct prompt once and give its rows copies of the KV and first
+        logits (a request's ``n`` samples, a GRPO group, share one prompt); ``None`` when
+        every prompt is distinct."""
+        index: dict[tuple[int, ...], int] = {}
+        src = [index.setdefault(tuple(r.prompt_ids), len(index)) for r in rows]
+        if len(index) == len(rows):
+            return None
+        firsts = [-1] * len(index)  # the first row of each distinct prompt
+        for i, k in enumerate(src):
+            if firsts[k] < 0:
+                firsts[k] = i
+        run = self._prefill([rows[i] for i in firsts], [None] * len(firsts))
+        self.counters["prefill_shared_rows"] += len(rows) - len(firsts)
+        src_b = torch.tensor(src, device=run.attention_mask_bt.device)
+        return _Running(
+            rows,
+            kv_cache.select_rows(run.cache, src_b),
+            run.attention_mask_bt[src_b],
+            run.next_pos_b[src_b],
+            run.logits_bv[src_b],
         )
 
     def _keep_prefixes(self, run: _Running, finished: list[int]) -> None:

@@ -43,6 +43,7 @@ from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.models import gather_logprobs, load_model, position_ids_from_mask, token_logprobs
 from forge.models.logprobs import effective_temperature
+from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.training.schedule import build_optimizer, build_scheduler
@@ -217,7 +218,17 @@ class TrainerCore:
         return out
 
     def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        lp_bt = self.logprobs(b.input_ids_bt[rows], b.attention_mask_bt[rows])
+        lp_bt = None
+        if self.adapter.name == "hf" and self.world == 1:  # a group's prompt runs once
+            lp_bt = shared_prefix_logprobs(
+                self.model,
+                b.input_ids_bt[rows],
+                b.attention_mask_bt[rows],
+                b.response_mask_bt[rows],
+                self.cfg.temperature,
+            )
+        if lp_bt is None:
+            lp_bt = self.logprobs(b.input_ids_bt[rows], b.attention_mask_bt[rows])
         old_bt = lp_bt.detach() if self.cfg.old_logprobs == "current" else None
         ref_bt = None if b.ref_logprobs_bt is None else b.ref_logprobs_bt[rows]
         mask_bt = b.response_mask_bt[rows].float()

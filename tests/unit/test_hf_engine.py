@@ -117,6 +117,7 @@ def test_generates_n_samples_with_max_tokens(engine):
         assert c.generator_version == 7
         assert all(lp <= 0 for lp in c.logprobs)
     assert len({tuple(c.token_ids) for c in a}) > 1  # the 4 samples differ
+    assert engine.counters["prefill_shared_rows"] == 3  # the 4 samples shared one prefill
     assert b[0].prompt.endswith("<|im_start|>assistant\n")
 
 

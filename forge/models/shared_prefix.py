@@ -1,0 +1,108 @@
+"""Teacher-forced logprobs with shared prompts computed once (a GRPO group's G rows share one).
+
+``token_logprobs`` runs every row's prompt through the model, so a group of G completions of
+one prompt pays for that prompt G times, forward and backward. Here each distinct prefix (the
+tokens before a row's first scored token) runs once; its KV is gathered to the rows that share
+it (``index_select``: gradients from every row flow back into the one prefix computation), and
+only the rows' tails (completion, and for multi-turn everything after the first sampled token)
+run per row on top of it. The result has ``token_logprobs``' layout and values (up to float
+rounding): position t holds log softmax(logits_{t-1} / temperature)[token_t] for scored tail
+positions, 0 elsewhere. On the CPU demo (38-token prompts, 6-token answers, groups of 8) the
+trainer runs ~4x fewer token positions.
+
+Rows must be right-padded with their real tokens first (``collate_episodes``' layout).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from forge.models.logprobs import _split_head, effective_temperature, gather_logprobs
+
+__all__ = ["shared_prefix_logprobs"]
+
+
+def shared_prefix_logprobs(
+    model,
+    input_ids_bt: torch.Tensor,
+    attention_mask_bt: torch.Tensor,
+    scored_bt: torch.Tensor,
+    temperature: float = 1.0,
+    min_saving: float = 0.25,
+) -> torch.Tensor | None:
+    """Logprobs ``[B, T]`` like ``token_logprobs``, prefixes shared; ``None`` when sharing does
+    not pay (fewer than ``min_saving`` of the token positions would be saved, or the model has
+    no separable body and head, or its cache is not a plain full-attention KV).
+
+    ``scored_bt`` marks the positions whose logprobs matter (the loss mask); a row's prefix is
+    everything before its first scored position, and only positions from there on are returned
+    (earlier ones hold 0)."""
+    split = _split_head(model)
+    if split is None:
+        return None
+    body, head = split
+    batch, width = input_ids_bt.shape
+    lengths = attention_mask_bt.sum(-1).tolist()
+    scored = scored_bt.bool()
+    first = torch.where(scored.any(-1), scored.float().argmax(-1), attention_mask_bt.sum(-1))
+    cut = first.clamp(min=1).tolist()  # prefix lengths (>= 1 token: position 0 is never scored)
+    ids = input_ids_bt.tolist()
+    index: dict[tuple[int, ...], int] = {}
+    src = [index.setdefault(tuple(ids[b][: cut[b]]), len(index)) for b in range(batch)]
+    shared_len = sum(len(k) for k in index)
+    if sum(lengths) == 0 or (sum(cut) - shared_len) < min_saving * sum(lengths):
+        return None
+
+    device = input_ids_bt.device
+    prefixes = list(index)
+    plen = [len(p) for p in prefixes]
+    p_width = max(plen)
+    p_ids = torch.zeros((len(prefixes), p_width), dtype=torch.long)
+    p_mask = torch.zeros((len(prefixes), p_width), dtype=torch.long)
+    for u, p in enumerate(prefixes):
+        p_ids[u, : len(p)] = torch.tensor(p)
+        p_mask[u, : len(p)] = 1
+    p_ids, p_mask = p_ids.to(device), p_mask.to(device)
+    p_out = body(
+        input_ids=p_ids,
+        attention_mask=p_mask,
+        position_ids=torch.arange(p_width, device=device).expand(len(prefixes), -1),
+        use_cache=True,
+    )
+    cache = p_out.past_key_values
+    if not isinstance(cache, DynamicCache) or any(
+        type(layer) is not DynamicLayer for layer in cache.layers
+    ):
+        return None  # sliding windows etc.: gathering rows of the cache is not enough
+    src_b = torch.tensor(src, device=device)
+    plen_u = torch.tensor(plen, device=device)
+    last_hidden_bd = p_out.last_hidden_state[torch.arange(len(prefixes), device=device), plen_u - 1]
+
+    # Tails: each row's tokens from its cut on, right-padded.
+    tail_len = [max(0, n - c) for n, c in zip(lengths, cut)]
+    t_width = max(1, max(tail_len))
+    t_ids = torch.zeros((batch, t_width), dtype=torch.long)
+    t_mask = torch.zeros((batch, t_width), dtype=torch.long)
+    for b in range(batch):
+        if tail_len[b]:
+            t_ids[b, : tail_len[b]] = torch.tensor(ids[b][cut[b] : lengths[b]])
+            t_mask[b, : tail_len[b]] = 1
+    t_ids, t_mask = t_ids.to(device), t_mask.to(device)
+    expanded = DynamicCache([(layer.keys[src_b], layer.values[src_b]) for layer in cache.layers])
+    t_out = body(
+        input_ids=t_ids,
+        attention_mask=torch.cat([p_mask[src_b], t_mask], dim=1),
+        position_ids=plen_u[src_b, None] + torch.arange(t_width, device=device),
+        past_key_values=expanded,
+        use_cache=False,
+    )
+    # Tail token j is predicted from the hidden state before it: the prefix's last for j = 0.
+    hidden_btd = torch.cat([last_hidden_bd[src_b, None], t_out.last_hidden_state[:, :-1]], dim=1)
+    logits_btv = head(hidden_btd).float() / effective_temperature(temperature)
+    lp_tail = gather_logprobs(logits_btv, t_ids) * t_mask
+    # Scatter tails back to their positions (one spare column per tail slot, then cut off).
+    pos_bt = torch.tensor(cut, device=device)[:, None] + torch.arange(t_width, device=device)
+    lp_bt = lp_tail.new_zeros(batch, width + t_width).scatter(1, pos_bt, lp_tail)
+    return lp_bt[:, :width]

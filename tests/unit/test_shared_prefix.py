@@ -1,0 +1,75 @@
+"""Shared-prefix logprobs equal plain teacher-forced ones, values and gradients."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from forge.models import load_model, make_tiny_model, token_logprobs
+from forge.models.shared_prefix import shared_prefix_logprobs
+from forge.replay.collate import collate_episodes
+from forge.types import Episode
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+def _episodes(groups: int, size: int, multi_turn: bool = False) -> list[Episode]:
+    rng = random.Random(0)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(4, 200) for _ in range(rng.randrange(5, 30))]
+        for i in range(size):
+            n = rng.randrange(1, 9)
+            resp = [rng.randrange(4, 200) for _ in range(n)]
+            mask = None
+            if multi_turn and n > 3:  # an observation in the middle: not scored
+                mask = [1, 1, 0, 0] + [1] * (n - 4)
+            out.append(
+                Episode(
+                    episode_id=f"{g}-{i}",
+                    prompt_ids=prompt,
+                    response_ids=resp,
+                    behavior_logprobs=[-1.0] * n,
+                    reward=0.0,
+                    policy_version=0,
+                    loss_mask=mask,
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("multi_turn", [False, True])
+def test_values_and_gradients_match_token_logprobs(model, multi_turn):
+    b = collate_episodes(_episodes(groups=3, size=4, multi_turn=multi_turn))
+    mask_bt = b.response_mask_bt
+    weights_bt = torch.randn(mask_bt.shape) * mask_bt
+
+    model.zero_grad()
+    ref_bt = token_logprobs(model, b.input_ids_bt, b.attention_mask_bt, temperature=0.7)
+    (ref_bt * weights_bt).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    lp_bt = shared_prefix_logprobs(
+        model, b.input_ids_bt, b.attention_mask_bt, mask_bt, temperature=0.7
+    )
+    assert lp_bt is not None
+    (lp_bt * weights_bt).sum().backward()
+
+    assert torch.allclose(lp_bt * mask_bt, ref_bt * mask_bt, atol=1e-5)
+    for name, grad in ref_grads.items():
+        got = dict(model.named_parameters())[name].grad
+        assert torch.allclose(got, grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_no_sharing_returns_none(model):
+    b = collate_episodes(_episodes(groups=6, size=1))
+    assert (
+        shared_prefix_logprobs(model, b.input_ids_bt, b.attention_mask_bt, b.response_mask_bt)
+        is None
+    )
