@@ -57,6 +57,8 @@ def test_cpu_demo_under_replica_kills(tmp_path):
             "benchmarks.chaos",
             "--every",
             "10",
+            "--sft-steps",
+            "150",
             "--grpo-steps",
             str(steps),
             "--eval-every",
