@@ -100,6 +100,7 @@ class Config:
     checkpoint_every: int = 0
     restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
     reward_replicas: int = 1
+    stream: bool = False  # trajectory streaming: train on a step's first groups early
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     seed: int = 0
 
@@ -120,6 +121,12 @@ class Config:
         check_rollout_overrides(self.phases)
         check_restarts(self.restart_on_failure, self.checkpoint_every)
         per_step = self.rollout.prompts_per_step * self.rollout.group_size
+        if self.stream and (self.trainer_procs != 1 or self.critic is not None):
+            raise ValueError(
+                "stream: trajectory streaming needs trainer_procs=1 and no critic (PPO values "
+                f"need the whole batch); got trainer_procs={self.trainer_procs}, "
+                f"critic={'set' if self.critic else 'none'}; set stream=false"
+            )
         if per_step % self.trainer_procs:
             raise ValueError(
                 f"prompts_per_step*group_size={per_step} must divide by "
@@ -213,16 +220,13 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                 apply_rollout_overrides(cfg.rollout, phase.rollout, scorer, manager)
                 log.add("phase/index", [float(phase.index)])
             t0 = time.perf_counter()
-            batch = await _next_batch(buffer, version, manager)
-            t1 = time.perf_counter()
-            if critic is None:
-                m = (await trainer.train_step.call(batch)).item(procs=0)
-            else:  # PPO: values -> GAE -> policy and critic updates side by side
-                targets = await value_advantages(critic, batch, cfg.critic, cfg.whiten_advantages)
-                trained, cm = await asyncio.gather(
-                    trainer.train_step.call(batch), train_critic(critic, batch, targets)
-                )
-                m = {**trained.item(procs=0), **cm}
+            if cfg.stream:  # train on the step's first groups while the rest generate
+                m, waited = await _streamed_step(buffer, trainer, version, manager, cfg)
+                t1 = t0 + waited
+            else:
+                batch = await _next_batch(buffer, version, manager)
+                t1 = time.perf_counter()
+                m = await _train(trainer, critic, batch, cfg)
             t2 = time.perf_counter()
             version += 1
             handle = (await trainer.push_weights.call(version)).item(procs=0)
@@ -293,6 +297,40 @@ async def _merge_flush(flush: asyncio.Future, log: MetricLog) -> dict:
         "buffer/sampled_policy_age_mean": buf_m["replay/sampled_policy_age_mean"],
         "buffer/evicted_stale": buf_m["replay/evicted_stale"],
     }
+
+
+async def _train(trainer, critic, batch, cfg: Config) -> dict:
+    """One training step on ``batch``; with a critic (PPO): values -> GAE -> the policy and
+    critic updates side by side."""
+    if critic is None:
+        return (await trainer.train_step.call(batch)).item(procs=0)
+    targets = await value_advantages(critic, batch, cfg.critic, cfg.whiten_advantages)
+    trained, cm = await asyncio.gather(
+        trainer.train_step.call(batch), train_critic(critic, batch, targets)
+    )
+    return {**trained.item(procs=0), **cm}
+
+
+async def _streamed_step(buffer, trainer, version: int, manager: RolloutManager, cfg: Config):
+    """Trajectory streaming: hand the trainer the step's episodes as they arrive (at least a
+    quarter of the step's groups at a time), then step once. Returns (metrics, seconds spent
+    waiting for episodes)."""
+    r = cfg.rollout
+    need = r.prompts_per_step * r.group_size
+    chunk = r.group_size * max(1, r.prompts_per_step // 4)
+    got, waited = 0, 0.0
+    while got < need:
+        t = time.perf_counter()
+        part = None
+        while part is None:
+            part = await buffer.take.call_one(version, need - got, min(chunk, need - got))
+            if part is None:
+                manager.check()
+                await asyncio.sleep(0.005)
+        waited += time.perf_counter() - t
+        await trainer.accumulate.call(part)
+        got += part.input_ids_bt.shape[0]
+    return (await trainer.apply_accumulated.call()).item(procs=0), waited
 
 
 async def _next_batch(buffer, version: int, manager: RolloutManager):

@@ -7,6 +7,8 @@ Endpoints (all called with ``call_one`` on a one-rank mesh):
   ``batch_size`` episodes (collated into ``TrainBatch``es unless ``collate=False``), or gets
   ``None`` while there are not enough usable episodes. Episodes older than
   ``max_policy_age`` versions are evicted first.
+- ``take(curr_policy_version, max_n, min_n)``: trajectory streaming, the oldest usable
+  episodes as one batch (consumed), or ``None`` while fewer than ``min_n`` are held.
 - ``evict(curr_policy_version)``, ``clear()``, ``length()``.
 - ``state_dict()`` / ``load_state_dict(state)``: for checkpoints.
 - ``metrics()``: evicted-as-stale and dropped counts, sampled policy ages.
@@ -84,6 +86,20 @@ class ReplayBuffer(ForgeActor):
             )
         record_metric("replay/size", len(self.core))
         return batches
+
+    @endpoint
+    async def take(self, curr_policy_version: int, max_n: int, min_n: int = 1) -> Any | None:
+        """Trajectory streaming: up to ``max_n`` of the oldest usable episodes as one batch,
+        or ``None`` while fewer than ``min_n`` are held (see ``ReplayBufferCore.take``)."""
+        part = self.core.take(curr_policy_version, max_n, min_n)
+        if part is not None:
+            m = self.core.metrics()
+            record_metric("replay/sampled_policy_age_mean", m["replay/sampled_policy_age_mean"])
+            record_metric(
+                "replay/sampled_policy_age_max", m["replay/sampled_policy_age_max"], Reduce.MAX
+            )
+        record_metric("replay/size", len(self.core))
+        return part
 
     @endpoint
     async def evict(self, curr_policy_version: int) -> int:

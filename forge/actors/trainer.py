@@ -138,6 +138,20 @@ class Trainer(ForgeActor):
             return self.core.train_step(self._my_batch(batch))
 
     @endpoint
+    def accumulate(self, batch: TrainBatch | Sequence[TrainBatch]) -> float:
+        """Trajectory streaming: forward/backward one part of this step's batch now (the
+        first groups in, while the rest is generated); ``apply_accumulated`` then steps once.
+        The update equals ``train_step`` on all parts together. One trainer rank only."""
+        with self.busy(), threads.compute():
+            return self.core.accumulate(self._my_batch(batch))
+
+    @endpoint
+    def apply_accumulated(self) -> dict[str, float]:
+        """Step on the parts ``accumulate`` gathered; returns ``train_step``'s metrics."""
+        with self.busy(), threads.compute():
+            return self.core.apply_accumulated()
+
+    @endpoint
     def set_loss(self, loss_cfg: LossConfig) -> None:
         self.core.set_loss(loss_cfg)
 

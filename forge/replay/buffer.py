@@ -154,6 +154,25 @@ class ReplayBufferCore:
             return [self.collate(b) for b in batches]
         return batches
 
+    def take(self, curr_policy_version: int, max_n: int, min_n: int = 1) -> Any | None:
+        """Trajectory streaming: the oldest usable episodes, at most ``max_n``, as one batch
+        (collated if ``collate`` was given), or ``None`` while fewer than ``min(min_n, max_n)``
+        are held. Stale episodes are evicted first; taken episodes leave the buffer (streaming
+        trains on each once). Whole groups come out together when they were added together
+        and ``min_n``/``max_n`` are multiples of the group size."""
+        if max_n < 1:
+            raise ValueError(f"take: max_n must be >= 1, got {max_n}")
+        self.evict(curr_policy_version)
+        if len(self._episodes) < min(min_n, max_n):
+            return None
+        picked = list(range(min(max_n, len(self._episodes))))
+        episodes = [self._episodes[i] for i in picked]
+        self._remove(picked)
+        self._retired_after_use += len(picked)
+        self._num_samples += 1
+        self._last_ages = [curr_policy_version - ep.policy_version for ep in episodes]
+        return self.collate(episodes) if self.collate is not None else episodes
+
     def clear(self) -> None:
         """Drop every held episode (counters and the RNG are kept)."""
         self._episodes.clear()

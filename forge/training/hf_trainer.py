@@ -157,6 +157,7 @@ class TrainerCore:
         self.loss_fn = build_loss(cfg.loss)
         self.aggregation = cfg.loss.resolved_aggregation()
         self.step = 0
+        self._acc: dict | None = None  # trajectory streaming: the step being accumulated
 
     def set_loss(self, loss_cfg: LossConfig) -> None:
         """Train with ``loss_cfg`` from the next ``train_step`` on (e.g. a schedule phase that
@@ -215,6 +216,63 @@ class TrainerCore:
         out["grad_norm"] = self._clip_and_step()
         out.update(lr=self.last_lr, tokens=tokens, step=float(self.step))
         out["seconds"] = time.perf_counter() - t0
+        return out
+
+    # -- trajectory streaming ----------------------------------------------------------------
+
+    def accumulate(self, batch: TrainBatch) -> float:
+        """Forward/backward one part of a step's batch now (its first groups, while the rest
+        is still being generated); ``apply_accumulated`` steps once every part is in.
+
+        Gradients are kept as sums weighted by each micro-batch's loss denominator and divided
+        by the total at the end, so the update equals one ``train_step`` on all the parts
+        together (up to float rounding). One rank only. Returns the denominator so far."""
+        if self.world > 1:
+            raise NotImplementedError(
+                "trajectory streaming (accumulate/apply_accumulated) runs on one trainer rank; "
+                "use train_step with trainer_procs > 1"
+            )
+        t0 = time.perf_counter()
+        if self._acc is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._acc = {"denom": 0.0, "tokens": 0.0, "seconds": 0.0, "parts": 0.0, "sums": {}}
+        acc, sums = self._acc, self._acc["sums"]
+        b = _batch_to(batch, self.device)
+        mask_bt = b.response_mask_bt.float()
+        budget = threads.get_budget()
+        for rows in _micro_rows(mask_bt.shape[0], self.cfg.micro_batch_size, self.device):
+            d = loss_denominator(mask_bt[rows], self.aggregation)
+            if rows.numel() == 0 or d == 0:
+                continue  # nothing counted in these rows: no gradient, no metric weight
+            budget.rebalance()
+            loss, metrics = self._micro_loss(b, rows)
+            budget.rebalance()
+            (loss * d).backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + d * v
+            acc["denom"] += d
+        acc["tokens"] += float(mask_bt.sum().item())
+        acc["parts"] += 1
+        acc["seconds"] += time.perf_counter() - t0
+        return acc["denom"]
+
+    def apply_accumulated(self) -> dict[str, float]:
+        """Step on what ``accumulate`` gathered; returns ``train_step``'s metrics plus
+        ``parts`` (how many pieces the step's batch came in)."""
+        if self._acc is None:
+            raise RuntimeError("apply_accumulated: nothing was accumulated since the last step")
+        t0 = time.perf_counter()
+        acc, self._acc = self._acc, None
+        denom = max(acc["denom"], 1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(denom)
+        out = {k: v / denom for k, v in acc["sums"].items()}
+        threads.get_budget().rebalance()
+        out["grad_norm"] = self._clip_and_step()
+        out.update(lr=self.last_lr, tokens=acc["tokens"], step=float(self.step))
+        out["parts"] = acc["parts"]
+        out["seconds"] = acc["seconds"] + time.perf_counter() - t0
         return out
 
     def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
