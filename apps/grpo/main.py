@@ -323,10 +323,11 @@ async def _streamed_step(buffer, trainer, version: int, manager: RolloutManager,
         t = time.perf_counter()
         part = None
         while part is None:
-            part = await buffer.take.call_one(version, need - got, min(chunk, need - got))
+            part = await buffer.take.call_one(
+                version, need - got, min(chunk, need - got), wait_s=0.5
+            )
             if part is None:
                 manager.check()
-                await asyncio.sleep(0.005)
         waited += time.perf_counter() - t
         await trainer.accumulate.call(part)
         got += part.input_ids_bt.shape[0]
@@ -335,12 +336,11 @@ async def _streamed_step(buffer, trainer, version: int, manager: RolloutManager,
 
 async def _next_batch(buffer, version: int, manager: RolloutManager):
     """Wait for the buffer to hold a batch usable at ``version``; surface rollout crashes."""
-    while True:
-        batch = await buffer.sample.call_one(version)
+    while True:  # the buffer answers as soon as the batch is complete (or after 0.5 s)
+        batch = await buffer.sample.call_one(version, wait_s=0.5)
         if batch is not None:
             return batch
         manager.check()
-        await asyncio.sleep(0.005)
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:

@@ -19,6 +19,7 @@ and records metrics.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -70,13 +71,37 @@ class ReplayBuffer(ForgeActor):
     async def add(self, episodes: Episode | list[Episode]) -> int:
         """Add episodes; returns the number held afterwards."""
         self.core.add(episodes)
+        self._added().set()  # wakes sample/take calls waiting for episodes
         return len(self.core)
 
+    def _added(self) -> asyncio.Event:
+        if getattr(self, "_added_event", None) is None:
+            self._added_event = asyncio.Event()
+        return self._added_event
+
+    async def _until(self, attempt, wait_s: float):
+        """``attempt()``, retried after each ``add`` until it is not ``None`` or ``wait_s``
+        seconds passed (a waiting caller gets its batch the moment it is complete, with no
+        polling round trips)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            self._added().clear()
+            out = attempt()
+            left = deadline - loop.time()
+            if out is not None or left <= 0:
+                return out
+            try:
+                await asyncio.wait_for(self._added().wait(), left)
+            except TimeoutError:
+                return attempt()
+
     @endpoint
-    async def sample(self, curr_policy_version: int) -> list[Any] | None:
-        """``dp_size`` batches for ``curr_policy_version``, or ``None`` if not enough."""
+    async def sample(self, curr_policy_version: int, wait_s: float = 0.0) -> list[Any] | None:
+        """``dp_size`` batches for ``curr_policy_version``, or ``None`` if not enough (after
+        waiting up to ``wait_s`` seconds for episodes to arrive)."""
         stale_before = self.core.metrics()["replay/evicted_stale"]
-        batches = self.core.sample(curr_policy_version)
+        batches = await self._until(lambda: self.core.sample(curr_policy_version), wait_s)
         m = self.core.metrics()
         record_metric("replay/evicted_stale", m["replay/evicted_stale"] - stale_before, Reduce.SUM)
         if batches is not None:
@@ -88,10 +113,13 @@ class ReplayBuffer(ForgeActor):
         return batches
 
     @endpoint
-    async def take(self, curr_policy_version: int, max_n: int, min_n: int = 1) -> Any | None:
+    async def take(
+        self, curr_policy_version: int, max_n: int, min_n: int = 1, wait_s: float = 0.0
+    ) -> Any | None:
         """Trajectory streaming: up to ``max_n`` of the oldest usable episodes as one batch,
-        or ``None`` while fewer than ``min_n`` are held (see ``ReplayBufferCore.take``)."""
-        part = self.core.take(curr_policy_version, max_n, min_n)
+        or ``None`` while fewer than ``min_n`` are held after waiting up to ``wait_s`` seconds
+        (see ``ReplayBufferCore.take``)."""
+        part = await self._until(lambda: self.core.take(curr_policy_version, max_n, min_n), wait_s)
         if part is not None:
             m = self.core.metrics()
             record_metric("replay/sampled_policy_age_mean", m["replay/sampled_policy_age_mean"])

@@ -39,6 +39,29 @@ async def test_replay_buffer_actor_samples_collated_batches_and_evicts_stale():
     assert metrics["replay/evicted_stale"] == 4
 
 
+async def test_replay_buffer_sample_and_take_wait_for_adds():
+    import asyncio
+    import time
+
+    buf = await ReplayBuffer.as_actor(ReplayBufferConfig(batch_size=4, max_policy_age=0))
+    waiting = buf.sample.call_one(0, wait_s=10.0)  # answered when the 4th episode lands
+
+    async def add_later():
+        for i in range(4):
+            await asyncio.sleep(0.05)
+            await buf.add.call_one(_episode(i, 0))
+
+    t = time.perf_counter()
+    batches, _ = await asyncio.gather(waiting, add_later())
+    assert batches[0].input_ids_bt.shape[0] == 4 and time.perf_counter() - t < 5.0
+    t = time.perf_counter()
+    assert await buf.take.call_one(0, 8, 2, wait_s=0.2) is None  # empty: gives up in time
+    assert 0.15 < time.perf_counter() - t < 5.0
+    await buf.add.call_one([_episode(i, 0) for i in range(3)])
+    part = await buf.take.call_one(0, 8, 2)
+    assert part.input_ids_bt.shape[0] == 3 and await buf.length.call_one() == 0
+
+
 async def test_replay_buffer_state_round_trip_through_the_actor():
     cfg = ReplayBufferConfig(batch_size=2, max_resample_count=1, collate=False, seed=7)
     a = await ReplayBuffer.as_actor(cfg)
