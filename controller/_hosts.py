@@ -250,6 +250,8 @@ class AgentConnection:
             fut.set_result((kind, bytes(body)))
 
     def _on_lost(self, proto, exc) -> None:
+        if proto is not self._proto:  # lost during the handshake: ``request`` says why
+            return
         self._mark_dead(
             f"host agent {self.address} is unreachable: its connection closed "
             f"({exc or 'host down or agent killed'})"
@@ -461,7 +463,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--listen", required=True, help="tcp:<ip>:<port> to listen on")
     p.add_argument("--key-file", required=True, help="the shared secret (mode 0600)")
     args = p.parse_args(argv)
-    key = read_key_file(args.key_file)
+    try:
+        key = read_key_file(args.key_file)
+    except ValueError as e:
+        p.error(str(e).replace(ENV_KEY_FILE, "--key-file"))
     _wire.parse_address(args.listen)  # a bad address fails here, with its message
     logging.basicConfig(level=os.environ.get("FORGE_LOG_LEVEL", "WARNING"))
     asyncio.run(serve_agent(args.listen, key))
