@@ -15,8 +15,11 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
   ``forge.weights.WeightHandle``) or the version by number from the configured transport
   (``None``: the latest there), swaps it in and returns the version now in use. ``mode``:
   ``"in_flight"`` (default) or ``"drain"``; see ``forge.generation.hf_backend``.
-- ``on_recover() -> int``: called by the service layer after it restarted a crashed replica:
-  loads the latest pushed version, if any (else keeps the initial weights, version 0).
+- ``on_recover() -> int``: called by the service layer after it restarted a crashed replica,
+  before the replica takes traffic: loads the latest version published where the config
+  says, by default the run's publication location (``forge.weights.pull``), if any (else
+  keeps the initial weights, version 0). It logs the version (logger ``forge.generator``),
+  and the replica logs the version stamped on its first completions after recovery.
 - ``get_version() -> int``; ``stats() -> dict`` (batch sizes, counts, lanes);
   ``state_dict_checksum() -> str`` and ``get_param(name) -> Tensor`` for weight-sync checks.
 
@@ -27,6 +30,8 @@ Versions only move forward: updating to the version in use is a no-op, to an old
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from typing import Any
 
 from controller import endpoint
@@ -49,6 +54,8 @@ from forge.weights.pull import (
     requested_version,
 )
 
+logger = logging.getLogger("forge.generator")
+
 
 class Generator(ForgeActor):
     _busy_name = "generator"
@@ -64,6 +71,7 @@ class Generator(ForgeActor):
         self.config = config
         self.backend: GeneratorBackend | None = None
         self._transport = None
+        self._recovered = False  # set by on_recover; cleared once the first call is served
 
     @endpoint
     async def setup(self) -> None:
@@ -77,7 +85,16 @@ class Generator(ForgeActor):
     async def generate(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
         params = make_sampling_params(self.config.sampling, sampling)
         with self.busy():
-            return await self._backend().generate(prompt, params)
+            out = await self._backend().generate(prompt, params)
+        if self._recovered and out:
+            self._recovered = False
+            logger.warning(
+                "generator %s (pid %d): first completions after recovery at weight version %d",
+                self._forge_name,
+                os.getpid(),
+                out[0].generator_version,
+            )
+        return out
 
     # ---- weights ----------------------------------------------------------------------
 
@@ -135,10 +152,17 @@ class Generator(ForgeActor):
 
     @endpoint
     async def on_recover(self) -> int:
-        backend = self._backend()
+        version = self._backend().version
         if self._has_transport() and self._transport_or_raise().versions():
-            return await self.update_weights()
-        return backend.version
+            version = await self.update_weights()
+        self._recovered = True
+        logger.warning(
+            "generator %s (pid %d) recovered: serving weight version %d",
+            self._forge_name,
+            os.getpid(),
+            version,
+        )
+        return version
 
     @endpoint
     async def get_version(self) -> int:

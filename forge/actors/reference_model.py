@@ -31,13 +31,20 @@ Endpoints:
     is recorded without pulling anything.
 ``version() -> int``
     The policy version the reference last applied (0: the initial weights).
-
-A replica restarted by the service layer starts from the initial weights again (version 0);
-with ``ema`` its average starts over.
+``on_recover() -> int``
+    Called by the service layer after it restarted a crashed replica, before the replica
+    takes traffic. With ``update.type="reset"`` the reference reloads the newest published
+    version the rule resets at (from ``ReferenceConfig.weights``, by default the run's
+    publication location, ``forge.weights.pull``), so it matches its healthy peers as long
+    as that version is still kept (``keep_last``). With ``none`` nothing changes; with
+    ``ema`` (and user rules) the replica starts from the initial weights and its average
+    starts over. Returns the version applied.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
 
 import torch
@@ -49,6 +56,8 @@ from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle
 
 __all__ = ["ReferenceModel"]
+
+logger = logging.getLogger("forge.reference")
 
 
 class ReferenceModel(ForgeActor):
@@ -84,3 +93,25 @@ class ReferenceModel(ForgeActor):
     @endpoint
     def version(self) -> int:
         return self.core.version()
+
+    @endpoint
+    def on_recover(self) -> int:
+        from forge.training.reference_update import should_update
+        from forge.weights.pull import has_pull_source
+
+        rule, core = self.cfg.update, self.core
+        if rule.type != "reset" or not has_pull_source(self.cfg.weights):
+            return core.version()
+        versions = core._transport_or_raise().versions()
+        resets = [v for v in versions if should_update(rule, v)]
+        if resets:
+            core.update_weights(resets[-1])
+        if versions:
+            core.seen_version = max(core.seen_version, versions[-1])
+        logger.warning(
+            "reference %s (pid %d) recovered: reference at policy version %d",
+            self._forge_name,
+            os.getpid(),
+            core.version(),
+        )
+        return core.version()

@@ -47,19 +47,19 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from controller import current_rank, current_size, endpoint, session_tag, threads
+from controller import current_rank, current_size, endpoint, threads
 from forge.actors.base import ForgeActor
 from forge.losses import LossConfig
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
 from forge.weights import WeightHandle, WeightStore, build_weight_transport
+from forge.weights.pull import run_weights_prefix
 
 __all__ = ["Trainer"]
 
@@ -106,9 +106,13 @@ class Trainer(ForgeActor):
     def _build_store(self) -> WeightStore:
         w = self.cfg.weights
         if w.transport == "shm":
-            # Named after the session so the controller sweeps the files if we are killed.
-            prefix = w.prefix or f"{session_tag()}-trainer-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            transport = build_weight_transport("shm", prefix=prefix)
+            # Default: the run's publication location, where pullers with no prefix look
+            # (a restarted generator finds the latest version there by itself). It is under
+            # the session tag, so the controller sweeps the files if we are killed.
+            transport = build_weight_transport("shm", prefix=w.prefix or run_weights_prefix())
+            if not w.prefix:
+                for stale in transport.versions():  # a previous trainer of this session
+                    transport.drop(stale)
         else:
             transport = build_weight_transport("safetensors_dir", root=w.root)
         return WeightStore(transport, keep_last=w.keep_last)

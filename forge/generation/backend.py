@@ -96,8 +96,10 @@ class WeightPullConfig:
 
     ``transport`` is ``"shm"`` (same host; files ``forge-w-<prefix>-v<version>`` under
     ``shm_dir``) or ``"safetensors_dir"`` (``<root>/v<version>``); it must match the
-    trainer's ``WeightStore``. An empty ``prefix`` (shm) or ``root`` (safetensors_dir)
-    means "handles only": ``update_weights`` then needs a ``WeightHandle``.
+    trainer's ``WeightStore``. An empty shm ``prefix`` means the run's publication location
+    (where a trainer with no ``weights.prefix`` pushes; ``forge.weights.pull``); an empty
+    ``root`` (safetensors_dir) means "handles only": ``update_weights`` then needs a
+    ``WeightHandle``.
     """
 
     transport: str = "shm"

@@ -124,8 +124,13 @@ class WeightPublishConfig:
     """How ``push_weights`` publishes weights (see ``forge.weights``).
 
     ``transport``: ``shm`` (same host, ``/dev/shm``) or ``safetensors_dir`` (shared filesystem
-    at ``root``, required for it). ``prefix`` names the shm files (default: unique per
-    trainer process). ``keep_last``: versions kept before older ones are dropped.
+    at ``root``, required for it). ``prefix`` names the shm files (default: the run's
+    publication location, ``forge.weights.pull.run_weights_prefix()``, where generators and
+    reference models with no prefix of their own pull from, so a restarted replica finds the
+    latest version; a trainer starting there drops the versions a previous trainer of the
+    session left; two trainers pushing at once in one session need a prefix each).
+    ``keep_last``: versions kept before older ones are dropped (at least 1, so the latest is
+    always there for a restarted replica).
     """
 
     transport: str = "shm"

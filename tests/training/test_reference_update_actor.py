@@ -14,6 +14,7 @@ from forge.actors.trainer import Trainer
 from forge.losses import LossConfig
 from forge.training import OptimizerConfig, ReferenceConfig, ReferenceCore, TrainerConfig
 from forge.weights import WeightStore, build_weight_transport
+from forge.weights.pull import run_weights_prefix
 from tests.training.conftest import make_batch
 
 
@@ -97,7 +98,14 @@ def test_core_update_rules_skips_and_errors_in_process(tiny_model, tmp_path):
         ref.update_weights(3, handles[1])
     with pytest.raises(ValueError, match="versions only move forward"):
         ref.update_weights(1, handles[1])
-    no_source = ReferenceCore(ReferenceConfig(model=tiny_model, update={"type": "reset"}))
-    with pytest.raises(ValueError, match="names no prefix to look versions up by"):
-        no_source.update_weights(2)
+    no_root = ReferenceCore(
+        ReferenceConfig(
+            model=tiny_model, update={"type": "reset"}, weights={"transport": "safetensors_dir"}
+        )
+    )
+    with pytest.raises(ValueError, match="names no root to look versions up by"):
+        no_root.update_weights(2)
+    # No shm prefix: versions are looked up at the run's publication location.
+    run_default = ReferenceCore(ReferenceConfig(model=tiny_model, update={"type": "reset"}))
+    assert run_default._transport_or_raise().prefix == run_weights_prefix()
     store.close()
