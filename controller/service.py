@@ -71,6 +71,7 @@ class Service:
         self._restarts: dict[int, Any] = {}
         self._requests = dict.fromkeys(REQUEST_COUNTS, 0)
         self._checker: Any = None  # the health-check task (a concurrent future)
+        self._on_recover_s: dict[int, float] = {}  # replica index -> its last on_recover time
         self._table_path: str | None = None  # set once pickled: remote handles read it
 
     def __reduce__(self):
@@ -137,7 +138,9 @@ class Service:
         mesh = await spawn_actor(self._cls, self._opts, self._args, self._kwargs, name=name)
         try:
             if recover and isinstance(getattr(self._cls, "on_recover", None), EndpointProperty):
+                t0 = time.monotonic()
                 await mesh.endpoint("on_recover").call()
+                self._on_recover_s[index] = time.monotonic() - t0
         except BaseException:
             await asyncio.shield(asyncio.ensure_future(_stop_mesh(mesh)))
             raise
@@ -199,10 +202,11 @@ class Service:
                 await _stop_mesh(mesh)
             else:
                 logger.warning(
-                    "service %s: replica %d is back after %.2f s",
+                    "service %s: replica %d is back after %.2f s (on_recover: %.2f s)",
                     self.name,
                     r.index,
                     r.last_recovery_s or 0.0,
+                    self._on_recover_s.get(r.index, 0.0),
                 )
             return
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 from controller import endpoint
@@ -152,15 +153,17 @@ class Generator(ForgeActor):
 
     @endpoint
     async def on_recover(self) -> int:
+        t0 = time.perf_counter()
         version = self._backend().version
         if self._has_transport() and self._transport_or_raise().versions():
             version = await self.update_weights()
         self._recovered = True
         logger.warning(
-            "generator %s (pid %d) recovered: serving weight version %d",
+            "generator %s (pid %d) recovered: serving weight version %d (loaded in %.2f s)",
             self._forge_name,
             os.getpid(),
             version,
+            time.perf_counter() - t0,
         )
         return version
 
