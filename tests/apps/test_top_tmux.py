@@ -60,7 +60,12 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
         f"--run-dir {run} sft.steps=20 grpo.steps={STEPS} grpo.eval.at_start=false "
         f"grpo.eval.every=0 > {log} 2>&1; sleep 300"
     )
-    top = f"cd {shlex.quote(str(REPO))} && env {envs} {py} -m forge.cli top {run}; sleep 300"
+    # tmux may hand its panes COLUMNS=80 LINES=24 (seen when started from pytest), which rich
+    # would believe over the pane's real size
+    top = (
+        f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES {envs} {py} -m forge.cli top "
+        f"{run}; sleep 300"
+    )
     sock = f"forge-top-test-{uuid.uuid4().hex[:8]}"
     _tmux(sock, "new-session", "-d", "-s", "t", "-x", "160", "-y", "50", demo)
     try:
