@@ -21,6 +21,10 @@ def test_notebook_executes(tmp_path, monkeypatch):
     client.execute()
     outputs = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "held-out accuracy after SFT" in outputs and "stopped" in outputs
+    shown = "".join(
+        o.get("data", {}).get("text/plain", "") for c in nb.cells for o in c.get("outputs", [])
+    )
+    assert "Generator" in shown and "RewardActor" in shown and "healthy" in shown  # status()
     # the trainer's processes are gone after the last cell
     (pids,) = re.findall(r"trainer pids \[([\d, ]+)\]", outputs)
     assert [p for p in map(int, pids.split(",")) if pid_alive(p)] == []
