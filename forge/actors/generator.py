@@ -18,13 +18,16 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
 - ``on_recover() -> int``: called by the service layer after it restarted a crashed replica,
   before the replica takes traffic: loads the latest version published where the config
   says, by default the run's publication location (``forge.weights.pull``), if any (else
-  keeps the initial weights, version 0). It logs the version (logger ``forge.generator``),
-  and the replica logs the version stamped on its first completions after recovery.
+  keeps the initial weights, version 0). It logs the version (logger ``forge.generator``).
+  The first ``generate`` calls after it load any newer version pushed meanwhile (the app's
+  ``update_weights`` fanout skipped the restarting replica), and the replica logs the version
+  stamped on its first completions.
 - ``get_version() -> int``; ``stats() -> dict`` (batch sizes, counts, lanes);
   ``state_dict_checksum() -> str`` and ``get_param(name) -> Tensor`` for weight-sync checks.
 
 Versions only move forward: updating to the version in use is a no-op, to an older one a
-``ValueError``.
+``ValueError`` (except, on a restarted replica, a version no newer than the one its recovery
+loaded by itself: the app's update may arrive after it; that is a no-op).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ class Generator(ForgeActor):
         self.backend: GeneratorBackend | None = None
         self._transport = None
         self._recovered = False  # set by on_recover; cleared once the first call is served
+        self._catch_up: asyncio.Future | None = None  # first calls after recovery wait on it
+        # The newest version a recovery loaded by itself: the app may still send older ones.
+        self._recovered_version: int | None = None
 
     @endpoint
     async def setup(self) -> None:
@@ -85,6 +91,12 @@ class Generator(ForgeActor):
     @endpoint
     async def generate(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
         params = make_sampling_params(self.config.sampling, sampling)
+        if self._recovered:
+            # A version pushed while this replica was restarting missed it (the app's fanout
+            # went to healthy replicas only): catch up before serving the first requests.
+            if self._catch_up is None:
+                self._catch_up = asyncio.ensure_future(self._load_latest())
+            await self._catch_up
         with self.busy():
             out = await self._backend().generate(prompt, params)
         if self._recovered and out:
@@ -115,6 +127,9 @@ class Generator(ForgeActor):
         version = requested_version(version, handle, self._latest_pushed)
         if version == backend.version:
             return version
+        if version < backend.version and self._recovered_version is not None:
+            if version <= self._recovered_version:
+                return backend.version  # a restarted replica loaded a newer one by itself
         if version < backend.version:
             raise ValueError(
                 f"weight version {version} is older than the version in use "
@@ -154,9 +169,7 @@ class Generator(ForgeActor):
     @endpoint
     async def on_recover(self) -> int:
         t0 = time.perf_counter()
-        version = self._backend().version
-        if self._has_transport() and self._transport_or_raise().versions():
-            version = await self.update_weights()
+        version = await self._load_latest()
         self._recovered = True
         logger.warning(
             "generator %s (pid %d) recovered: serving weight version %d (loaded in %.2f s)",
@@ -166,6 +179,14 @@ class Generator(ForgeActor):
             time.perf_counter() - t0,
         )
         return version
+
+    async def _load_latest(self) -> int:
+        before = self._backend().version
+        if self._has_transport() and self._transport_or_raise().versions():
+            version = await self.update_weights()
+            if version > before:
+                self._recovered_version = version
+        return self._backend().version
 
     @endpoint
     async def get_version(self) -> int:

@@ -61,12 +61,18 @@ async def test_restarted_replicas_load_the_latest_version_with_no_wiring(tiny_mo
     await _restarted(ref, victims[1])
     by_replica = await gen.get_version.fanout_by_replica()
     assert by_replica == {0: 3, 1: 0}  # only the restarted one pulled (no wiring in "app")
-    # Its completions are stamped with the latest version; the healthy peer still serves 0.
+    assert await ref.version.route() == 2  # reset rule, every 2: the newest reset point
+
+    # A version pushed after the restart (which no update reached) is loaded before the
+    # restarted replica's first completions; the healthy peer still serves 0.
+    await trainer.train_step.call_one(batch)
+    await trainer.push_weights.call_one(4)
     stamps = set()
     for _ in range(4):
         [c] = await gen.generate.route("12 ", n=1, max_tokens=2)
         stamps.add(c.generator_version)
-    assert stamps == {0, 3}
-    assert await ref.version.route() == 2  # reset rule, every 2: the newest reset point
+    assert stamps == {0, 4}
+    # The app's late update to an older version is a no-op there, a move elsewhere.
+    assert await gen.update_weights.fanout_by_replica(3) == {0: 4, 1: 3}
     assert gen.metrics()[0]["last_recovery_s"] > 0
     await trainer.close.call_one()
