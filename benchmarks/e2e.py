@@ -4,7 +4,7 @@
     python -m benchmarks.e2e [--config short|gen-heavy|both] [--repeats 3] [--steps 30]
                              [--gen-steps 8] [--only forge0|forge1|trl1|trl2 ...]
 
-About 15 minutes with the defaults on the project's 2-core machine (shared, so it varies).
+About 16 minutes with the defaults on the project's 2-core machine at load 2-5 (it varies).
 
 Two configurations. Both: sum of digits (``apps.sumdigits``) with the exact-match reward
 (``sumdigits_reward``), ``--group`` completions per prompt, temperature 1.0, AdamW at ``--lr``,
@@ -261,7 +261,8 @@ async def run_forge(
     return {
         "s_per_step": w["s_per_step"],
         "tok_per_s": tokens / w["wall"],
-        "reward": statistics.fmean(r.get("rollout/reward", math.nan) for r in rows),
+        # (a step that no scored group reached before it was logged has no reward)
+        "reward": statistics.fmean(r["rollout/reward"] for r in rows if "rollout/reward" in r),
         "completion_len": tokens / (len(rows) * setup.prompts * setup.group),
         "cpu_util": w["cpu_util"],
         "wait_batch_s": med("time/wait_batch_s"),
