@@ -1,6 +1,7 @@
 """Generation throughput of the ``hf`` and ``vllm`` generator backends, side by side.
 
     python -m benchmarks.generate [--repeats 3] [--prompts 32] [--n 4] [--max-tokens 64]
+    python -m benchmarks.generate --config gen-heavy [--update]   # 16 x 8, sumdigits, 56
 
 Both backends run in a ``Generator`` actor (one process) on the same model (the "small"
 tiny-model preset, fp32: head size 32, which vLLM's CPU attention needs) and get the same
@@ -11,6 +12,22 @@ each, ``temperature`` 1.0, ``max_tokens`` tokens, a fixed seed per prompt, and
 generated tokens (all samples) over the wall time of the batch, median over ``--repeats``.
 vLLM is optional: when it is not importable that row is skipped with a message.
 
+``--config gen-heavy`` is the generation-heavy configuration of ``benchmarks.e2e``: the
+"small" preset at its random initialisation, the sum-of-digits prompts
+(``apps/sumdigits``), 16 prompts x group 8 = 128 completions, 56 new tokens at most; the
+explicit flags (``--prompts``, ``--group``/``--n``, ``--max-tokens``) still override it.
+
+``--update`` adds a mid-flight weight update: after the timed batches, ``--repeats`` more
+batches each get a new weight version (the initial weights plus noise, pushed through a
+shared-memory ``WeightStore``) sent with ``update_weights(mode="in_flight")`` once
+``--update-at`` (default 0.4) of the median batch time has passed. Reported: the batch's
+wall time against the median without an update (the update's cost to the batch), the
+``update_weights`` call's latency (pull + load), the backend's own pause
+(``last_update_pause_s``, vLLM: engine not stepping) and how many tokens were sampled after
+the update (vLLM keeps decoding the running requests on the new weights; the hf backend
+finishes them on the old weights in their lane).
+The machine's 1-minute load average is printed at the start and end of each backend.
+
 The last line is machine-readable: ``hf_tokens_per_s=<x> vllm_tokens_per_s=<y>`` (``nan``
 for a skipped backend).
 """
@@ -20,9 +37,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import statistics
 import tempfile
 import time
+import uuid
 
 from controller import shutdown
 
@@ -37,13 +56,39 @@ VLLM_ENGINE_KWARGS = {
 }
 
 
-def prompts(k: int) -> list[str]:
+CONFIGS = {
+    # name: (prompt style, prompts, group, max_tokens)
+    "default": ("arith", 32, 4, 64),
+    "gen-heavy": ("sumdigits", 16, 8, 56),
+}
+
+
+def prompts(k: int, style: str = "arith") -> list[str]:
+    if style == "sumdigits":
+        from apps.sumdigits.task import prompt_for
+
+        return [prompt_for(10**3 + 7919 * i % 9000) for i in range(k)]
     return [f"Question {i}: what is {i} + {2 * i}? Answer:" for i in range(k)]
+
+
+def _perturbed(model_dir: str, seed: int):
+    """A new weight version: the model's initial weights plus noise."""
+    import torch
+
+    from forge.models import load_model
+
+    model = load_model(model_dir)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    return model.state_dict()
 
 
 async def bench_backend(model_dir: str, backend: str, args) -> dict:
     from forge.actors.generator import Generator
     from forge.generation import GeneratorConfig
+    from forge.weights import SharedMemoryTransport, WeightStore
 
     cfg = GeneratorConfig(
         model=model_dir,
@@ -51,14 +96,15 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
         max_batch_size=args.max_batch_size or args.prompts * args.n,
         engine_kwargs=dict(VLLM_ENGINE_KWARGS) if backend == "vllm" else {},
     )
+    load = [os.getloadavg()[0]]
     t = time.perf_counter()
     gen = await Generator.options(procs=1).as_actor(cfg)
     startup = time.perf_counter() - t
-    batch = prompts(args.prompts)
+    batch = prompts(args.prompts, args.style)
 
-    async def one_batch() -> tuple[int, float]:
+    async def one_batch(update=None) -> tuple[int, float, dict]:
         t = time.perf_counter()
-        results = await asyncio.gather(
+        calls = asyncio.gather(
             *(
                 gen.generate.call_one(
                     p, n=args.n, max_tokens=args.max_tokens, temperature=1.0, seed=1000 + i
@@ -66,31 +112,80 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
                 for i, p in enumerate(batch)
             )
         )
+        info = await update() if update else {}
+        results = await calls
         seconds = time.perf_counter() - t
-        return sum(len(c.token_ids) for cs in results for c in cs), seconds
+        return sum(len(c.token_ids) for cs in results for c in cs), seconds, info
 
     await one_batch()  # warm-up: first-call allocations, vLLM's lazy initialisation
     runs = [await one_batch() for _ in range(args.repeats)]
-    await gen.shutdown()
-    tps = [tokens / s for tokens, s in runs]
-    return {
+    base_s = statistics.median(s for _, s, _ in runs)
+    out = {
         "startup": startup,
-        "tokens_per_s": statistics.median(tps),
-        "tokens": statistics.median(tok for tok, _ in runs),
-        "seconds": statistics.median(s for _, s in runs),
-        "all": tps,
+        "tokens_per_s": statistics.median(tok / s for tok, s, _ in runs),
+        "tokens": statistics.median(tok for tok, _, _ in runs),
+        "seconds": base_s,
+        "all": [tok / s for tok, s, _ in runs],
     }
+    if args.update:
+        store = WeightStore(SharedMemoryTransport(f"bench-gen-{uuid.uuid4().hex[:8]}"), keep_last=2)
+        try:
+            updates = []
+            for version in range(1, args.repeats + 1):
+                handle = store.push(_perturbed(model_dir, seed=version), version)
+
+                async def update(handle=handle, version=version) -> dict:
+                    await asyncio.sleep(args.update_at * base_s)
+                    before = await gen.stats.call_one()
+                    t = time.perf_counter()
+                    assert await gen.update_weights.call_one(handle=handle) == version
+                    call_s = time.perf_counter() - t
+                    return {"call_s": call_s, "before": before}
+
+                tokens, seconds, info = await one_batch(update)
+                stats = await gen.stats.call_one()
+                updates.append(
+                    {
+                        "seconds": seconds,
+                        "cost_s": seconds - base_s,
+                        "call_s": info["call_s"],
+                        "pause_s": stats.get("last_update_pause_s", float("nan")),
+                        "in_flight": stats["in_flight_updates"]
+                        - info["before"].get("in_flight_updates", 0),
+                        "tokens_after": stats.get("tokens_after_update", 0)
+                        - info["before"].get("tokens_after_update", 0),
+                        "tokens": tokens,
+                    }
+                )
+            out["updates"] = updates
+        finally:
+            store.close()
+    await gen.shutdown()
+    load.append(os.getloadavg()[0])
+    out["load"] = load
+    return out
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="default")
+    ap.add_argument("--prompts", type=int, default=None, help="default: from --config")
+    ap.add_argument("--n", "--group", dest="n", type=int, default=None, help="samples/prompt")
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--update", action="store_true", help="also time a mid-flight update")
+    ap.add_argument("--update-at", type=float, default=0.4, help="fraction of a batch's time")
     ap.add_argument("--max-batch-size", type=int, default=None, help="default: prompts x n")
     ap.add_argument("--backends", default="hf,vllm")
     args = ap.parse_args()
+    args.style, prompts_, n, max_tokens = CONFIGS[args.config]
+    args.prompts = args.prompts or prompts_
+    args.n = args.n or n
+    args.max_tokens = args.max_tokens or max_tokens
 
     from forge.models import make_tiny_model
 
@@ -112,8 +207,8 @@ def main() -> None:
             results[backend] = asyncio.run(run())
 
     print(
-        f"batch: {args.prompts} prompts x n={args.n}, max_tokens {args.max_tokens}, "
-        f"temperature 1.0, 'small' tiny model fp32"
+        f"batch: {args.prompts} {args.style} prompts x n={args.n}, max_tokens "
+        f"{args.max_tokens}, temperature 1.0, 'small' tiny model fp32"
     )
     for backend, r in results.items():
         if r is None:
@@ -121,8 +216,22 @@ def main() -> None:
         print(
             f"{backend:6s} {r['tokens_per_s']:9.0f} tokens/s  ({r['tokens']:.0f} tokens in "
             f"{r['seconds']:.2f} s; start-up {r['startup']:.1f} s, excluded; runs: "
-            f"{', '.join(f'{x:.0f}' for x in r['all'])})"
+            f"{', '.join(f'{x:.0f}' for x in r['all'])}; load {r['load'][0]:.2f}>"
+            f"{r['load'][1]:.2f})"
         )
+        for u in r.get("updates", []):
+            print(
+                f"{'':6s} mid-flight update: batch {u['seconds']:.2f} s ({u['cost_s']:+.2f} s vs "
+                f"median), update_weights call {u['call_s']:.3f} s, backend pause "
+                f"{u['pause_s']:.3f} s, in-flight {u['in_flight']}, tokens after the update "
+                f"{u['tokens_after']} of {u['tokens']}"
+            )
+        if r.get("updates"):
+            ups = r["updates"]
+            print(
+                f"{'':6s} update medians: cost {_median(ups, 'cost_s'):+.2f} s, call "
+                f"{_median(ups, 'call_s'):.3f} s, pause {_median(ups, 'pause_s'):.3f} s"
+            )
     hf = results.get("hf")
     vl = results.get("vllm")
     print(

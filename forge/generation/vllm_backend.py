@@ -13,12 +13,40 @@ Conventions, mapped to ``forge.types``:
 - logprobs come from ``logprobs_mode="processed_logprobs"``: log softmax(logits / T). This is
   Forge's convention (``forge.models.token_logprobs`` recomputes it) as long as top-k/top-p
   do not filter; with filtering, vLLM renormalises over the kept tokens.
-- weight updates reload in place (``worker.reload_weights(weights_iterator=...)``, HF names),
-  which would change weights under running sequences. So ``"in_flight"`` here means: stop
-  admitting, let running requests finish on the old weights, reload, then admit the queued
-  requests with the new version. It behaves like ``"drain"``; new requests wait instead of
-  running on a second copy of the model as with the hf backend. The prefix cache is reset
-  after each reload (its KV blocks were computed with the old weights).
+- weight updates (``update_weights``) load in place, with vLLM's own reload
+  (``collective_rpc("reload_weights", weights_iterator=...)``, HF names), always between two
+  engine steps: the serve task holds a lock across each ``LLMEngine.step`` and the load
+  takes it, and on CPU vLLM steps synchronously (no async scheduling, no batch queue), so
+  no forward pass is in flight while the weights change.
+
+  ``mode="in_flight"`` (default) does not drain: running requests stay in vLLM's scheduler
+  with their KV cache and keep decoding on the new weights (vLLM's own
+  ``pause_generation(mode="keep", clear_cache=False)``, done here by simply not stepping for
+  the duration of the load). The engine is stepped again right after the load; the pause is
+  the load itself (``stats()["last_update_pause_s"]``). What a running completion then
+  holds:
+  * tokens sampled before the update come from the old weights, tokens after it from the
+    new weights, and each ``logprobs[i]`` is the log-probability the token was actually
+    sampled with (what truncated importance sampling corrects);
+  * the KV entries of its earlier positions stay those computed with the old weights
+    (PipelineRL-style "stale KV"), so a token after the update is not exactly what the new
+    weights would give on a fresh forward of the same context;
+  * ``generator_version`` is the version the request started with, the oldest version
+    that sampled any of its tokens (what the replay buffer's policy-age limit wants).
+    vLLM labels the tokens itself (``engine.set_weight_version`` after each load, and
+    ``CompletionOutput.weight_versions`` spans); ``stats()`` counts
+    ``mixed_version_completions`` and ``tokens_after_update`` from those spans.
+  Requests admitted after the update are generated entirely with the new weights: each
+  request carries ``cache_salt=f"v{version}"``, so vLLM's prefix cache never hands a new
+  request KV blocks that were computed with older weights (the old blocks age out of the
+  LRU; when nothing runs at the update they are dropped at once).
+
+  This differs from the hf backend, which never mixes versions in one completion (it runs a
+  second copy of the model for new requests while old ones finish). One vLLM engine holds
+  one model, so the vLLM alternative to mixing is draining.
+
+  ``mode="drain"``: stop admitting, let running requests finish on the old weights, load,
+  then admit the queued requests with the new version.
 - ``named_weights`` returns vLLM's own (fused) parameter names, not HF names.
 """
 
@@ -29,6 +57,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from typing import Any
 
@@ -72,8 +101,20 @@ class VLLMBackend(GeneratorBackend):
         self._paused = False
         self._task: asyncio.Task | None = None
         self._stats = dict.fromkeys(
-            ("steps", "requests", "completions", "tokens", "max_batch_rows", "weight_updates"), 0
+            (
+                "steps",
+                "requests",
+                "completions",
+                "tokens",
+                "max_batch_rows",
+                "weight_updates",
+                "in_flight_updates",
+                "mixed_version_completions",
+                "tokens_after_update",
+            ),
+            0,
         )
+        self._stats["last_update_pause_s"] = 0.0
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -101,7 +142,9 @@ class VLLMBackend(GeneratorBackend):
             "enforce_eager": True,
             **cfg.engine_kwargs,
         }
-        return LLM(model=cfg.model, **kwargs)
+        llm = LLM(model=cfg.model, **kwargs)
+        llm.llm_engine.set_weight_version(str(self.version))
+        return llm
 
     async def close(self) -> None:
         if self._task is not None:
@@ -154,7 +197,9 @@ class VLLMBackend(GeneratorBackend):
             try:
                 text, ids = encode_prompt(self.tokenizer, prompt)
                 request_id = str(next(self._ids))
-                engine.add_request(request_id, {"prompt_token_ids": ids}, to_vllm(params))
+                # The salt keeps prefix-cache blocks of older weights away from this request.
+                inputs = {"prompt_token_ids": ids, "cache_salt": f"v{self.version}"}
+                engine.add_request(request_id, inputs, to_vllm(params))
             except (TypeError, ValueError) as e:
                 future.set_exception(e)
                 continue
@@ -171,6 +216,11 @@ class VLLMBackend(GeneratorBackend):
                 continue
             future, text, ids, _, version = self._running.pop(out.request_id)
             completions = [_to_completion(text, ids, o, version) for o in out.outputs]
+            for o in out.outputs:
+                spans = o.weight_versions or []
+                if len(spans) > 1:
+                    self._stats["mixed_version_completions"] += 1
+                    self._stats["tokens_after_update"] += spans[-1].end - spans[0].end
             self._stats["completions"] += len(completions)
             self._stats["tokens"] += sum(len(c.token_ids) for c in completions)
             if not future.done():
@@ -191,23 +241,40 @@ class VLLMBackend(GeneratorBackend):
     async def update_weights(
         self, state_dict: dict[str, torch.Tensor], version: int, mode: str
     ) -> None:
-        # Both modes: pause admission, let running requests finish, reload, resume.
         async with self._update_lock:
+            if mode == "in_flight":
+                # Between two steps; running requests continue on the new weights.
+                async with self._lock:
+                    await self._apply(state_dict, version)
+                self._wake.set()
+                return
             self._paused = True
             try:
                 await self._drained.wait()
                 async with self._lock:
-                    await self._run(self._reload, state_dict)
-                    self.version = version
-                    self._stats["weight_updates"] += 1
+                    await self._apply(state_dict, version)
             finally:
                 self._paused = False
                 self._wake.set()
 
-    def _reload(self, state_dict: dict[str, torch.Tensor]) -> None:
+    async def _apply(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load the weights (caller holds ``self._lock``: no engine step runs meanwhile)."""
+        running = bool(self._running)
+        t = time.perf_counter()
+        await self._run(self._reload, state_dict, version, running)
+        self.version = version
+        self._stats["last_update_pause_s"] = time.perf_counter() - t
+        self._stats["weight_updates"] += 1
+        self._stats["in_flight_updates"] += running
+
+    def _reload(self, state_dict: dict[str, torch.Tensor], version: int, running: bool) -> None:
         engine = self._llm.llm_engine
         engine.collective_rpc("reload_weights", kwargs={"weights_iterator": state_dict.items()})
-        engine.reset_prefix_cache()
+        engine.set_weight_version(str(version))  # labels the tokens sampled from now on
+        if not running:
+            # Free the old version's prefix blocks now (vLLM refuses while requests hold
+            # blocks; then the version's cache salt keeps them from being reused).
+            engine.reset_prefix_cache()
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         def grab(worker):
