@@ -48,9 +48,12 @@ class SamplingParams:
 class Completion:
     """One sampled continuation of a prompt.
 
-    ``logprobs[i]`` is the generator's log-probability of ``token_ids[i]`` under the weights
-    of ``generator_version``. ``stop_reason`` is ``"stop"`` (EOS or a stop string) or
-    ``"length"`` (hit ``max_tokens``).
+    ``logprobs[i]`` is the generator's log-probability of ``token_ids[i]``, as sampled, under
+    the weights of ``generator_version``: the version the request started with. The vllm
+    backend's in-flight updates let a running request continue on newer weights (tokens
+    after the update are sampled by them, ``logprobs`` still the sampled ones; see
+    ``forge.generation.vllm_backend``), so there it is the oldest version in the completion.
+    ``stop_reason`` is ``"stop"`` (EOS or a stop string) or ``"length"`` (hit ``max_tokens``).
     """
 
     prompt: str

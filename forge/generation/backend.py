@@ -121,8 +121,10 @@ class GeneratorConfig:
         max_batch_size: most sequences (samples, not requests) decoded together.
         sampling: defaults for every ``generate`` call; keyword overrides replace fields.
         seed: seeds the sampling streams of requests that give no ``seed``.
-        update_mode: default for ``update_weights``: ``"in_flight"`` (running requests finish
-            on the weights they started with) or ``"drain"`` (wait until idle, then swap).
+        update_mode: default for ``update_weights``: ``"in_flight"`` (no drain; hf: running
+            requests finish on the weights they started with, in a second lane; vllm: they
+            continue on the new weights, see ``vllm_backend``) or ``"drain"`` (wait until
+            idle, then swap).
         attn_implementation: hf backend attention (``"eager"`` matches the trainer's
             logprob recomputation bit-for-bit on CPU; ``"sdpa"`` is faster on GPUs).
         weights: where versions are pulled from by number.
