@@ -101,6 +101,7 @@ class Config:
     restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
     reward_replicas: int = 1
     stream: bool = False  # trajectory streaming: train on a step's first groups early
+    batch_timeout_s: float = 600.0  # no usable batch for this long: stop with a named error
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     seed: int = 0
 
@@ -224,7 +225,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                 m, waited = await _streamed_step(buffer, trainer, version, manager, cfg)
                 t1 = t0 + waited
             else:
-                batch = await _next_batch(buffer, version, manager)
+                batch = await _next_batch(buffer, version, manager, cfg.batch_timeout_s)
                 t1 = time.perf_counter()
                 m = await _train(trainer, critic, batch, cfg)
             t2 = time.perf_counter()
@@ -328,19 +329,37 @@ async def _streamed_step(buffer, trainer, version: int, manager: RolloutManager,
             )
             if part is None:
                 manager.check()
+                if time.perf_counter() - t > cfg.batch_timeout_s:
+                    await _starved(buffer, version, manager, cfg.batch_timeout_s)
         waited += time.perf_counter() - t
         await trainer.accumulate.call(part)
         got += part.input_ids_bt.shape[0]
     return (await trainer.apply_accumulated.call()).item(procs=0), waited
 
 
-async def _next_batch(buffer, version: int, manager: RolloutManager):
-    """Wait for the buffer to hold a batch usable at ``version``; surface rollout crashes."""
+async def _next_batch(buffer, version: int, manager: RolloutManager, timeout_s: float):
+    """Wait for the buffer to hold a batch usable at ``version``; surface rollout crashes,
+    and give up with a named error after ``timeout_s`` seconds without one."""
+    deadline = time.monotonic() + timeout_s
     while True:  # the buffer answers as soon as the batch is complete (or after 0.5 s)
         batch = await buffer.sample.call_one(version, wait_s=0.5)
         if batch is not None:
             return batch
         manager.check()
+        if time.monotonic() > deadline:
+            await _starved(buffer, version, manager, timeout_s)
+
+
+async def _starved(buffer, version: int, manager: RolloutManager, timeout_s: float) -> None:
+    """Raise the error for a training loop that got no usable batch in ``timeout_s``."""
+    m = await buffer.metrics.call_one()
+    raise TimeoutError(
+        f"no batch usable at policy version {version} after {timeout_s:.0f} s "
+        f"(batch_timeout_s): the replay buffer holds {m['replay/size']:.0f} episodes, "
+        f"{m['replay/evicted_stale']:.0f} evicted as stale so far; rollouts: {manager.counts}. "
+        "Generators serving weights older than max_policy_age produce only stale episodes; "
+        "check the generators' versions (forge top) and the rollout errors above"
+    )
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:

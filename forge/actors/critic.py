@@ -39,7 +39,7 @@ import os
 
 import torch
 
-from controller import current_size, endpoint
+from controller import current_size, endpoint, threads
 from forge.actors.base import ForgeActor
 from forge.training.config import resolve_device
 from forge.training.critic import CriticConfig
@@ -91,7 +91,7 @@ class Critic(ForgeActor):
 
     @endpoint
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        with self.busy():
+        with self.busy(), threads.compute():
             return self.core.batch_values(_check_batch(batch, "values"))
 
     @endpoint
@@ -101,7 +101,7 @@ class Critic(ForgeActor):
         returns_bt: torch.Tensor,
         old_values_bt: torch.Tensor | None = None,
     ) -> dict[str, float]:
-        with self.busy():
+        with self.busy(), threads.compute():
             return self.core.train_step(
                 _check_batch(batch, "train_step"), returns_bt, old_values_bt
             )

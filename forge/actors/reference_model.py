@@ -49,7 +49,7 @@ from collections.abc import Sequence
 
 import torch
 
-from controller import endpoint
+from controller import endpoint, threads
 from forge.actors.base import ForgeActor
 from forge.training.config import ReferenceConfig
 from forge.types import Episode, TrainBatch
@@ -84,7 +84,8 @@ class ReferenceModel(ForgeActor):
 
     @endpoint
     def forward(self, batch: TrainBatch | Sequence[Episode]) -> list[list[float]] | torch.Tensor:
-        return self.core.logprobs(batch)
+        with threads.compute():  # this process's share of the host's cores
+            return self.core.logprobs(batch)
 
     @endpoint
     def update_weights(self, version: int | None = None, handle: WeightHandle | None = None) -> int:

@@ -93,3 +93,18 @@ def test_streaming_trains_multi_turn_episodes(tmp_path):
     steps = _steps(run)
     assert sorted(steps) == [1, 2, 3]
     assert all(r["train/tokens"] > 0 and r["train/parts"] >= 1 for r in steps.values())
+
+
+def test_a_starved_training_loop_stops_with_a_named_error(tmp_path):
+    """No usable batch within batch_timeout_s: a clear error, not a silent hang."""
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    cfg = tmp_path / "run.yaml"
+    text = CONFIG.format(model=model).replace("stream: true", "stream: false")
+    text = text.replace("prompts_per_step: 8", "prompts_per_step: 64").replace(
+        "max_tokens: 24", "max_tokens: 200"
+    )
+    cfg.write_text(text + "batch_timeout_s: 1.0\n")
+    out = forge_run(["--config", str(cfg), "--run-dir", str(tmp_path / "run")], timeout=300)
+    assert out.returncode != 0
+    err = out.stdout + out.stderr
+    assert "no batch usable at policy version 0 after 1 s (batch_timeout_s)" in err, err[-3000:]
