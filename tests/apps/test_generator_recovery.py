@@ -1,0 +1,123 @@
+"""A GRPO run (two generator replicas, nothing about weights configured) whose generator
+replica is SIGKILLed mid-run: the service restarts it, and before it takes traffic it loads
+the latest version the trainer published at the run's default location, so its first
+completions are stamped with that version, not 0. The run finishes normally."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from forge.models import make_tiny_model
+from tests.helpers import REPO, script_env, wait_dead
+
+STEPS = 400
+KILL_AT = 4  # trained steps (so pushed versions) before the kill
+
+
+def _config(tmp_path: Path) -> Path:
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    path = tmp_path / "grpo.yaml"
+    path.write_text(
+        f"""
+app: apps.grpo.main
+model: {model}
+steps: {STEPS}
+num_generators: 2
+data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
+rewards: [apps.sumdigits.task:sumdigits_reward]
+rollout: {{prompts_per_step: 2, group_size: 4, max_tokens: 4, tasks: 2}}
+generator: {{model: {model}, max_batch_size: 16}}
+trainer: {{model: {model}, optimizer: {{lr: 1.0e-4}}}}
+eval: {{at_start: false, at_end: false}}
+"""
+    )
+    return path
+
+
+def _rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _generator_pids(proc: subprocess.Popen) -> dict[int, str]:
+    """This run's generator replica processes (found by FORGE_MESH): pid -> mesh name."""
+    found = {}
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            mesh = child.environ().get("FORGE_MESH", "")
+        except psutil.Error:
+            continue
+        if mesh.startswith("Generator-r"):
+            found[child.pid] = mesh
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_killed_generator_replica_serves_the_latest_version_after_restart(tmp_path):
+    config, run = _config(tmp_path), tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=script_env(),
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while len([r for r in _rows(run) if "train/loss" in r]) < KILL_AT:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"not {KILL_AT} steps within 300 s"
+            time.sleep(0.05)
+        gens = _generator_pids(proc)
+        assert len(gens) == 2, gens
+        victim = min(gens)
+        trained_at_kill = max(r["step"] for r in _rows(run) if "train/loss" in r)
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-2000:] + err[-4000:]
+    assert wait_dead([victim], 5) == []
+
+    # The restarted replica (a new process of the same replica) recovered at the latest
+    # version published when it restarted: at least the one trained before the kill.
+    recovered = re.findall(
+        r"generator (Generator-r\d+)-\d+ \(pid (\d+)\) recovered: serving weight version (\d+)",
+        err,
+    )
+    assert len(recovered) == 1, err[-4000:]
+    replica, pid, at_recover = recovered[0][0], int(recovered[0][1]), int(recovered[0][2])
+    assert gens[victim].startswith(replica + "-") and pid != victim
+    assert at_recover >= trained_at_kill >= KILL_AT, (at_recover, trained_at_kill)
+    # ... and its first completions carry that version (or a newer one pushed meanwhile).
+    first = re.findall(
+        rf"generator {replica}-\d+ \(pid {pid}\): first completions after recovery at weight "
+        r"version (\d+)",
+        err,
+    )
+    assert len(first) == 1 and int(first[0]) >= at_recover > 0, err[-4000:]
+    back = re.search(r"replica \d+ is back after ([\d.]+) s", err + out)
+    assert back, err[-4000:]
+    print(
+        f"killed {gens[victim]} (pid {victim}) after step {trained_at_kill}; restarted as "
+        f"pid {pid} at version {at_recover}, first completions at version {first[0]}; "
+        f"restart to serving: {back.group(1)} s"
+    )
+    steps = [r["step"] for r in _rows(run) if "train/loss" in r]
+    assert steps[-1] == STEPS
