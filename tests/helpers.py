@@ -72,3 +72,27 @@ def forge_run(
         cwd=REPO,
         timeout=timeout,
     )
+
+
+def tiny_grpo_config(tmp_path: Path, steps: int, extra: str = "") -> Path:
+    """A GRPO app config on a freshly built tiny model (sum of digits, 2 prompts x 4 per
+    step, no evaluation), with ``extra`` YAML lines appended; returns its path."""
+    from forge.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    path = tmp_path / "grpo.yaml"
+    path.write_text(
+        f"""
+app: apps.grpo.main
+model: {model}
+steps: {steps}
+data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
+rewards: [apps.sumdigits.task:sumdigits_reward]
+rollout: {{prompts_per_step: 2, group_size: 4, max_tokens: 4, tasks: 2}}
+generator: {{model: {model}, max_batch_size: 16}}
+trainer: {{model: {model}, optimizer: {{lr: 1.0e-4}}}}
+eval: {{at_start: false, at_end: false}}
+{extra}
+"""
+    )
+    return path

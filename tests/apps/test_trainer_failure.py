@@ -16,30 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from forge.models import make_tiny_model
-from tests.helpers import REPO, forge_run, script_env, wait_dead
+from tests.helpers import REPO, forge_run, script_env, tiny_grpo_config, wait_dead
 
 STEPS = 60
 
 
 def _config(tmp_path: Path) -> Path:
-    model = make_tiny_model(tmp_path / "model", preset="tiny")
-    path = tmp_path / "grpo.yaml"
-    path.write_text(
-        f"""
-app: apps.grpo.main
-model: {model}
-steps: {STEPS}
-checkpoint_every: 3
-data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
-rewards: [apps.sumdigits.task:sumdigits_reward]
-rollout: {{prompts_per_step: 2, group_size: 4, max_tokens: 4, tasks: 2}}
-generator: {{model: {model}, max_batch_size: 16}}
-trainer: {{model: {model}, optimizer: {{lr: 1.0e-4}}}}
-eval: {{at_start: false, at_end: false}}
-"""
-    )
-    return path
+    return tiny_grpo_config(tmp_path, STEPS, "checkpoint_every: 3")
 
 
 def _start(config: Path, run: Path, *overrides: str) -> subprocess.Popen:
