@@ -21,7 +21,8 @@ explicit flags (``--prompts``, ``--group``/``--n``, ``--max-tokens``) still over
 batches each get a new weight version (the initial weights plus noise, pushed through a
 shared-memory ``WeightStore``) sent with ``update_weights(mode="in_flight")`` once
 ``--update-at`` (default 0.4) of the median batch time has passed. Reported: the batch's
-wall time against the median without an update (the update's cost to the batch), the
+tokens/s against the batches without an update (tokens/s, not seconds: the new weights
+change where samples stop, so the batches' token counts differ), the
 ``update_weights`` call's latency (pull + load), the backend's own pause
 (``last_update_pause_s``, vLLM: engine not stepping) and how many tokens were sampled after
 the update (vLLM keeps decoding the running requests on the new weights; the hf backend
@@ -147,7 +148,7 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
                 updates.append(
                     {
                         "seconds": seconds,
-                        "cost_s": seconds - base_s,
+                        "tokens_per_s": tokens / seconds,
                         "call_s": info["call_s"],
                         "pause_s": stats.get("last_update_pause_s", float("nan")),
                         "in_flight": stats["in_flight_updates"]
@@ -221,16 +222,19 @@ def main() -> None:
         )
         for u in r.get("updates", []):
             print(
-                f"{'':6s} mid-flight update: batch {u['seconds']:.2f} s ({u['cost_s']:+.2f} s vs "
-                f"median), update_weights call {u['call_s']:.3f} s, backend pause "
-                f"{u['pause_s']:.3f} s, in-flight {u['in_flight']}, tokens after the update "
-                f"{u['tokens_after']} of {u['tokens']}"
+                f"{'':6s} mid-flight update: {u['tokens_per_s']:.0f} tokens/s ({u['tokens']} "
+                f"tokens in {u['seconds']:.2f} s), update_weights call {u['call_s']:.3f} s, "
+                f"backend pause {u['pause_s']:.3f} s, in-flight {u['in_flight']}, tokens "
+                f"sampled after the update {u['tokens_after']}"
             )
         if r.get("updates"):
             ups = r["updates"]
+            tps = _median(ups, "tokens_per_s")
             print(
-                f"{'':6s} update medians: cost {_median(ups, 'cost_s'):+.2f} s, call "
-                f"{_median(ups, 'call_s'):.3f} s, pause {_median(ups, 'pause_s'):.3f} s"
+                f"{'':6s} with a mid-flight update: {tps:.0f} tokens/s "
+                f"({tps / r['tokens_per_s']:.2f}x the batches without), update_weights call "
+                f"{_median(ups, 'call_s'):.3f} s, backend pause {_median(ups, 'pause_s'):.3f} s "
+                "(medians)"
             )
     hf = results.get("hf")
     vl = results.get("vllm")
