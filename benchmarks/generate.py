@@ -19,8 +19,8 @@ explicit flags (``--prompts``, ``--group``/``--n``, ``--max-tokens``) still over
 
 ``--update`` adds a mid-flight weight update: after the timed batches, ``--repeats`` more
 batches each get a new weight version (the initial weights plus noise, pushed through a
-shared-memory ``WeightStore``) sent with ``update_weights(mode="in_flight")`` once
-``--update-at`` (default 0.4) of the median batch time has passed. Reported: the batch's
+shared-memory ``WeightStore``) sent with ``update_weights(mode="in_flight")`` once the
+engine has run ``--update-at`` (default 0.4) x ``max_tokens`` steps of the batch. Reported: the batch's
 tokens/s against the batches without an update (tokens/s, not seconds: the new weights
 change where samples stop, so the batches' token counts differ), the
 ``update_weights`` call's latency (pull + load), the backend's own pause
@@ -104,6 +104,7 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
     batch = prompts(args.prompts, args.style)
 
     async def one_batch(update=None) -> tuple[int, float, dict]:
+        start = await gen.stats.call_one() if update else None
         t = time.perf_counter()
         calls = asyncio.gather(
             *(
@@ -113,7 +114,7 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
                 for i, p in enumerate(batch)
             )
         )
-        info = await update() if update else {}
+        info = await update(start=start) if update else {}
         results = await calls
         seconds = time.perf_counter() - t
         return sum(len(c.token_ids) for cs in results for c in cs), seconds, info
@@ -135,9 +136,12 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
             for version in range(1, args.repeats + 1):
                 handle = store.push(_perturbed(model_dir, seed=version), version)
 
-                async def update(handle=handle, version=version) -> dict:
-                    await asyncio.sleep(args.update_at * base_s)
-                    before = await gen.stats.call_one()
+                async def update(handle=handle, version=version, start=None) -> dict:
+                    # Mid-batch by progress, not time (a busy machine stretches the time):
+                    # once the engine has run update_at x max_tokens steps of this batch.
+                    target = start["steps"] + max(1, round(args.update_at * args.max_tokens))
+                    while (before := await gen.stats.call_one())["steps"] < target:
+                        await asyncio.sleep(0.01)
                     t = time.perf_counter()
                     assert await gen.update_weights.call_one(handle=handle) == version
                     call_s = time.perf_counter() - t
@@ -179,7 +183,9 @@ def main() -> None:
     ap.add_argument("--n", "--group", dest="n", type=int, default=None, help="samples/prompt")
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--update", action="store_true", help="also time a mid-flight update")
-    ap.add_argument("--update-at", type=float, default=0.4, help="fraction of a batch's time")
+    ap.add_argument(
+        "--update-at", type=float, default=0.4, help="update after this x max_tokens steps"
+    )
     ap.add_argument("--max-batch-size", type=int, default=None, help="default: prompts x n")
     ap.add_argument("--backends", default="hf,vllm")
     args = ap.parse_args()
