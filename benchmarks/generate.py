@@ -19,14 +19,15 @@ explicit flags (``--prompts``, ``--group``/``--n``, ``--max-tokens``) still over
 
 ``--update`` adds a mid-flight weight update: after the timed batches, ``--repeats`` more
 batches each get a new weight version (the initial weights plus noise, pushed through a
-shared-memory ``WeightStore``) sent with ``update_weights(mode="in_flight")`` once the
-engine has run ``--update-at`` (default 0.4) x ``max_tokens`` steps of the batch. Reported: the batch's
-tokens/s against the batches without an update (tokens/s, not seconds: the new weights
-change where samples stop, so the batches' token counts differ), the
-``update_weights`` call's latency (pull + load), the backend's own pause
-(``last_update_pause_s``, vLLM: engine not stepping) and how many tokens were sampled after
-the update (vLLM keeps decoding the running requests on the new weights; the hf backend
-finishes them on the old weights in their lane).
+shared-memory ``WeightStore``), sent with ``update_weights(mode=<--update-mode>)`` once the
+engine has run ``--update-at`` (default 0.4) x ``max_tokens`` steps of the batch. Modes:
+``in_flight`` (default) or ``drain`` (waits for the running requests: its call time is the
+drain). Reported: the update batches' tokens/s against the batches without one (tokens/s,
+not seconds: the new weights change where samples stop, so token counts differ), the
+``update_weights`` call's latency (pull + load, + drain), the backend's own pause
+(``last_update_pause_s``, vLLM: the engine not stepping) and how many tokens were sampled
+after the update (vLLM keeps decoding the running requests on the new weights; the hf
+backend finishes them on the old weights in their lane, so 0 there).
 The machine's 1-minute load average is printed at the start and end of each backend.
 
 The last line is machine-readable: ``hf_tokens_per_s=<x> vllm_tokens_per_s=<y>`` (``nan``
@@ -143,7 +144,8 @@ async def bench_backend(model_dir: str, backend: str, args) -> dict:
                     while (before := await gen.stats.call_one())["steps"] < target:
                         await asyncio.sleep(0.01)
                     t = time.perf_counter()
-                    assert await gen.update_weights.call_one(handle=handle) == version
+                    got = await gen.update_weights.call_one(handle=handle, mode=args.update_mode)
+                    assert got == version
                     call_s = time.perf_counter() - t
                     return {"call_s": call_s, "before": before}
 
@@ -183,6 +185,7 @@ def main() -> None:
     ap.add_argument("--n", "--group", dest="n", type=int, default=None, help="samples/prompt")
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--update", action="store_true", help="also time a mid-flight update")
+    ap.add_argument("--update-mode", choices=("in_flight", "drain"), default="in_flight")
     ap.add_argument(
         "--update-at", type=float, default=0.4, help="update after this x max_tokens steps"
     )
