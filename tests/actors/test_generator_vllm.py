@@ -93,6 +93,7 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
         print("vllm in-flight update:", {k: stats[k] for k in sorted(stats)})
 
         assert all(c.generator_version == 0 for c in old) and new.generator_version == 1
+        assert stats["max_batch_rows"] == 7  # the new request ran beside the six v0 rows
         model = load_model(model_dir)
         # Tokens sampled before the update are v0's, exactly; from the update on they are not.
         # The switch point of each completion must be where vLLM's version labels put it (a
