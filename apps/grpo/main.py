@@ -240,6 +240,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
             # previous step's flush returned, and a new flush starts (the last one is awaited).
             if flush is not None:
                 buf_m = await _merge_flush(flush, log)
+            else:  # the run's first step: no flush yet, ask the buffer once
+                buf_m = _buffer_fields(await buffer.metrics.call_one())
             flush = asyncio.ensure_future(_actor_metrics(trainer, generator, buffer))
             stats = log.step(
                 version,
@@ -294,6 +296,11 @@ async def _merge_flush(flush: asyncio.Future, log: MetricLog) -> dict:
     """Merge a finished (or awaited) flush into ``log``; returns the buffer metrics to log."""
     states, buf_m = await flush
     log.merge(states)
+    return _buffer_fields(buf_m)
+
+
+def _buffer_fields(buf_m: dict) -> dict:
+    """The replay buffer's metrics as the step row logs them."""
     return {
         "buffer/sampled_policy_age_mean": buf_m["replay/sampled_policy_age_mean"],
         "buffer/evicted_stale": buf_m["replay/evicted_stale"],
