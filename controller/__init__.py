@@ -23,7 +23,7 @@ This package never imports ``forge`` or ``torch`` at module level.
 
 from controller._backend import use_host_mesh
 from controller._context import Point, current_rank, current_size
-from controller._runtime import session_tag
+from controller._runtime import pid_alive, session_tag
 from controller.actor import Actor, ActorOptions, shutdown
 from controller.endpoint import Endpoint, Future, endpoint
 from controller.errors import (
@@ -66,6 +66,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "pid_alive",
     "session_tag",
     "shutdown",
     "this_host",

@@ -45,7 +45,8 @@ class Session:
         return {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (possibly another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -72,7 +73,7 @@ def _sweep_stale_sessions(tmp: str) -> None:
             continue
         for name in names:
             m = _SESSION_NAME.search(name)
-            if m is None or _pid_alive(int(m.group(1))):
+            if m is None or pid_alive(int(m.group(1))):
                 continue
             path = os.path.join(base, name)
             if os.path.isdir(path):

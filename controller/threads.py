@@ -36,6 +36,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from controller._runtime import pid_alive
+
 __all__ = ["ThreadBudget", "compute", "get_budget", "host_cores"]
 
 SLOTS = 512
@@ -123,7 +125,7 @@ class ThreadBudget:
         try:
             for i in range(SLOTS):
                 pid = int.from_bytes(mm[i * 16 : i * 16 + 8], "little")
-                if pid == me or pid == 0 or not _alive(pid):
+                if pid == me or pid == 0 or not pid_alive(pid):
                     mm[i * 16 : i * 16 + 16] = me.to_bytes(8, "little") + bytes(8)
                     return i
         finally:
@@ -143,7 +145,7 @@ class ThreadBudget:
         table = self._rows()
         pids = table[(table[:, 1] != 0) & (table[:, 0] != 0), 0].tolist()
         me = os.getpid()
-        return [pid for pid in pids if pid == me or _alive(pid)]
+        return [pid for pid in pids if pid == me or pid_alive(pid)]
 
     def _rows(self):
         import numpy as np
@@ -229,16 +231,6 @@ class ThreadBudget:
             self._mm[self._slot * 16 : self._slot * 16 + 16] = bytes(16)
             self._mm.close()
             self._mm, self._slot = None, None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _budget: ThreadBudget | None = None

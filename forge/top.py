@@ -13,7 +13,6 @@ while still marked running (the controller was killed) is shown as not updating.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from controller import pid_alive
 from forge import env
 from forge.observability.status import STATUS_FILE
 
@@ -84,14 +84,6 @@ def _ago(seconds: float) -> str:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -101,7 +93,7 @@ def _liveness(snap: dict[str, Any], now: float) -> Text:
     age = now - snap.get("updated_at", now)
     text = Text(state.upper(), style=_STATE_STYLE.get(state, "bold"))
     if state == "running" and age > max(3 * snap.get("interval_s", 1.0), 5.0):
-        gone = snap.get("host") == socket.gethostname() and not _pid_alive(snap.get("pid", 0))
+        gone = snap.get("host") == socket.gethostname() and not pid_alive(snap.get("pid", 0))
         why = f"process {snap.get('pid')} is gone" if gone else "controller stalled or killed"
         text = Text(f"NOT UPDATING ({why})", style="bold red")
     text.append(f"  updated {_ago(age)} ago", style="dim")

@@ -27,19 +27,24 @@ eval: {{at_start: false, at_end: false}}
 """
 
 
+def _run(tmp_path, template: str) -> dict[int, dict]:
+    """``forge run`` on ``template`` with a fresh tiny model; the logged training steps."""
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(template.format(model=model))
+    run = tmp_path / "run"
+    out = forge_run(["--config", str(cfg), "--run-dir", str(run)], timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return _steps(run)
+
+
 def _steps(run) -> dict[int, dict]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r for r in rows if "train/loss" in r}
 
 
 def test_streamed_steps_train_in_parts_and_stay_on_policy(tmp_path):
-    model = make_tiny_model(tmp_path / "model", preset="tiny")
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(CONFIG.format(model=model))
-    run = tmp_path / "run"
-    out = forge_run(["--config", str(cfg), "--run-dir", str(run)], timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    steps = _steps(run)
+    steps = _run(tmp_path, CONFIG)
     assert sorted(steps) == [1, 2, 3, 4]
     parts = [r["train/parts"] for r in steps.values()]
     # One group generates at a time (max_batch_size 4), so the trainer starts on the first
@@ -84,13 +89,7 @@ eval: {{at_start: false, at_end: false}}
 
 
 def test_streaming_trains_multi_turn_episodes(tmp_path):
-    model = make_tiny_model(tmp_path / "model", preset="tiny")
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(MULTI_TURN.format(model=model))
-    run = tmp_path / "run"
-    out = forge_run(["--config", str(cfg), "--run-dir", str(run)], timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    steps = _steps(run)
+    steps = _run(tmp_path, MULTI_TURN)
     assert sorted(steps) == [1, 2, 3]
     assert all(r["train/tokens"] > 0 and r["train/parts"] >= 1 for r in steps.values())
 
