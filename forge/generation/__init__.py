@@ -7,7 +7,7 @@ from forge.generation.backend import (
     build_generator_backend,
 )
 from forge.generation.hf_engine import HFEngine
-from forge.generation.sampling import sample_next, top_k_top_p_mask
+from forge.generation.sampling import counter_uniform, sample_next, top_k_top_p_mask
 
 __all__ = [
     "GeneratorBackend",
@@ -15,6 +15,7 @@ __all__ = [
     "HFEngine",
     "WeightPullConfig",
     "build_generator_backend",
+    "counter_uniform",
     "sample_next",
     "top_k_top_p_mask",
 ]

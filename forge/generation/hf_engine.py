@@ -39,8 +39,9 @@ Conventions (see ``forge.types.Completion``):
   (temperature 0 reports temperature 1), so ``forge.models.token_logprobs`` recomputes it.
 - ``generator_version`` is ``self.version`` when the request was added, so a weight update
   that bumps ``version`` mid-flight cannot relabel requests already running.
-- Each sample draws from its own ``torch.Generator``, seeded from ``(seed, sample index)``
-  when ``SamplingParams.seed`` is set, so results do not depend on batch neighbours.
+- Each sample has its own seed, from ``(seed, sample index)`` when ``SamplingParams.seed`` is
+  set; its i-th token is drawn with ``counter_uniform(row seed, i)`` (counter-based, no RNG
+  state), so results do not depend on batch neighbours and a batch samples in one pass.
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from forge.generation import kv_cache
+from forge.generation import attention, kv_cache
 from forge.generation.backend import Prompt, encode_prompt
 from forge.generation.prefix_cache import PrefixCache, PrefixHit
-from forge.generation.sampling import sample_next
+from forge.generation.sampling import counter_uniform, sample_next
 from forge.models.logprobs import position_ids_from_mask
 from forge.types import Completion, SamplingParams
 
@@ -73,7 +74,7 @@ class _Row:
     prompt: str
     prompt_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    seed: int  # the row's draws: counter_uniform(seed, token index)
     version: int
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -121,6 +122,8 @@ class HFEngine:
         self._version = version
         self.counters = Counter() if counters is None else counters
         self.device = next(model.parameters()).device
+        # Decode steps attend without repeating grouped KV heads (attention.py).
+        self._fast_attention = attention.use_fast_decode(model)
         self.pad_id = tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = tokenizer.eos_token_id
@@ -253,7 +256,7 @@ class HFEngine:
         if past:
             cache = kv_cache.stack_left_padded([h.kv if h else None for h in hits], reuse)
         else:
-            cache = DynamicCache()
+            cache = kv_cache.growing_cache()
         self.counters["prefix_reused_tokens"] += sum(reuse)
         self.counters["prefill_tokens"] += sum(lengths) - sum(reuse)
         out = self.model(
@@ -310,8 +313,11 @@ class HFEngine:
         """Sample for every running row, drop finished rows, run the model on the rest."""
         run = self._running
         assert run is not None
+        uniforms_b = torch.tensor(
+            [counter_uniform(r.seed, len(r.token_ids)) for r in run.rows], dtype=torch.float64
+        )
         token_ids_b, logprobs_b = sample_next(
-            run.logits_bv, [r.params for r in run.rows], [r.generator for r in run.rows]
+            run.logits_bv, [r.params for r in run.rows], uniforms_b
         )
         finished, keep = [], []
         for i, (row, tok, lp) in enumerate(
@@ -333,9 +339,12 @@ class HFEngine:
         run.attention_mask_bt = torch.cat(
             [run.attention_mask_bt, run.attention_mask_bt.new_ones(len(keep), 1)], dim=1
         )
+        mask = run.attention_mask_bt
+        if self._fast_attention:  # the decode mask as SDPA takes it: no per-step mask building
+            mask = mask.bool()[:, None, None, :]
         out = self.model(
             input_ids=token_ids_b.unsqueeze(1),
-            attention_mask=run.attention_mask_bt,
+            attention_mask=mask,
             position_ids=run.next_pos_b.unsqueeze(1),
             past_key_values=run.cache,
             use_cache=True,
@@ -376,17 +385,16 @@ class HFEngine:
         request_id = next(self._ids)
         self._pending[request_id] = [None] * params.n
         for j in range(params.n):
-            gen = self._make_generator(params, j)
-            self._waiting.append(_Row(request_id, j, text, prompt_ids, params, gen, self.version))
+            seed = self._row_seed(params, j)
+            self._waiting.append(_Row(request_id, j, text, prompt_ids, params, seed, self.version))
         return request_id
 
-    def _make_generator(self, params: SamplingParams, sample_idx: int) -> torch.Generator:
+    def _row_seed(self, params: SamplingParams, sample_idx: int) -> int:
         if params.seed is None:
             base = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
         else:
             base = params.seed
-        seed = (base * _SEED_MIX + sample_idx) % 2**63
-        return torch.Generator(device=self.device).manual_seed(seed)
+        return (base * _SEED_MIX + sample_idx) % 2**63
 
     @staticmethod
     def _to_completion(row: _Row) -> Completion:

@@ -1,4 +1,4 @@
-"""Per-row next-token sampling: temperature, top-k, top-p, greedy, per-row RNG.
+"""Per-row next-token sampling: temperature, top-k, top-p, greedy, counter-based per-row RNG.
 
 Logprob convention (what RL needs): the returned logprob of a sampled token is taken from
 ``log_softmax(logits / temperature)`` *before* top-k/top-p filtering. That is the distribution
@@ -39,37 +39,65 @@ def top_k_top_p_mask(
     return torch.zeros_like(keep_sorted_bv).scatter(1, order_bv, keep_sorted_bv)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def counter_uniform(seed: int, counter: int) -> float:
+    """A uniform in ``[0, 1)`` from ``(seed, counter)``: the splitmix64 hash, top 53 bits.
+
+    Counter-based randomness: a row's ``i``-th draw depends only on its seed and ``i``, not on
+    how many draws came before or which rows share the batch, so it needs no generator state
+    and a whole batch samples with one ``searchsorted``.
+    """
+    z = (seed + (counter + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
 def sample_next(
     logits_bv: torch.Tensor,
     params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
+    uniforms_b: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return ``(token_ids_b, logprobs_b)``.
 
-    Row i uses ``params[i]`` and draws with ``generators[i]`` (``None``: the global RNG), so a
-    seeded row samples the same tokens whatever else shares the batch.
+    Row i uses ``params[i]`` and turns the uniform ``uniforms_b[i]`` (in ``[0, 1)``; ``None``:
+    drawn from the global RNG) into a token by inverting its filtered distribution's CDF, so
+    a row given the same uniform samples the same token whatever else shares the batch (the
+    engine derives it from the row's seed and position with ``counter_uniform``).
     """
-    if not len(params) == len(generators) == logits_bv.shape[0]:
+    b, v = logits_bv.shape
+    if len(params) != b or (uniforms_b is not None and uniforms_b.shape != (b,)):
         raise ValueError(
-            f"sample_next got {logits_bv.shape[0]} rows of logits, {len(params)} params and "
-            f"{len(generators)} generators; pass one of each per row"
+            f"sample_next got {b} rows of logits, {len(params)} params and "
+            f"{None if uniforms_b is None else tuple(uniforms_b.shape)} uniforms; "
+            "pass one of each per row"
         )
     device = logits_bv.device
-    temps_b = torch.tensor(
-        [effective_temperature(p.temperature) for p in params], device=device, dtype=torch.float32
-    )
-    scaled_bv = logits_bv.float() / temps_b.unsqueeze(1)
+    temps = [effective_temperature(p.temperature) for p in params]
+    scaled_bv = logits_bv.float()
+    if any(t != 1.0 for t in temps):
+        scaled_bv = scaled_bv / torch.tensor(temps, device=device).unsqueeze(1)
     logprobs_bv = torch.log_softmax(scaled_bv, dim=-1)
-    top_k_b = torch.tensor([p.top_k for p in params], device=device, dtype=torch.long)
-    top_p_b = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-    keep_bv = top_k_top_p_mask(scaled_bv, top_k_b, top_p_b)
-    probs_bv = torch.softmax(scaled_bv.masked_fill(~keep_bv, float("-inf")), dim=-1)
-
-    tokens = []
-    for i, (p, g) in enumerate(zip(params, generators)):
-        if p.temperature == 0:
-            tokens.append(scaled_bv[i].argmax().view(1))
-        else:
-            tokens.append(torch.multinomial(probs_bv[i], 1, generator=g))
-    token_ids_b = torch.cat(tokens)
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        top_k_b = torch.tensor([p.top_k for p in params], device=device, dtype=torch.long)
+        top_p_b = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
+        keep_bv = top_k_top_p_mask(scaled_bv, top_k_b, top_p_b)
+        probs_bv = torch.softmax(scaled_bv.masked_fill(~keep_bv, float("-inf")), dim=-1)
+    else:
+        probs_bv = logprobs_bv.exp()
+    if uniforms_b is None:
+        uniforms_b = torch.rand(b, dtype=torch.float64)
+    cdf_bv = probs_bv.cumsum(dim=-1, dtype=torch.float64)
+    # The first token whose CDF exceeds u * total: zero-probability tokens (flat CDF) never win.
+    target_b1 = uniforms_b.to(device=device, dtype=torch.float64).unsqueeze(1) * cdf_bv[:, -1:]
+    token_ids_b = torch.searchsorted(cdf_bv, target_b1, right=True).squeeze(1).clamp_(max=v - 1)
+    drawn_zero_b = probs_bv.gather(1, token_ids_b.unsqueeze(1)).squeeze(1) == 0
+    if bool(drawn_zero_b.any()):  # u * total rounded up to the total: take the likeliest token
+        token_ids_b = torch.where(drawn_zero_b, probs_bv.argmax(dim=-1), token_ids_b)
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    if greedy:
+        greedy_b = torch.tensor(greedy, device=device)
+        token_ids_b[greedy_b] = scaled_bv[greedy_b].argmax(dim=-1)
     return token_ids_b, logprobs_bv.gather(1, token_ids_b.unsqueeze(1)).squeeze(1)

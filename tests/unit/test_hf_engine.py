@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from forge.generation import HFEngine, kv_cache, sample_next, top_k_top_p_mask
+from forge.generation import HFEngine, counter_uniform, kv_cache, sample_next, top_k_top_p_mask
 from forge.models import load_model, load_tokenizer, make_tiny_model, pad_and_stack, token_logprobs
 from forge.types import SamplingParams
 
@@ -53,7 +53,7 @@ def test_greedy_and_logprob_convention():
         SamplingParams(temperature=1.0, top_k=1),
         SamplingParams(temperature=2.0, top_k=1),
     ]
-    tokens_b, logprobs_b = sample_next(logits_bv, params, [torch.Generator()] * 3)
+    tokens_b, logprobs_b = sample_next(logits_bv, params, torch.rand(3, dtype=torch.float64))
     assert tokens_b.tolist() == [0, 0, 0]
     # Logprobs come from the temperature-scaled distribution before top-k filtering.
     sqrt_sum = sum(math.sqrt(p) for p in PROBS.tolist())
@@ -64,14 +64,34 @@ def test_greedy_and_logprob_convention():
 def test_sampling_frequencies_respect_top_p_and_seed():
     n = 3000
     params = [SamplingParams(top_p=0.81)] * n
-    g = torch.Generator().manual_seed(0)
-    tokens_b, logprobs_b = sample_next(LOGITS_V.expand(n, 4), params, [g] * n)
+    uniforms_b = torch.tensor([counter_uniform(0, i) for i in range(n)], dtype=torch.float64)
+    tokens_b, logprobs_b = sample_next(LOGITS_V.expand(n, 4), params, uniforms_b)
     counts = torch.bincount(tokens_b, minlength=4).tolist()
     assert counts[3] == 0
     assert counts[0] / n == pytest.approx(0.5 / 0.95, abs=0.03)
     assert logprobs_b[tokens_b == 1].unique().tolist() == pytest.approx([math.log(0.3)], abs=1e-6)
-    g2 = torch.Generator().manual_seed(0)
-    assert torch.equal(sample_next(LOGITS_V.expand(n, 4), params, [g2] * n)[0], tokens_b)
+    assert torch.equal(sample_next(LOGITS_V.expand(n, 4), params, uniforms_b)[0], tokens_b)
+    # Row by row, alone, each row draws what it drew in the batch.
+    for i in (0, 7, 1234):
+        alone = sample_next(LOGITS_V[None], params[:1], uniforms_b[i : i + 1])[0]
+        assert alone.item() == tokens_b[i].item()
+
+
+def test_counter_uniforms_are_uniform_and_distinct():
+    us = [counter_uniform(seed, i) for seed in (0, 1, 2**62 + 5) for i in range(2000)]
+    assert all(0.0 <= u < 1.0 for u in us)
+    assert len(set(us)) == len(us)
+    assert sum(us) / len(us) == pytest.approx(0.5, abs=0.01)
+    # deciles are each ~10%
+    counts = torch.bincount(torch.tensor([int(u * 10) for u in us]), minlength=10)
+    assert counts.min().item() > 0.08 * len(us) and counts.max().item() < 0.12 * len(us)
+
+
+def test_inverse_cdf_never_draws_a_filtered_token():
+    params = [SamplingParams(top_k=2)] * 5
+    edges = torch.tensor([0.0, 0.5, 0.8, 0.95, 1.0 - 2**-53], dtype=torch.float64)
+    tokens_b, _ = sample_next(LOGITS_V.expand(5, 4), params, edges)
+    assert set(tokens_b.tolist()) <= {0, 1}
 
 
 def test_kv_cache_concat_then_select_round_trips():
@@ -228,3 +248,56 @@ def test_logprobs_match_teacher_forced_recompute(engine, max_batch_size):
             worst = max(worst, (recomputed - torch.tensor(c.logprobs)).abs().max().item())
     print(f"max |engine - teacher-forced| logprob diff: {worst:.3g}")
     assert worst < 1e-4
+
+
+def test_growing_layer_appends_in_place_and_survives_surgery():
+    g = torch.Generator().manual_seed(1)
+    k0, v0 = torch.randn(3, 2, 4, 5, generator=g), torch.randn(3, 2, 4, 5, generator=g)
+    cache = kv_cache.growing_cache([(k0, v0)])
+    layer = cache.layers[0]
+    buffer = layer._buf_k
+    steps = [torch.randn(3, 2, 1, 5, generator=g) for _ in range(40)]  # past the first capacity
+    for s in steps:
+        cache.update(s, s * 2, 0)
+    expect_k = torch.cat([k0, *steps], dim=2)
+    assert torch.equal(cache.layers[0].keys, expect_k)
+    assert torch.equal(cache.layers[0].values, torch.cat([v0, *(s * 2 for s in steps)], dim=2))
+    assert cache.get_seq_length() == 44 and layer._buf_k is not buffer  # grew once, kept data
+    assert layer._buf_k.shape[2] >= 2 * 36  # doubled when the 37th position did not fit
+    # select rows, then drop columns: views into buffers, then appending still works
+    picked = kv_cache.drop_leading_columns(kv_cache.select_rows(cache, torch.tensor([2, 0])), 3)
+    assert torch.equal(picked.layers[0].keys, expect_k[[2, 0], :, 3:])
+    new = torch.randn(2, 2, 1, 5, generator=g)
+    keys, _ = picked.update(new, new, 0)
+    assert torch.equal(keys, torch.cat([expect_k[[2, 0], :, 3:], new], dim=2))
+    assert torch.equal(cache.layers[0].keys, expect_k)  # the source cache is untouched
+    # transformers reassigning keys (its own crop) is adopted, not overwritten
+    cache.crop(-4)
+    cache.update(new[:1].expand(3, -1, -1, -1), new[:1].expand(3, -1, -1, -1), 0)
+    assert torch.equal(cache.layers[0].keys[:, :, :40], expect_k[:, :, :40])
+    assert torch.equal(cache.layers[0].keys[:, :, 40], new[0, :, 0].expand(3, -1, -1))
+
+
+def test_folded_gqa_decode_attention_equals_sdpa(model_and_tokenizer):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from forge.generation.attention import forge_sdpa_attention
+
+    g = torch.Generator().manual_seed(2)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 4, True
+    query = torch.randn(3, 8, 1, 16, generator=g)
+    key, value = torch.randn(3, 2, 9, 16, generator=g), torch.randn(3, 2, 9, 16, generator=g)
+    mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    mask[0, ..., :4] = False  # left padding
+    mask[2, ..., :1] = False
+    ours, _ = forge_sdpa_attention(module, query, key, value, mask, scaling=0.25)
+    ref, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    assert ours.shape == ref.shape == (3, 1, 8, 16)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+    # a prefill (several queries) goes through transformers' own path unchanged
+    q4 = torch.randn(3, 8, 4, 16, generator=g)
+    m4 = torch.ones(3, 1, 4, 9, dtype=torch.bool).tril(diagonal=5)
+    ours4, _ = forge_sdpa_attention(module, q4, key, value, m4, scaling=0.25)
+    ref4, _ = sdpa_attention_forward(module, q4, key, value, m4, scaling=0.25)
+    assert torch.equal(ours4, ref4)
