@@ -385,9 +385,16 @@ class Service:
             await self.terminate_session(sid)
 
     # -- requests --------------------------------------------------------------------------
-    def _pick(self, sid: str | None, tried: set[int]) -> Replica | None:
+    # ``route`` is the hot path: a no-op route should cost little more than a direct
+    # ``call_one`` (benchmarks/services.py, ``route_overhead``). So the first attempt picks and
+    # sends without waiting machinery, one coroutine carries the whole request (counters,
+    # retries), and a one-rank replica is called straight through ``ActorMesh._request``.
+    def _pick(self, sid: str | None, tried: set[int] | None) -> Replica | None:
         with self._lock:
-            healthy = [r for r in self.replicas if r.state == HEALTHY and r.index not in tried]
+            if tried:
+                healthy = [r for r in self.replicas if r.state == HEALTHY and r.index not in tried]
+            else:
+                healthy = [r for r in self.replicas if r.state == HEALTHY]
             if not healthy:
                 return None
             if sid is None:
@@ -423,44 +430,49 @@ class Service:
         gen, mesh = r.gen, r.mesh
         with r.lock:
             r.in_flight += 1
+        t0 = None  # set once the request is sent: only a sent request counts as total/failed
         try:
-            async with r.semaphore():
+            sem = r.semaphore()
+            await sem.acquire()
+            try:
                 if r.state != HEALTHY or r.gen != gen or mesh is None:
                     raise Stale()
                 t0 = time.monotonic()
-                try:
-                    values = await mesh.endpoint(ep).call(*args, **kwargs)
-                except Exception as e:
-                    with r.lock:
-                        r.total += 1
-                        r.failed += 1
-                    if isinstance(e, ActorDiedError):
-                        self._mark_dead(r, gen, str(e))
-                    raise
-                with r.lock:
-                    r.total += 1
-                    r.ok += 1
-                    r.latencies.append(time.monotonic() - t0)
-                return values.values()[0]
-        finally:
+                if len(mesh._shape) == 1 and "timeout" not in kwargs:
+                    # What ``mesh.endpoint(ep).call(...)`` does for one rank, without the
+                    # Endpoint, Future and ValueMesh it would build (the endpoint name was
+                    # checked when ``svc.<ep>`` was made; ``timeout=`` takes the long way).
+                    body = mesh._encode(ep, args, kwargs, 1)[0]
+                    await mesh._await_ready()
+                    value = await mesh._request(mesh._shape.ranks[0], _wire.CALL, body, ep, None)
+                else:
+                    value = (await mesh.endpoint(ep).call(*args, **kwargs)).values()[0]
+            finally:
+                sem.release()
+        except BaseException as e:
+            sent_and_failed = t0 is not None and isinstance(e, Exception)
             with r.lock:
                 r.in_flight -= 1
-
-    async def _route(self, ep: str, args, kwargs, sid: str | None) -> Any:
-        self._count("sent")
-        try:
-            value = await self._route_retrying(ep, args, kwargs, sid)
-        except asyncio.CancelledError:
-            self._count("cancelled")
+                if sent_and_failed:
+                    r.total += 1
+                    r.failed += 1
+            if sent_and_failed and isinstance(e, ActorDiedError):
+                self._mark_dead(r, gen, str(e))
             raise
-        except BaseException:
-            self._count("failed")
-            raise
-        self._count("completed")
+        with r.lock:
+            r.in_flight -= 1
+            r.total += 1
+            r.ok += 1
+            r.latencies.append(time.monotonic() - t0)
         return value
 
-    async def _route_retrying(self, ep: str, args, kwargs, sid: str | None) -> Any:
-        tried: set[int] = set()
+    async def _route(self, ep: str, args, kwargs, sid: str | None) -> Any:
+        """One ``route`` request: a healthy replica (the session's, if any) answers; re-sent
+        to another replica if its replica dies, up to ``max_retries`` times; counted in
+        ``request_counts``."""
+        with self._lock:
+            self._requests["sent"] += 1
+        tried: set[int] | None = None  # replicas this request died on (made at the first death)
         last: ActorDiedError | None = None
 
         def pick():
@@ -469,19 +481,33 @@ class Service:
                 raise last  # every replica has had this request once and died on it
             return r
 
-        while True:
-            r = await self._wait_for(pick)
-            try:
-                return await self._call(r, ep, args, kwargs)
-            except Stale:
-                continue
-            except ActorDiedError as e:
-                last = e
-                tried.add(r.index)
-                if len(tried) > self.config.max_retries:
-                    raise
-                self._count("retried")
-                logger.info("service %s: re-sending %s after %s", self.name, ep, e)
+        try:
+            while True:
+                r = None if self._stopped else self._pick(sid, tried)
+                if r is None:
+                    r = await self._wait_for(pick)
+                try:
+                    value = await self._call(r, ep, args, kwargs)
+                    break
+                except Stale:
+                    continue
+                except ActorDiedError as e:
+                    last = e
+                    tried = tried or set()
+                    tried.add(r.index)
+                    if len(tried) > self.config.max_retries:
+                        raise
+                    self._count("retried")
+                    logger.info("service %s: re-sending %s after %s", self.name, ep, e)
+        except asyncio.CancelledError:
+            self._count("cancelled")
+            raise
+        except BaseException:
+            self._count("failed")
+            raise
+        with self._lock:
+            self._requests["completed"] += 1
+        return value
 
     async def _fanout(self, ep: str, args, kwargs) -> dict[int, Any]:
         def pick():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from controller import ActorError, Service, ServiceUnavailable, shutdown
+from controller import ActorError, CallTimeoutError, Service, ServiceUnavailable, shutdown
 from controller._runtime import get_runtime
 from tests.helpers import wait_dead
 from tests.runtime.conftest_backends import backend_fixture  # noqa: E402
@@ -51,6 +51,36 @@ def test_sync_get_works():
     assert sorted(svc.echo.fanout(1).get(timeout=10)) == [1, 1]
     svc.shutdown().get(timeout=10)
     shutdown().get(timeout=10)
+
+
+async def test_route_paths_and_request_counts():
+    """A one-process replica is called straight (the fast path); a replica of two processes
+    and a call with ``timeout=`` take the general path. Each gives rank 0's value, and every
+    route is counted as completed or failed."""
+    one = await Echo.options(num_replicas=1).as_service()
+    assert await one.echo.route(3) == 3
+    with pytest.raises(CallTimeoutError):
+        await one.slow_pid.route(30.0, timeout=0.2)
+    with pytest.raises(ActorError):
+        await one.fail.route("boom")
+    assert one.request_counts() == {
+        "sent": 3,
+        "retried": 0,
+        "completed": 1,
+        "failed": 2,
+        "cancelled": 0,
+    }
+    m = one.metrics()[0]
+    assert (m["requests_ok"], m["requests_failed"], m["in_flight"]) == (1, 2, 0)
+    assert m["state"] == "healthy"
+
+    two = await Echo.options(num_replicas=2, procs=2).as_service()
+    rank0 = [m["pids"][0] for _, m in sorted(two.metrics().items())]
+    assert [await two.pid.route() for _ in range(2)] == rank0
+    assert await two.echo.route(7, timeout=10) == 7
+    assert two.request_counts()["completed"] == 3
+    await one.shutdown()
+    await two.shutdown()
 
 
 async def test_sessions_stick_and_are_rehomed_after_sigkill():
