@@ -9,19 +9,40 @@ and attend to the un-repeated ``[B, H_kv, T, D]`` keys in one ordinary SDPA call
 mask ``[B, 1, 1, T]`` broadcasts over both). Every other call (prefill, models without GQA,
 sliding windows, attention biases) goes to transformers' own ``sdpa_attention_forward``.
 
-``use_fast_decode(model)`` switches a model that uses ``sdpa`` to it; the engine calls it.
+The same fold exists for ``eager`` attention (``forge_eager``: the model's own eager function
+for everything else, and the same matmul + additive mask + fp32 softmax on decode steps).
+``use_fast_decode(model)`` switches a model from ``sdpa``/``eager`` to its twin; the engine
+calls it.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-NAME = "forge_sdpa"
+SDPA, EAGER = "forge_sdpa", "forge_eager"
 _PLAIN_KWARGS = {"position_ids", "cache_position", "output_attentions", "use_cache"}
+
+
+def _foldable(module, query, key, dropout: float, kwargs: dict) -> bool:
+    """A decode step of a grouped-query layer with nothing but a padding mask."""
+    return (
+        query.shape[2] == 1
+        and getattr(module, "num_key_value_groups", 1) > 1
+        and dropout == 0.0
+        and key.shape[-1] == query.shape[-1]
+        and all(k in _PLAIN_KWARGS or v is None for k, v in kwargs.items())
+    )
+
+
+def _fold(query: torch.Tensor, groups: int) -> torch.Tensor:
+    b, h, _, d = query.shape
+    return query.reshape(b, h // groups, groups, d)  # query head i uses KV head i // groups
 
 
 def forge_sdpa_attention(
@@ -40,33 +61,95 @@ def forge_sdpa_attention(
     Shapes as transformers passes them: ``query [B, H, q, D]``, ``key``/``value``
     ``[B, H_kv, T, D]``; returns ``([B, q, H, D], None)``.
     """
-    groups = getattr(module, "num_key_value_groups", 1)
-    b, h, q, d = query.shape
-    plain = dropout == 0.0 and all(k in _PLAIN_KWARGS or v is None for k, v in kwargs.items())
-    if q != 1 or groups == 1 or not plain or key.shape[-1] != d:
+    if not _foldable(module, query, key, dropout, kwargs):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    folded = query.reshape(b, h // groups, groups, d)  # head i uses KV head i // groups
+    b, h = query.shape[:2]
+    folded = _fold(query, module.num_key_value_groups)
     out = F.scaled_dot_product_attention(
         folded, key, value, attn_mask=attention_mask, scale=scaling
     )
     return out.reshape(b, 1, h, value.shape[-1]), None
 
 
-AttentionInterface.register(NAME, forge_sdpa_attention)
-AttentionMaskInterface.register(NAME, sdpa_mask)
+def forge_eager_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's own eager attention, with grouped heads folded on decode steps: the same
+    matmul, additive mask and fp32 softmax, without the repeated KV copy."""
+    if not _foldable(module, query, key, dropout, kwargs):
+        return _model_eager(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    b, h = query.shape[:2]
+    scores = torch.matmul(_fold(query, module.num_key_value_groups), key.transpose(2, 3))
+    scores = scores * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask  # [B, 1, 1, T] broadcasts over KV heads and groups
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(probs, value)
+    return out.reshape(b, 1, h, value.shape[-1]), None
 
 
-def use_fast_decode(model) -> bool:
-    """Switch ``model`` from ``sdpa`` to ``forge_sdpa``; return whether it now uses it."""
-    config = model.config
-    if config._attn_implementation == NAME:
-        return True
-    if config._attn_implementation != "sdpa":
-        return False
+_EAGER: dict[type, object] = {}
+
+
+def _model_eager(module):
+    """The ``eager_attention_forward`` of the module's own modeling file."""
+    fn = _EAGER.get(type(module))
+    if fn is None:
+        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if fn is None:
+            raise NotImplementedError(
+                f"{type(module).__name__} has no eager_attention_forward in its modeling file; "
+                "load the generator's model with attn_implementation='sdpa'"
+            )
+        _EAGER[type(module)] = fn
+    return fn
+
+
+AttentionInterface.register(SDPA, forge_sdpa_attention)
+AttentionMaskInterface.register(SDPA, sdpa_mask)
+AttentionInterface.register(EAGER, forge_eager_attention)
+AttentionMaskInterface.register(EAGER, eager_mask)
+_FAST = {"sdpa": SDPA, "eager": EAGER}
+
+
+def use_fast_decode(model) -> str | None:
+    """Switch ``model`` from ``sdpa``/``eager`` to its folded-decode twin; return the name
+    now in use (``None``: another implementation, left as it is)."""
+    current = model.config._attn_implementation
+    if current in _FAST.values():
+        return current
+    if current not in _FAST or not _has_eager(model):
+        return None
     try:
-        model.set_attn_implementation(NAME)
+        model.set_attn_implementation(_FAST[current])
     except (ValueError, ImportError):  # a model that does not dispatch through the interface
-        return False
-    return model.config._attn_implementation == NAME
+        return None
+    return (
+        model.config._attn_implementation if model.config._attn_implementation != current else None
+    )
+
+
+def _has_eager(model) -> bool:
+    """Whether the model's modeling file has the eager function the fallback calls."""
+    return hasattr(sys.modules[type(model).__module__], "eager_attention_forward")
+
+
+def decode_mask(mask_bt: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """A decode step's 4D mask ``[B, 1, 1, T]`` as ``implementation`` takes it (boolean for
+    SDPA, additive for eager), so the model skips building one every step."""
+    keep = mask_bt.bool()[:, None, None, :]
+    if implementation == SDPA:
+        return keep
+    zeros = torch.zeros(keep.shape, dtype=dtype, device=mask_bt.device)
+    return zeros.masked_fill_(~keep, torch.finfo(dtype).min)

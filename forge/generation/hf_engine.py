@@ -340,8 +340,8 @@ class HFEngine:
             [run.attention_mask_bt, run.attention_mask_bt.new_ones(len(keep), 1)], dim=1
         )
         mask = run.attention_mask_bt
-        if self._fast_attention:  # the decode mask as SDPA takes it: no per-step mask building
-            mask = mask.bool()[:, None, None, :]
+        if self._fast_attention:  # the 4D decode mask, so the model does not build one per step
+            mask = attention.decode_mask(mask, self._fast_attention, self.model.dtype)
         out = self.model(
             input_ids=token_ids_b.unsqueeze(1),
             attention_mask=mask,

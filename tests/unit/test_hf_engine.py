@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -281,7 +282,7 @@ def test_growing_layer_appends_in_place_and_survives_surgery():
 def test_folded_gqa_decode_attention_equals_sdpa(model_and_tokenizer):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from forge.generation.attention import forge_sdpa_attention
+    from forge.generation.attention import forge_eager_attention, forge_sdpa_attention
 
     g = torch.Generator().manual_seed(2)
     module = torch.nn.Module()
@@ -301,3 +302,37 @@ def test_folded_gqa_decode_attention_equals_sdpa(model_and_tokenizer):
     ours4, _ = forge_sdpa_attention(module, q4, key, value, m4, scaling=0.25)
     ref4, _ = sdpa_attention_forward(module, q4, key, value, m4, scaling=0.25)
     assert torch.equal(ours4, ref4)
+
+    # eager: the model's own eager function is the reference (the tiny model: 4 heads on 2 KV)
+    model, _ = model_and_tokenizer
+    attn = model.model.layers[0].self_attn
+    eager = sys.modules[type(attn).__module__].eager_attention_forward
+    q = torch.randn(3, 4, 1, 16, generator=g)
+    k, v = key[:, :, :, :16], value[:, :, :, :16]
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    ours, _ = forge_eager_attention(attn, q, k, v, additive, scaling=0.25)
+    ref, _ = eager(attn, q, k, v, additive, scaling=0.25)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_fast_decode_attention_generates_what_plain_attention_does(tmp_path):
+    path = make_tiny_model(tmp_path / "m", preset="small")  # 8 heads on 4 KV heads
+    requests = [
+        ("Once upon", SamplingParams(n=3, max_tokens=12, seed=5)),
+        ("Hi", SamplingParams(n=2, seed=1, max_tokens=9)),
+    ]
+    results = {}
+    for impl in ("eager", "sdpa"):
+        for fast in (True, False):
+            model, tok = load_model(path, attn_implementation=impl), load_tokenizer(path)
+            engine = HFEngine(model, tok)
+            if not fast:  # back to the implementation as loaded
+                model.set_attn_implementation(impl)
+                engine._fast_attention = None
+            assert model.config._attn_implementation == (f"forge_{impl}" if fast else impl)
+            results[impl, fast] = engine.generate(requests)
+    for impl in ("eager", "sdpa"):
+        for fast_out, plain_out in zip(results[impl, True], results[impl, False]):
+            for a, b in zip(fast_out, plain_out):
+                assert a.token_ids == b.token_ids
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
