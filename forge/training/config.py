@@ -163,6 +163,10 @@ class TrainerConfig:
     ``old_logprobs``: the denominator of the policy ratio and numerator of TIS weights;
     ``generator`` uses the generator's logprobs, ``current`` the trainer's own logprobs at
     the weights before this step's update (see ``forge.training.hf_trainer``).
+    ``length_buckets``: micro-batches hold rows of similar length (sorted), so less compute
+    goes to padding; with ``micro_batch_size`` unset, one trainer rank splits the batch
+    wherever the padded positions saved exceed ``bucket_cost_tokens`` (what one more
+    forward/backward costs, in token positions) per extra micro-batch.
     """
 
     model: str
@@ -172,6 +176,8 @@ class TrainerConfig:
     attn_implementation: str = "eager"
     parallelism: str = "ddp"
     micro_batch_size: int | None = None
+    length_buckets: bool = True
+    bucket_cost_tokens: int = 96
     temperature: float = 1.0
     old_logprobs: str = "generator"
     gradient_checkpointing: bool = False
@@ -191,6 +197,7 @@ class TrainerConfig:
         _choice("TrainerConfig", "old_logprobs", self.old_logprobs, OLD_LOGPROBS)
         _choice("TrainerConfig", "device", self.device, DEVICES)
         _positive("TrainerConfig", "micro_batch_size", self.micro_batch_size)
+        _positive("TrainerConfig", "bucket_cost_tokens", self.bucket_cost_tokens, allow_zero=True)
         _positive("TrainerConfig", "temperature", self.temperature, allow_zero=True)
         for key, cls in (
             ("optimizer", OptimizerConfig),

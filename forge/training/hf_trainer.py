@@ -128,17 +128,51 @@ def _batch_to(batch: TrainBatch, device: str) -> TrainBatch:
     return TrainBatch(**moved)
 
 
-def _micro_rows(rows: int, micro_batch_size: int | None, device: str) -> list[torch.Tensor]:
-    """Row indices of each micro-batch; every rank gets the same (global max) count."""
+def _micro_rows(
+    lengths: list[int], micro_batch_size: int | None, device: str, bucket_cost: int | None = None
+) -> list[torch.Tensor]:
+    """Row indices of each micro-batch; every rank gets the same (global max) count.
+
+    ``bucket_cost`` (``None``: rows in batch order): rows are sorted by length, so a
+    micro-batch pads to lengths close to its own; with ``micro_batch_size`` unset on one rank,
+    the sorted rows are split where the padded positions saved exceed ``bucket_cost`` per
+    extra micro-batch (``length_buckets``)."""
+    rows = len(lengths)
+    world = parallel.rank_and_world()[1]
+    order = list(range(rows))
+    if bucket_cost is not None:
+        order.sort(key=lengths.__getitem__)
+        if micro_batch_size is None and world == 1 and rows > 1:
+            idx = torch.tensor(order, device=device)
+            cuts = _length_cuts([lengths[i] for i in order], bucket_cost)
+            return [idx[a:b] for a, b in zip([0, *cuts], [*cuts, rows])]
     per = rows if micro_batch_size is None else micro_batch_size
     local = math.ceil(rows / per)
     n = local
-    if parallel.rank_and_world()[1] > 1:
+    if world > 1:
         t = torch.tensor([local], device=device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         n = int(t.item())
-    idx = torch.arange(rows, device=device)
+    idx = torch.tensor(order, dtype=torch.long, device=device)
     return [idx[i * per : (i + 1) * per] for i in range(n)]
+
+
+def _length_cuts(sorted_lengths: list[int], cost: int) -> list[int]:
+    """Where to split ascending ``sorted_lengths`` so that the padded positions (each part's
+    rows x its longest row) plus ``cost`` per part are least (exact, O(rows^2))."""
+    n = len(sorted_lengths)
+    best, prev = [0.0] + [math.inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            c = best[i] + cost + (j - i) * sorted_lengths[j - 1]
+            if c < best[j]:
+                best[j], prev[j] = c, i
+    cuts, j = [], n
+    while j > 0:
+        j = prev[j]
+        if j:
+            cuts.append(j)
+    return cuts[::-1]
 
 
 class TrainerCore:
@@ -186,7 +220,7 @@ class TrainerCore:
         t0 = time.perf_counter()
         b = _batch_to(batch, self.device)
         mask_bt = b.response_mask_bt.float()
-        micro = _micro_rows(mask_bt.shape[0], self.cfg.micro_batch_size, self.device)
+        micro = self._micro_batches(b)
         # One all-reduce for both: the loss denominator and the token count of the global batch.
         local = torch.tensor(
             [loss_denominator(mask_bt, self.aggregation), float(mask_bt.sum().item())],
@@ -240,7 +274,7 @@ class TrainerCore:
         b = _batch_to(batch, self.device)
         mask_bt = b.response_mask_bt.float()
         budget = threads.get_budget()
-        for rows in _micro_rows(mask_bt.shape[0], self.cfg.micro_batch_size, self.device):
+        for rows in self._micro_batches(b):
             d = loss_denominator(mask_bt[rows], self.aggregation)
             if rows.numel() == 0 or d == 0:
                 continue  # nothing counted in these rows: no gradient, no metric weight
@@ -275,6 +309,11 @@ class TrainerCore:
         out["seconds"] = acc["seconds"] + time.perf_counter() - t0
         return out
 
+    def _micro_batches(self, b: TrainBatch) -> list[torch.Tensor]:
+        lengths = b.attention_mask_bt.sum(-1).tolist()
+        cost = self.cfg.bucket_cost_tokens if self.cfg.length_buckets else None
+        return _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost)
+
     def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         lp_bt = None
         if self.adapter.name == "hf" and self.world == 1:  # a group's prompt runs once
@@ -285,8 +324,11 @@ class TrainerCore:
                 b.response_mask_bt[rows],
                 self.cfg.temperature,
             )
-        if lp_bt is None:
-            lp_bt = self.logprobs(b.input_ids_bt[rows], b.attention_mask_bt[rows])
+        if lp_bt is None:  # the rows' own width: right padding past their longest is dropped
+            width = b.attention_mask_bt.shape[1]
+            used = max(1, int(b.attention_mask_bt[rows].sum(-1).max()))
+            lp_bt = self.logprobs(b.input_ids_bt[rows, :used], b.attention_mask_bt[rows, :used])
+            lp_bt = torch.nn.functional.pad(lp_bt, (0, width - used))
         old_bt = lp_bt.detach() if self.cfg.old_logprobs == "current" else None
         ref_bt = None if b.ref_logprobs_bt is None else b.ref_logprobs_bt[rows]
         mask_bt = b.response_mask_bt[rows].float()

@@ -105,16 +105,34 @@ def test_micro_batches_give_the_gradient_of_one_big_batch(tiny_model, loss):
     episodes = make_episodes(tiny_model, n=5)  # lengths differ, so micro-batch token counts do
     batch = collate_episodes(episodes)
     batch.ref_logprobs_bt = batch.behavior_logprobs_bt + 0.3 * batch.response_mask_bt
-    full = _core(tiny_model, loss=loss)
+    full = _core(tiny_model, loss=loss, length_buckets=False)
     m_full = full.train_step(batch)
     g_full = _grads(full)
-    for mbs in (1, 2):  # 2 leaves a ragged last micro-batch of one row
-        micro = _core(tiny_model, loss=loss, micro_batch_size=mbs)
+    for kw in (
+        {"micro_batch_size": 1},
+        {"micro_batch_size": 2},  # 2 leaves a ragged last micro-batch of one row
+        {"micro_batch_size": 2, "length_buckets": False},  # rows in batch order
+        {"bucket_cost_tokens": 0},  # length buckets: every distinct length its own part
+    ):
+        micro = _core(tiny_model, loss=loss, **kw)
         m_micro = micro.train_step(batch)
         assert m_micro["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
         assert m_micro["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-4)
         for name, g in _grads(micro).items():
             torch.testing.assert_close(g, g_full[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_length_buckets_split_where_padding_saved_exceeds_the_cost():
+    from forge.training.hf_trainer import _length_cuts, _micro_rows
+
+    assert _length_cuts([64] * 32, 96) == []  # nothing to save
+    assert _length_cuts([10] * 8 + [64] * 8, 96) == [8]  # saves 8 x 54 = 432 > 96
+    assert _length_cuts([60] * 8 + [64] * 8, 96) == []  # saves 32 < 96
+    assert _length_cuts([1, 2, 3], 0) == [1, 2]
+    parts = _micro_rows([5, 40, 6, 41, 7], None, "cpu", bucket_cost=10)
+    assert [p.tolist() for p in parts] == [[0, 2, 4], [1, 3]]
+    assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
+    assert [p.tolist() for p in _micro_rows([5, 40, 6], 2, "cpu", 10)] == [[0, 2], [1]]
 
 
 def test_loss_denominators():
