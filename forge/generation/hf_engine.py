@@ -13,7 +13,8 @@ The Generator actor wraps this; it is plain PyTorch so it is testable in-process
 How a step works: waiting rows are admitted while fewer than ``max_batch_size`` are running;
 they are left-padded, prefilled together and their KV cache is appended to the running one.
 Then every running row samples one token (``sampling.sample_next``) and finished rows are
-dropped from the batch and its cache, so they stop costing compute.
+dropped from the batch and its cache, so they stop costing compute (lazily: once they are a
+quarter of the batch, or rows wait to be admitted, since each drop copies the cache).
 
 Rows with the same prompt (a request's ``n`` samples: a GRPO group) are prefilled once and
 share copies of that KV (``prefill_shared_rows`` counts the rows that skipped a prefill).
@@ -203,7 +204,12 @@ class HFEngine:
     # ---- prefill / decode ---------------------------------------------------------------
 
     def _admit(self) -> None:
-        running = 0 if self._running is None else len(self._running.rows)
+        run = self._running
+        if run is not None and self._waiting:  # finished rows riding along make room first
+            live = [i for i, r in enumerate(run.rows) if r.stop_reason is None]
+            if len(live) < len(run.rows):
+                self._running = run = _select(run, live)
+        running = 0 if run is None else len(run.rows)
         free = self.max_batch_size - running
         if free <= 0 or not self._waiting:
             return
@@ -323,6 +329,8 @@ class HFEngine:
         for i, (row, tok, lp) in enumerate(
             zip(run.rows, token_ids_b.tolist(), logprobs_b.tolist())
         ):
+            if row.stop_reason is not None:  # finished earlier; left in until compaction
+                continue
             row.token_ids.append(tok)
             row.logprobs.append(lp)
             self._check_stop(row)
@@ -333,11 +341,14 @@ class HFEngine:
         if not keep:
             self._running = None
             return done
-        if finished:
+        # Finished rows leave the batch (a copy of its cache) once they are a quarter of it or
+        # new rows wait for room; until then they ride along and their outputs are ignored.
+        dead = len(run.rows) - len(keep)
+        if dead and (4 * dead >= len(run.rows) or self._waiting):
             run = _select(run, keep)
             token_ids_b = token_ids_b[keep]
         run.attention_mask_bt = torch.cat(
-            [run.attention_mask_bt, run.attention_mask_bt.new_ones(len(keep), 1)], dim=1
+            [run.attention_mask_bt, run.attention_mask_bt.new_ones(len(run.rows), 1)], dim=1
         )
         mask = run.attention_mask_bt
         if self._fast_attention:  # the 4D decode mask, so the model does not build one per step
@@ -357,23 +368,27 @@ class HFEngine:
     # ---- helpers ----------------------------------------------------------------------
 
     def _check_stop(self, row: _Row) -> None:
-        """Set ``row.stop_reason`` (and the final text) if the row is done."""
+        """Set ``row.stop_reason`` (and the final text) if the row is done. The text is decoded
+        every step only when the row has stop strings to look for; otherwise once, at the end."""
         if row.token_ids[-1] in self.eos_ids:
             row.stop_reason = "stop"
             row.text = self._decode(row.token_ids)
             return
-        text = self._decode(row.token_ids)
-        hits = [i for i in (text.find(s) for s in row.params.stop if s) if i >= 0]
-        if hits:
-            row.stop_reason, row.text = "stop", text[: min(hits)]
-            return
-        row.text = text
+        if any(row.params.stop):
+            text = self._decode(row.token_ids)
+            hits = [i for i in (text.find(s) for s in row.params.stop if s) if i >= 0]
+            if hits:
+                row.stop_reason, row.text = "stop", text[: min(hits)]
+                return
+            row.text = text
         at_context_end = (
             self.max_positions is not None
             and len(row.prompt_ids) + len(row.token_ids) >= self.max_positions
         )
         if len(row.token_ids) >= row.params.max_tokens or at_context_end:
             row.stop_reason = "length"
+            if not any(row.params.stop):
+                row.text = self._decode(row.token_ids)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
