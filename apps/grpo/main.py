@@ -211,6 +211,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
     manager.start()
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
     flush, buf_m = None, {}  # the in-flight actor-metrics flush, the buffer's last metrics
+    sync = None  # the in-flight weight update of the generators (and a moving reference)
     bar = tqdm(range(version, cfg.steps), desc="grpo", file=sys.stdout, dynamic_ncols=True)
     try:
         for _ in bar:
@@ -229,13 +230,19 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                 t1 = time.perf_counter()
                 m = await _train(trainer, critic, batch, cfg)
             t2 = time.perf_counter()
+            if sync is not None:  # the last version's pull ends before the next push reuses it
+                await sync
             version += 1
             handle = (await trainer.push_weights.call(version)).item(procs=0)
-            log.status.served(await generator.update_weights.fanout_by_replica(version, handle))
-            if reference is not None:  # a moving reference (EMA / reset) pulls it too
-                await reference.update_weights.fanout(version, handle)
+            # The replicas pull the new weights, then rollouts for the next step start. Off the
+            # trainer's path when rollouts may be a version old: its next batch is (mostly)
+            # already in the buffer, so it trains while the generators load the weights.
+            sync = asyncio.ensure_future(
+                _sync_weights(generator, reference, manager, log, version, handle)
+            )
+            if cfg.max_policy_age == 0:
+                await sync
             t3 = time.perf_counter()
-            manager.advance(version)
             # Actor metrics travel off the critical path: this step's row merges what the
             # previous step's flush returned, and a new flush starts (the last one is awaited).
             if flush is not None:
@@ -261,13 +268,18 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
                 tok_s=f"{stats['train/tokens_per_s']:.0f}",
             )
             if cfg.eval.every and version % cfg.eval.every == 0:
+                await sync
                 await evaluate(version)
             await ckpt.maybe_save(version, trainer, buffer, data)
     finally:
         bar.close()
         await manager.stop()
-        if flush is not None and sys.exc_info()[0] is not None:
-            flush.cancel()  # failing: the error matters, not the last metrics
+        if sys.exc_info()[0] is not None:  # failing: the error matters, not these
+            for pending in (flush, sync):
+                if pending is not None:
+                    pending.cancel()
+    if sync is not None:
+        await sync
     if flush is not None:  # the last step's actor metrics
         log.record_remote(version, await _merge_flush(flush, log))
     if cfg.eval.at_end and version not in evals:
@@ -278,6 +290,15 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict:
 
 async def _nothing() -> None:
     """No reward service: the environment gives every reward."""
+
+
+async def _sync_weights(generator, reference, manager, log, version: int, handle) -> None:
+    """Every generator replica (and a moving reference) loads ``version``; then the rollout
+    manager hands out the next step's credits, so new rollouts run on it."""
+    log.status.served(await generator.update_weights.fanout_by_replica(version, handle))
+    if reference is not None:  # a moving reference (EMA / reset) pulls it too
+        await reference.update_weights.fanout(version, handle)
+    manager.advance(version)
 
 
 async def _actor_metrics(trainer, generator, buffer) -> tuple[list[dict], dict]:

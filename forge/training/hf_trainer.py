@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from dataclasses import fields, replace
 from typing import Any
@@ -94,6 +95,7 @@ class HFAdapter:
         self.model = load_model(cfg.model, cfg.dtype, device, cfg.attn_implementation)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        rebalance_per_layer(self.model)
 
     def logprobs(self, model, input_ids_bt, attention_mask_bt, temperature: float) -> torch.Tensor:
         if parallel.rank_and_world()[1] == 1:  # unwrapped: the memory-saving chunked head
@@ -126,6 +128,36 @@ def _batch_to(batch: TrainBatch, device: str) -> TrainBatch:
         for f in fields(batch)
     }
     return TrainBatch(**moved)
+
+
+_LAYER_NAME = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
+
+
+def rebalance_per_layer(model: torch.nn.Module) -> int:
+    """With the host thread budget on, re-read this process's share of the cores at every
+    decoder layer, in the forward pass and (through a gradient hook on the layer's output) in
+    the backward pass, so cores a neighbour frees are used within a layer's time rather than
+    at the next pass. Returns how many layers got hooks (0 with the budget off)."""
+    budget = threads.get_budget()
+    if not budget.enabled:
+        return 0
+
+    def on_grad(grad):
+        budget.rebalance()
+
+    def before(module, args):
+        budget.rebalance()
+
+    def after(module, args, output):
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(on_grad)
+
+    layers = [m for name, m in model.named_modules() if _LAYER_NAME.fullmatch(name)]
+    for layer in layers:
+        layer.register_forward_pre_hook(before)
+        layer.register_forward_hook(after)
+    return len(layers)
 
 
 def _micro_rows(

@@ -219,3 +219,26 @@ def test_streamed_parts_give_the_same_update_as_one_train_step(tiny_model, aggre
     assert worst < 0.05 * moved, (worst, moved)
     with pytest.raises(RuntimeError, match="nothing was accumulated"):
         parts.apply_accumulated()
+
+
+def test_thread_share_is_reread_at_every_layer_forward_and_backward(tiny_model, monkeypatch):
+    from controller import threads
+
+    core = _core(tiny_model)
+    layers = core.model.config.num_hidden_layers
+    budget = threads.get_budget()
+    calls = []
+    monkeypatch.setattr(budget, "rebalance", lambda: calls.append(1) or 1)
+    core.train_step(make_batch(tiny_model))
+    # train_step's own 3 + per layer: before each forward (prefix and tails) and on its gradient
+    assert len(calls) >= 3 + 2 * layers
+    calls.clear()
+    with torch.no_grad():  # no gradient: forward hooks only
+        batch = make_batch(tiny_model)
+        core.logprobs(batch.input_ids_bt, batch.attention_mask_bt)
+    assert len(calls) == layers
+    monkeypatch.setenv("FORGE_THREAD_BUDGET", "0")
+    monkeypatch.setattr(threads, "_budget", None)
+    from forge.training.hf_trainer import rebalance_per_layer
+
+    assert rebalance_per_layer(core.model) == 0
