@@ -161,14 +161,18 @@ def rebalance_per_layer(model: torch.nn.Module) -> int:
 
 
 def _micro_rows(
-    lengths: list[int], micro_batch_size: int | None, device: str, bucket_cost: int | None = None
+    lengths: list[int],
+    micro_batch_size: int | None,
+    device: str,
+    bucket_cost: int | None = None,
+    prefixes: list[tuple[object, int]] | None = None,
 ) -> list[torch.Tensor]:
     """Row indices of each micro-batch; every rank gets the same (global max) count.
 
     ``bucket_cost`` (``None``: rows in batch order): rows are sorted by length, so a
     micro-batch pads to lengths close to its own; with ``micro_batch_size`` unset on one rank,
-    the sorted rows are split where the padded positions saved exceed ``bucket_cost`` per
-    extra micro-batch (``length_buckets``)."""
+    the sorted rows are split where that saves positions (``_length_cuts``; ``prefixes``: each
+    row's shared prefix as ``(key, length)``, computed once per micro-batch that has it)."""
     rows = len(lengths)
     world = parallel.rank_and_world()[1]
     order = list(range(rows))
@@ -176,7 +180,8 @@ def _micro_rows(
         order.sort(key=lengths.__getitem__)
         if micro_batch_size is None and world == 1 and rows > 1:
             idx = torch.tensor(order, device=device)
-            cuts = _length_cuts([lengths[i] for i in order], bucket_cost)
+            pre = None if prefixes is None else [prefixes[i] for i in order]
+            cuts = _length_cuts([lengths[i] for i in order], bucket_cost, pre)
             return [idx[a:b] for a, b in zip([0, *cuts], [*cuts, rows])]
     per = rows if micro_batch_size is None else micro_batch_size
     local = math.ceil(rows / per)
@@ -189,21 +194,36 @@ def _micro_rows(
     return [idx[i * per : (i + 1) * per] for i in range(n)]
 
 
-def _length_cuts(sorted_lengths: list[int], cost: int) -> list[int]:
-    """Where to split ascending ``sorted_lengths`` so that the padded positions (each part's
-    rows x its longest row) plus ``cost`` per part are least (exact, O(rows^2))."""
+def _length_cuts(
+    sorted_lengths: list[int], cost: int, prefixes: list[tuple[object, int]] | None = None
+) -> list[int]:
+    """Where to split ascending ``sorted_lengths`` so that the positions computed are least:
+    per part, its rows x its longest row, plus each distinct prefix in it once (``prefixes``:
+    per row ``(key, length)``), plus ``cost``. Exact dynamic programming over blocks of rows
+    (single rows up to 128 rows; cuts fall on block edges beyond)."""
     n = len(sorted_lengths)
-    best, prev = [0.0] + [math.inf] * n, [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):
-            c = best[i] + cost + (j - i) * sorted_lengths[j - 1]
+    block = max(1, math.ceil(n / 128))
+    edges = list(range(0, n, block)) + [n]
+    m = len(edges) - 1
+    best, prev = [0.0] + [math.inf] * m, [0] * (m + 1)
+    for j in range(1, m + 1):
+        longest = sorted_lengths[edges[j] - 1]
+        seen: set = set()
+        shared = 0
+        for i in range(j - 1, -1, -1):  # part = blocks i..j-1
+            if prefixes is not None:
+                for key, plen in prefixes[edges[i] : edges[i + 1]]:
+                    if key not in seen:
+                        seen.add(key)
+                        shared += plen
+            c = best[i] + cost + shared + (edges[j] - edges[i]) * longest
             if c < best[j]:
                 best[j], prev[j] = c, i
-    cuts, j = [], n
+    cuts, j = [], m
     while j > 0:
         j = prev[j]
         if j:
-            cuts.append(j)
+            cuts.append(edges[j])
     return cuts[::-1]
 
 
@@ -342,9 +362,18 @@ class TrainerCore:
         return out
 
     def _micro_batches(self, b: TrainBatch) -> list[torch.Tensor]:
-        lengths = b.attention_mask_bt.sum(-1).tolist()
+        lengths_b = b.attention_mask_bt.sum(-1)
         cost = self.cfg.bucket_cost_tokens if self.cfg.length_buckets else None
-        return _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost)
+        prefixes = None
+        if cost is not None and self.adapter.name == "hf" and self.world == 1:
+            # Shared prompts run once per micro-batch that has them; the rest of a row pads.
+            scored_bt = b.response_mask_bt.bool()
+            cut_b = torch.where(scored_bt.any(-1), scored_bt.float().argmax(-1), lengths_b)
+            ids, cuts = b.input_ids_bt.tolist(), cut_b.tolist()
+            prefixes = [(tuple(row[:c]), c) for row, c in zip(ids, cuts)]
+            lengths_b = lengths_b - cut_b
+        lengths = lengths_b.tolist()
+        return _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes)
 
     def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         lp_bt = None

@@ -129,6 +129,12 @@ def test_length_buckets_split_where_padding_saved_exceeds_the_cost():
     assert _length_cuts([10] * 8 + [64] * 8, 96) == [8]  # saves 8 x 54 = 432 > 96
     assert _length_cuts([60] * 8 + [64] * 8, 96) == []  # saves 32 < 96
     assert _length_cuts([1, 2, 3], 0) == [1, 2]
+    # a shared prompt is computed once per part that has it: splitting pays it twice
+    short_long = [1] * 8 + [9] * 8
+    assert _length_cuts(short_long, 1) == [8]
+    assert _length_cuts(short_long, 1, [("p", 100)] * 16) == []  # 282 > 245 positions
+    assert _length_cuts(short_long, 1, [("p", 10)] * 16) == [8]  # 102 < 155
+    assert _length_cuts(list(range(300)), 0)[:2] == [3, 6]  # > 128 rows: cuts on blocks of 3
     parts = _micro_rows([5, 40, 6, 41, 7], None, "cpu", bucket_cost=10)
     assert [p.tolist() for p in parts] == [[0, 2, 4], [1, 3]]
     assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
