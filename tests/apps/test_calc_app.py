@@ -13,17 +13,21 @@ import pytest
 from tests.helpers import REPO, script_env
 
 CONFIG = str(REPO / "apps/calc/cpu.yaml")
-# Measured on the 64 held-out questions: 0.375 after SFT; after GRPO 0.594 (the demo's 100
-# steps; evals on the way 0.17, 0.52, 0.73) and 0.641 in a 60-step run. Runs are not
-# bit-reproducible (asynchronous rollouts), and the curve is noisy: the margin is modest.
+# Measured on the 64 held-out questions when this test was written: 0.375 after SFT; after
+# GRPO 0.594 (the demo's 100 steps) and 0.641 in a 60-step run. Since 2026-11-23 the same SFT
+# reaches 0.86-0.95 on this machine (0.953 at ff27f0d, 0.938 and 0.859 at later commits; a
+# shorter SFT of 120 steps gives 0.0 and GRPO gets no reward), and GRPO then ends at
+# 0.94-0.98. So GRPO must beat a weak start by MARGIN, or reach CEILING from a strong one.
+# Runs are not bit-reproducible (asynchronous rollouts), and the curve is noisy.
 MARGIN = 0.15
+CEILING = 0.9
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the whole demo: ~10 minutes on 2 cores (the default is 300 s)
 def test_calc_demo_learns_to_use_the_tool(tmp_path):
-    """The demo (without intermediate evals) must clearly beat its SFT start and the model
-    that answers without the tool."""
+    """The demo (without intermediate evals) must clearly beat its SFT start (or, from a strong
+    start, reach CEILING) and the model that answers without the tool."""
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--config", CONFIG, "--run-dir", str(run),
@@ -35,7 +39,7 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("success_rate="), last
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", last)}
-    assert s["success_rate"] >= s["baseline"] + MARGIN, s
+    assert s["success_rate"] >= min(s["baseline"] + MARGIN, CEILING), s
     assert s["no_tool"] <= 0.05 and s["success_rate"] >= s["no_tool"] + 0.4, s
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
