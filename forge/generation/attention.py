@@ -135,9 +135,7 @@ def use_fast_decode(model) -> str | None:
         model.set_attn_implementation(_FAST[current])
     except (ValueError, ImportError):  # a model that does not dispatch through the interface
         return None
-    return (
-        model.config._attn_implementation if model.config._attn_implementation != current else None
-    )
+    return _FAST[current] if model.config._attn_implementation == _FAST[current] else None
 
 
 def _has_eager(model) -> bool:

@@ -78,19 +78,20 @@ class GrowingLayer(DynamicLayer):
 
     def select_rows(self, rows_b: torch.Tensor) -> GrowingLayer:
         """A new layer with batch rows ``rows_b``, keeping this one's spare positions."""
-        out = GrowingLayer()
-        out.lazy_initialization(self.keys, self.values)
-        out._buf_k = self._buf_k.index_select(0, rows_b)
-        out._buf_v = self._buf_v.index_select(0, rows_b)
-        out._set_view(self._start, self._end)
-        return out
+        return self._sibling(
+            self._buf_k.index_select(0, rows_b), self._buf_v.index_select(0, rows_b), self._start
+        )
 
     def drop_leading(self, n: int) -> GrowingLayer:
         """A layer viewing the same buffer without its first ``n`` positions (no copy)."""
+        return self._sibling(self._buf_k, self._buf_v, self._start + n)
+
+    def _sibling(self, buf_k: torch.Tensor, buf_v: torch.Tensor, start: int) -> GrowingLayer:
+        """A layer over ``buf_k``/``buf_v`` viewing positions ``start`` to this one's end."""
         out = GrowingLayer()
         out.lazy_initialization(self.keys, self.values)
-        out._buf_k, out._buf_v = self._buf_k, self._buf_v
-        out._set_view(self._start + n, self._end)
+        out._buf_k, out._buf_v = buf_k, buf_v
+        out._set_view(start, self._end)
         return out
 
 
@@ -133,28 +134,32 @@ def is_full_attention(cache: DynamicCache) -> bool:
     return all(type(layer) in (DynamicLayer, GrowingLayer) for layer in cache.layers)
 
 
-def select_rows(cache: DynamicCache, rows_b: torch.Tensor) -> DynamicCache:
-    """Keep only batch rows ``rows_b`` (an index tensor), in that order."""
+def _each_layer(cache: DynamicCache, own_op, kv_op) -> DynamicCache:
+    """A new cache: ``own_op(layer)`` for every ``GrowingLayer`` (views into its buffer), or,
+    when some layer is a plain ``DynamicLayer``, a copy of ``kv_op(keys, values)`` per layer."""
     kv = _layers_kv(cache)
     own = [_own_layer(layer) for layer in cache.layers]
     if all(layer is not None for layer in own):
         out = growing_cache([])
-        out.layers = [layer.select_rows(rows_b) for layer in own]
+        out.layers = [own_op(layer) for layer in own]
         return out
-    return growing_cache([(k[rows_b], v[rows_b]) for k, v in kv])
+    return growing_cache([kv_op(k, v) for k, v in kv])
+
+
+def select_rows(cache: DynamicCache, rows_b: torch.Tensor) -> DynamicCache:
+    """Keep only batch rows ``rows_b`` (an index tensor), in that order."""
+    return _each_layer(
+        cache, lambda layer: layer.select_rows(rows_b), lambda k, v: (k[rows_b], v[rows_b])
+    )
 
 
 def drop_leading_columns(cache: DynamicCache, n: int) -> DynamicCache:
     """Drop the first ``n`` sequence positions (padding for every row)."""
     if n == 0:
         return cache
-    kv = _layers_kv(cache)
-    own = [_own_layer(layer) for layer in cache.layers]
-    if all(layer is not None for layer in own):
-        out = growing_cache([])
-        out.layers = [layer.drop_leading(n) for layer in own]
-        return out
-    return growing_cache([(k[:, :, n:], v[:, :, n:]) for k, v in kv])
+    return _each_layer(
+        cache, lambda layer: layer.drop_leading(n), lambda k, v: (k[:, :, n:], v[:, :, n:])
+    )
 
 
 def concat_left_padded(a: DynamicCache, b: DynamicCache) -> DynamicCache:

@@ -17,9 +17,12 @@ CONFIG = str(REPO / "apps/calc/cpu.yaml")
 # GRPO 0.594 (the demo's 100 steps) and 0.641 in a 60-step run. On 2026-11-23 the SFT result
 # varied from run to run between 0.41 and 0.95 (0.953 at ff27f0d; 0.938, 0.859 and 0.406 at
 # later commits; SFT is not bit-reproducible across thread counts), and GRPO then ended at
-# 0.80-0.98 (0.406 -> 0.797, 0.859 -> 0.984). From a start of 0.9 a +MARGIN gain is
-# impossible, so GRPO must beat a weak start by MARGIN, or reach CEILING from a strong one.
-# Runs are not bit-reproducible (asynchronous rollouts), and the curve is noisy.
+# 0.80-0.98 (0.406 -> 0.797, 0.859 -> 0.984). From a start of 0.9 a +MARGIN gain in greedy
+# held-out accuracy is impossible, so that check becomes "reach CEILING" there. Learning is
+# checked in every run by the sampled (temperature 1) training reward, which starts low even
+# from a strong SFT: the mean of the first 10 steps against the last 10 went 0.221 -> 0.727
+# and 0.625 -> 0.969 in those two runs. Runs are not bit-reproducible (asynchronous
+# rollouts), and the curve is noisy.
 MARGIN = 0.15
 CEILING = 0.9
 
@@ -28,7 +31,8 @@ CEILING = 0.9
 @pytest.mark.timeout(1800)  # the whole demo: ~10 minutes on 2 cores (the default is 300 s)
 def test_calc_demo_learns_to_use_the_tool(tmp_path):
     """The demo (without intermediate evals) must clearly beat its SFT start (or, from a strong
-    start, reach CEILING) and the model that answers without the tool."""
+    start, reach CEILING), raise its own training reward, and beat the model that answers
+    without the tool."""
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--config", CONFIG, "--run-dir", str(run),
@@ -45,3 +49,6 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 100 and steps[-1]["env/tool_calls"] > 0
+    reward = [r["rollout/reward"] for r in steps if "rollout/reward" in r]
+    first, final = sum(reward[:10]) / 10, sum(reward[-10:]) / 10
+    assert final >= min(first + MARGIN, CEILING), (first, final)  # GRPO itself learned
