@@ -171,7 +171,10 @@ class Client:
         proc = self.runtime.local_procs.get(self.address)
         returncode = None
         if proc is not None:
-            returncode = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 1.0)
+            try:
+                returncode = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 1.0)
+            except RuntimeError:  # the loop is shutting down: no executor; don't wait
+                returncode = proc.wait(0)
             if not detail and getattr(proc, "lost", ""):
                 detail = proc.lost  # e.g. a Monarch process whose exit status is unknown
             if proc.stopping and not detail:

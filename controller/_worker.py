@@ -191,15 +191,28 @@ async def _teardown(inst) -> None:
 
 
 class _Resume:
-    """Awaitable that continues a coroutine which has already run its first step."""
+    """Awaitable that continues a coroutine which has already run its first step.
 
-    __slots__ = ("coro", "first")
+    A coroutine that suspends on a future leaves the future's ``_asyncio_future_blocking``
+    flag set for the Task that receives it, and a Task clears it at once. Here the Task
+    starts a loop iteration later, and another eagerly started call may await the same
+    pending future in between (it would find the flag set and raise "await wasn't used with
+    future"). So the flag is cleared when this is built, right after the eager step, as a
+    Task would, and set again just before the future is handed to this call's Task.
+    """
+
+    __slots__ = ("coro", "first", "blocking")
 
     def __init__(self, coro, first):
         self.coro, self.first = coro, first
+        self.blocking = getattr(first, "_asyncio_future_blocking", False)
+        if self.blocking:
+            first._asyncio_future_blocking = False
 
     def __await__(self):
         coro, to_yield = self.coro, self.first
+        if self.blocking:
+            to_yield._asyncio_future_blocking = True
         while True:
             try:
                 sent = yield to_yield
@@ -218,8 +231,13 @@ class _Resume:
                     return stop.value
 
 
-async def _resume(coro, first):
-    return await _Resume(coro, first)
+def _resume(coro, first):
+    """A coroutine for a Task that continues ``coro`` after its eager first step."""
+    return _await(_Resume(coro, first))
+
+
+async def _await(awaitable):
+    return await awaitable
 
 
 def _watch_lifeline(fd: int) -> None:

@@ -96,7 +96,10 @@ class Generator(ForgeActor):
             # went to healthy replicas only): catch up before serving the first requests.
             if self._catch_up is None:
                 self._catch_up = asyncio.ensure_future(self._load_latest())
-            await self._catch_up
+                self._catch_up.add_done_callback(self._forget_failed_catch_up)
+            # Shielded: a caller that gives up (timeout, failover) must not cancel the load
+            # the other first callers wait on.
+            await asyncio.shield(self._catch_up)
         with self.busy():
             out = await self._backend().generate(prompt, params)
         if self._recovered and out:
@@ -170,7 +173,7 @@ class Generator(ForgeActor):
     async def on_recover(self) -> int:
         t0 = time.perf_counter()
         version = await self._load_latest()
-        self._recovered = True
+        self._recovered, self._catch_up = True, None
         logger.warning(
             "generator %s (pid %d) recovered: serving weight version %d (loaded in %.2f s)",
             self._forge_name,
@@ -179,6 +182,10 @@ class Generator(ForgeActor):
             time.perf_counter() - t0,
         )
         return version
+
+    def _forget_failed_catch_up(self, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self._catch_up = None  # the next request tries again
 
     async def _load_latest(self) -> int:
         before = self._backend().version

@@ -183,6 +183,12 @@ async def test_update_weights_exact_versions_and_errors(tiny_model_dir):
         store.push(_perturbed(tiny_model_dir, seed=3), 3)
         assert await gen.on_recover.call_one() == 3  # latest pushed
         assert await gen.get_version.call_one() == 3
+        # A version pushed while the recovered replica waited for traffic: the first
+        # requests, arriving together, share one catch-up load and all run on it.
+        store.push(_perturbed(tiny_model_dir, seed=4), 4)
+        first = [gen.generate.call_one(f"q{i}", max_tokens=4).start() for i in range(6)]
+        outs = await asyncio.gather(*first)
+        assert [c.generator_version for [c] in outs] == [4] * 6
     finally:
         store.close()
 

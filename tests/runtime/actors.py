@@ -67,6 +67,13 @@ class Counter(Actor):
         return fn(*args)
 
     @endpoint
+    async def shared_wait(self, seconds: float) -> int:
+        """Every call awaits one future, created by the first: concurrent callers share it."""
+        if getattr(self, "_shared", None) is None or self._shared.done():
+            self._shared = asyncio.ensure_future(asyncio.sleep(seconds, result=self.n))
+        return await self._shared
+
+    @endpoint
     async def wait_for(self, timeout: float) -> float:
         """Declares ``timeout`` itself, so the adverb passes it through."""
         return timeout

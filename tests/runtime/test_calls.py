@@ -28,6 +28,15 @@ async def test_call_returns_one_value_per_rank():
     assert {w["world"] for w in where.values()} == {"3"}
 
 
+async def test_concurrent_calls_await_one_shared_future():
+    # Endpoints run eagerly up to their first suspension; calls that arrive together and
+    # await the same pending future must all get its result (asyncio's blocking flag).
+    c = await Counter.options(procs=1).as_actor(4)
+    for _ in range(3):
+        calls = [c.shared_wait.call_one(0.05).start() for _ in range(8)]
+        assert await asyncio.gather(*calls) == [4] * 8
+
+
 async def test_slice_and_sizes():
     c = await Counter.options(procs=3).as_actor()
     assert c.size("procs") == 3 and len(c) == 3
