@@ -4,7 +4,7 @@
 
 Builds a randomly initialised fp32 Qwen2 model (hidden 768, 12 layers, vocab 32k: ~110M
 parameters, ~0.44 GB; nothing is downloaded) in a temporary directory, starts a ``Trainer``
-actor (1 process) and a ``Generator`` service with 2 replicas (hf backend) on it, then times,
+actor (1 process) and two ``Generator`` services of 2 replicas each (hf backend), then times,
 side by side in one run and as medians over ``--repeats`` (after ``WARMUP_ROUNDS`` rounds that
 fill the pusher's pool of recycled files and the pullers' kept mappings: the steady state of
 a training run; the first, cold push and pull are printed too):
@@ -14,18 +14,23 @@ a training run; the first, cold push and pull are printed too):
 - **pull, fanout**: ``gen.update_weights.fanout(handle=h)``: both replicas pull the version
   and swap it in (they run in parallel, so the time is per replica and for both);
 - **pull, one replica**: ``gen.update_weights.route(handle=h)``: one replica alone;
+  ``gen`` shares (``WeightPullConfig.share``, the default: replicas compute with the pushed
+  file in place, read-only, so a pull copies nothing);
+- **copying**: the same two pulls on a second service with ``share=False`` (each replica
+  copies the version into its own model: the path before sharing, and the one a GPU takes);
 - **memcpy**: ``dst.copy_(src)`` of the same number of bytes (the bytes a version stores: tied
   weights once) into preallocated memory, in this process (the floor for moving them once);
 - **breakdown**, redone in this process on a model of the same shape, each with its page-fault
-  count: ``pull_handle(h)`` into fresh tensors then ``load_in_place`` into the model (what a
-  busy Generator replica does); ``pull_handle(h, into=...)`` straight into the model's tensors
-  (what an idle replica does); a ``SharedMemoryTransport`` push into a recycled file (what the
+  count: ``lease_shm_file(h)`` (a sharing replica's pull); ``pull_handle(h)`` into fresh
+  tensors then ``load_in_place`` into the model (what a busy copying replica does); ``pull_handle(h, into=...)`` straight into the model's tensors
+  (what an idle copying replica does); a ``SharedMemoryTransport`` push into a recycled file (what the
   trainer's push does in steady state) and ``write_shm_file`` into a new file (its first
   pushes); and, not Forge code paths, ``os.preadv`` of the file into the model's tensors and
   ``os.pwrite`` of the same layout into a new file (what read/write-based transfers cost).
 
-The last line is machine-readable: ``sync_vs_memcpy=<ratio>`` (one replica's pull time, from
-the fanout, over the memcpy time).
+The last line is machine-readable: ``sync_vs_memcpy=<ratio>`` (the sharing fanout's time, in
+which both replicas pull, over the memcpy time) and ``copying_vs_memcpy=<ratio>`` (the same
+for the copying service).
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def gbps(nbytes: int, s: float) -> str:
 async def bench_sync(model_dir: str, repeats: int) -> dict:
     from forge.actors.generator import Generator
     from forge.actors.trainer import Trainer
-    from forge.generation import GeneratorConfig
+    from forge.generation import GeneratorConfig, WeightPullConfig
     from forge.training.config import TrainerConfig
 
     t0 = time.perf_counter()
@@ -95,14 +100,20 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
     gen = await Generator.options(num_replicas=2, procs=1).as_service(
         GeneratorConfig(model=model_dir, backend="hf")
     )
+    # The same service copying every version into its replicas' own models (share=False).
+    copying = await Generator.options(num_replicas=2, procs=1).as_service(
+        GeneratorConfig(model=model_dir, backend="hf", weights=WeightPullConfig(share=False))
+    )
     startup = time.perf_counter() - t0
-    push, fan, one, cold = [], [], [], {}
+    push, fan, one, fan_copy, one_copy, cold = [], [], [], [], [], {}
     version, handle = 0, None
     try:
         for i in range(repeats + WARMUP_ROUNDS):
             for pull, timings in (
                 (gen.update_weights.fanout, fan),
                 (gen.update_weights.route, one),
+                (copying.update_weights.fanout, fan_copy),
+                (copying.update_weights.route, one_copy),
             ):
                 version += 1
                 t = time.perf_counter()
@@ -111,18 +122,26 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
                 t = time.perf_counter()
                 await pull(handle=handle)
                 t_pull = time.perf_counter() - t
+                # Untimed: every replica of both services on this version (no-op where it
+                # already is), as a run's fanout leaves them: a sharing replica only holds
+                # the version it computes with, so the trainer's files keep rotating.
+                await gen.update_weights.fanout(handle=handle)
+                await copying.update_weights.fanout(handle=handle)
                 cold.setdefault("push", t_push)
                 cold.setdefault("pull", t_pull)
                 if i >= WARMUP_ROUNDS:
                     push.append(t_push)
                     timings.append(t_pull)
         checks = set(await gen.state_dict_checksum.fanout())
+        checks |= set(await copying.state_dict_checksum.fanout())
         # Keep the last version alive for the in-process breakdown; close() drops it.
         return {
             "startup": startup,
             "push": push,
             "fanout": fan,
             "one": one,
+            "fanout_copy": fan_copy,
+            "one_copy": one_copy,
             "cold": cold,
             "handle": handle,
             "replicas_agree": len(checks) == 1,
@@ -150,6 +169,8 @@ def bench_breakdown(model_dir: str, handle, repeats: int) -> dict:
         # One copy straight into the model's tensors (what pull_handle's ``into`` is for).
         # The model's state_dict has tied aliases (lm_head.weight): keep the pushed names.
         "into": lambda: pull_handle(handle, into=own),
+        # What a sharing replica's pull does: a lease on the file, views of its mapping.
+        "lease": lambda: _lease(handle),
         # Not in Forge, for reference: read() the shm file straight into the model's
         # tensors, which skips the per-page faults of a fresh mapping.
         "preadv": lambda: _preadv_into(handle, own),
@@ -220,6 +241,14 @@ def _push_shm(state_dict: dict[str, torch.Tensor], how: str, handle=None) -> Non
             os.unlink(path)
 
 
+def _lease(handle) -> None:
+    from forge.weights import lease_shm_file
+
+    views, lease = lease_shm_file(handle.location, handle.version, handle.manifest)
+    del views
+    lease.release()
+
+
 def _minor_faults() -> int:
     """Page faults of this process so far: a cost count that other load does not disturb."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -274,7 +303,7 @@ def main() -> None:
     bd = res["breakdown"]
     print(
         f"model: {n_params / 1e6:.1f}M params, {nbytes / 1e9:.3f} GB pushed (fp32); "
-        f"trainer + 2 replicas started in {res['startup']:.1f} s; "
+        f"trainer + 2x2 replicas started in {res['startup']:.1f} s; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     cold = res["cold"]
@@ -286,6 +315,8 @@ def main() -> None:
         ("push (trainer -> shm)", push),
         ("pull+swap, fanout to 2 replicas", fan),
         ("pull+swap, one replica (route)", one),
+        ("copying (share=False): fanout", med(res["fanout_copy"])),
+        ("copying (share=False): one replica", med(res["one_copy"])),
         ("memcpy, preallocated (floor)", mem["warm"]),
         ("memcpy into fresh memory", mem["fresh"]),
     ]
@@ -295,6 +326,7 @@ def main() -> None:
         "fresh": "pull_handle -> fresh tensors",
         "load_in_place": "load_in_place(model, pulled)",
         "into": "pull_handle(into=model)",
+        "lease": "lease_shm_file (share: no copy)",
         "preadv": "reference: os.preadv into model",
         "recycled": "push: transport, recycled file",
         "push": "push: write_shm_file (new file)",
@@ -305,7 +337,8 @@ def main() -> None:
         s, faults = bd[key]
         print(f"  {label:38s} median {s * 1e3:9.1f} ms  {gbps(nbytes, s)}  {faults:8.0f} faults")
     print(f"replicas hold identical weights after sync: {res['replicas_agree']}")
-    print(f"sync_vs_memcpy={fan / mem['warm']:.2f}")
+    copy_ratio = med(res["fanout_copy"]) / mem["warm"]
+    print(f"sync_vs_memcpy={fan / mem['warm']:.2f} copying_vs_memcpy={copy_ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
   (``call``/fanout to every replica) after the trainer pushed a version. Pulls ``handle`` (a
   ``forge.weights.WeightHandle``) or the version by number from the configured transport
   (``None``: the latest there), swaps it in and returns the version now in use. ``mode``:
-  ``"in_flight"`` (default) or ``"drain"``; see ``forge.generation.hf_backend``.
+  ``"in_flight"`` (default) or ``"drain"``; see ``forge.generation.hf_backend``. With
+  ``weights.share`` (default) an hf replica on CPU given a shm handle computes with the
+  pushed file in place (``forge.weights.lease_shm_file``): no copy, one copy per host.
 - ``on_recover() -> int``: called by the service layer after it restarted a crashed replica,
   before the replica takes traffic: loads the latest version published where the config
   says, by default the run's publication location (``forge.weights.pull``), if any (else
@@ -50,7 +52,7 @@ from forge.generation.backend import (
     state_dict_checksum,
 )
 from forge.types import Completion
-from forge.weights import WeightHandle, pull_handle
+from forge.weights import WeightHandle, lease_shm_file, pull_handle
 from forge.weights.pull import (
     has_pull_source,
     latest_pushed_version,
@@ -139,6 +141,16 @@ class Generator(ForgeActor):
                 f"({backend.version}); versions only move forward"
             )
         if handle is not None and self._matches_model(handle):
+            if self._can_share(handle):
+                views, lease = await asyncio.to_thread(
+                    lease_shm_file, handle.location, handle.version, handle.manifest
+                )
+                try:
+                    await backend.update_weights_shared(views, lease, version, mode)
+                except BaseException:
+                    lease.release()
+                    raise
+                return version
 
             def pull(into):
                 return pull_handle(handle, into=into)
@@ -151,6 +163,14 @@ class Generator(ForgeActor):
             state_dict = await asyncio.to_thread(self._transport_or_raise().pull, version)
         await backend.update_weights(state_dict, version, mode)
         return version
+
+    def _can_share(self, handle: WeightHandle) -> bool:
+        """Whether to compute with ``handle``'s shm file in place (``weights.share``)."""
+        return (
+            self.config.weights.share
+            and handle.transport == "shm"
+            and self._backend().can_share_weights
+        )
 
     def _matches_model(self, handle: WeightHandle) -> bool:
         """Whether the pushed tensors can be read straight into this replica's model: same

@@ -100,6 +100,11 @@ class WeightPullConfig:
     (where a trainer with no ``weights.prefix`` pushes; ``forge.weights.pull``); an empty
     ``root`` (safetensors_dir) means "handles only": ``update_weights`` then needs a
     ``WeightHandle``.
+
+    ``share`` (hf backend on CPU, shm handles whose dtypes match the model): the replica
+    computes with the pushed file's bytes in place, read-only, instead of copying them into
+    its model, so replicas on a host hold one copy of a version and a pull copies nothing.
+    While a replica uses a version, the trainer writes newer ones to other files.
     """
 
     transport: str = "shm"
@@ -107,6 +112,7 @@ class WeightPullConfig:
     shm_dir: str = "/dev/shm"
     root: str = ""
     wait_s: float = 0.0
+    share: bool = True
 
 
 @dataclass
@@ -240,6 +246,18 @@ class GeneratorBackend:
         the intermediate copy; the default pulls fresh tensors."""
         state_dict = await asyncio.to_thread(pull, None)
         await self.update_weights(state_dict, version, mode)
+
+    #: Whether ``update_weights_shared`` can compute with a version in place (read-only
+    #: views of a same-host shared file) instead of copying it.
+    can_share_weights = False
+
+    async def update_weights_shared(
+        self, state_dict: dict[str, torch.Tensor], lease: Any, version: int, mode: str
+    ) -> None:
+        """Like ``update_weights``, but ``state_dict``'s tensors are read-only views that the
+        model uses as they are, valid while ``lease`` (a ``forge.weights.ShmLease``) is held;
+        the backend releases it once no request computes with that version."""
+        raise NotImplementedError
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Current weights by HF name (what new requests use); for checks and debugging."""

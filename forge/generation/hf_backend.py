@@ -65,6 +65,12 @@ class _Lane:
     engine: HFEngine
     futures: dict[int, tuple[asyncio.Future, int]] = field(default_factory=dict)  # id -> (f, n)
     rows: int = 0  # samples admitted and not yet finished
+    lease: Any = None  # a ShmLease when the model's weights are views of a shared file
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     @property
     def version(self) -> int:
@@ -131,6 +137,7 @@ class HFBackend(GeneratorBackend):
         for lane in self._lanes:
             for fut, _ in lane.futures.values():
                 _fail(fut, error)
+            lane.release()
         self._inbox.clear()
         self._lanes = []
 
@@ -233,20 +240,37 @@ class HFBackend(GeneratorBackend):
     def _retire_idle_lanes(self) -> None:
         old, current = self._lanes[:-1], self._lanes[-1]
         self._lanes = [lane for lane in old if lane.futures or lane.engine.has_work()]
+        for lane in old:
+            if lane not in self._lanes:
+                lane.release()  # nothing computes with its version any more
         self._lanes.append(current)
 
     # ---- weights ------------------------------------------------------------------------
 
+    @property
+    def can_share_weights(self) -> bool:
+        return torch.device(self.config.device).type == "cpu"
+
     async def update_weights(
         self, state_dict: dict[str, torch.Tensor], version: int, mode: str
     ) -> None:
+        await self._update(state_dict, None, version, mode)
+
+    async def update_weights_shared(
+        self, state_dict: dict[str, torch.Tensor], lease: Any, version: int, mode: str
+    ) -> None:
+        """The lane that runs ``version`` computes with ``state_dict``'s views in place and
+        holds ``lease`` until it retires or moves to another version."""
+        await self._update(state_dict, lease, version, mode)
+
+    async def _update(self, state_dict, lease, version: int, mode: str) -> None:
         async with self._update_lock:
             if mode == "drain":
                 self._paused = True
                 try:
                     await self._drained.wait()
                     async with self._step_lock:
-                        await self._swap_in_place(state_dict, version)
+                        await self._swap_in_place(state_dict, version, lease)
                 finally:
                     self._paused = False
                     self._wake.set()
@@ -258,11 +282,12 @@ class HFBackend(GeneratorBackend):
                             clone_with_weights, current.engine.model, state_dict
                         )
                         self._lanes.append(self._new_lane(model, version))
+                        self._lanes[-1].lease = lease
                         self._stats["in_flight_updates"] += 1
                         n = len(self._lanes)
                         self._stats["max_lanes"] = max(self._stats["max_lanes"], n)
                     else:
-                        await self._swap_in_place(state_dict, version)
+                        await self._swap_in_place(state_dict, version, lease)
             self.version = version
             self._stats["weight_updates"] += 1
 
@@ -272,7 +297,8 @@ class HFBackend(GeneratorBackend):
         async with self._update_lock, self._step_lock:
             current = self._lanes[-1]
             idle = not (current.futures or current.engine.has_work())
-            if idle and mode == "in_flight":
+            # (A model computing with shared read-only views cannot be copied into.)
+            if idle and mode == "in_flight" and current.lease is None:
                 model = current.engine.model
                 current.engine.clear_prefix_cache()  # its KV belongs to the old weights
                 await asyncio.to_thread(pull, dict(model.state_dict()))
@@ -283,10 +309,20 @@ class HFBackend(GeneratorBackend):
         state_dict = await asyncio.to_thread(pull, None)
         await self.update_weights(state_dict, version, mode)
 
-    async def _swap_in_place(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+    async def _swap_in_place(
+        self, state_dict: dict[str, torch.Tensor], version: int, lease: Any = None
+    ) -> None:
         current = self._lanes[-1]
         current.engine.clear_prefix_cache()  # its KV belongs to the old weights
-        await asyncio.to_thread(load_in_place, current.engine.model, state_dict)
+        model = current.engine.model
+        if lease is not None or current.lease is not None:
+            # Shared weights are read-only: point the model at the new tensors instead of
+            # copying into the old ones (owned copies when the new ones are not leased).
+            await asyncio.to_thread(rebind_weights, model, state_dict, lease is None)
+        else:
+            await asyncio.to_thread(load_in_place, model, state_dict)
+        current.release()
+        current.lease = lease
         # HFEngine stamps new requests with ``engine.version`` (its documented contract).
         current.engine.version = version
 
@@ -313,6 +349,8 @@ class HFBackend(GeneratorBackend):
             **prefix,
             "version": self.version,
             "lanes": len(self._lanes),
+            # Versions computed with in place from shared files (no copy), oldest lane first.
+            "shared_versions": [lane.version for lane in self._lanes if lane.lease is not None],
             "running_rows": sum(lane.rows for lane in self._lanes),
             "queued": len(self._inbox),
         }
@@ -370,6 +408,16 @@ def load_in_place(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -
     """Copy ``state_dict`` into ``model``'s tensors (checked by ``match_weights``)."""
     for dst, src in match_weights(model, state_dict).values():
         dst.copy_(src)
+
+
+@torch.no_grad()
+def rebind_weights(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor], owned: bool = False
+) -> None:
+    """Make ``model``'s tensors *be* the pushed ones (``owned``: copies of them); the model's
+    old tensors are let go, tied parameters stay tied (one Parameter object)."""
+    for dst, src in match_weights(model, state_dict).values():
+        dst.data = src.clone() if owned else src
 
 
 def clone_with_weights(

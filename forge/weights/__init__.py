@@ -2,13 +2,14 @@
 
 ``WeightStore`` (pusher side) keeps versions and retention; ``SharedMemoryTransport`` (same
 host) and ``SafetensorsDirTransport`` (shared filesystem) move the bytes; ``pull_handle``
-pulls a picklable ``WeightHandle`` in any process; ``broadcast_state_dict`` sends weights over
+pulls a picklable ``WeightHandle`` in any process (``lease_shm_file``: a same-host version's
+tensors in place, read-only, with no copy); ``broadcast_state_dict`` sends weights over
 an existing ``torch.distributed`` group. Importing touches no file and no process group.
 """
 
 from forge.weights.dist import broadcast_state_dict, plan_buckets
 from forge.weights.safetensors_dir import SafetensorsDirTransport
-from forge.weights.shm import SharedMemoryTransport
+from forge.weights.shm import SharedMemoryTransport, ShmLease, lease_shm_file
 from forge.weights.store import (
     TRANSPORTS,
     TensorMeta,
@@ -24,6 +25,7 @@ __all__ = [
     "TRANSPORTS",
     "SafetensorsDirTransport",
     "SharedMemoryTransport",
+    "ShmLease",
     "TensorMeta",
     "WeightHandle",
     "WeightStore",
@@ -31,6 +33,7 @@ __all__ = [
     "WeightVersionError",
     "broadcast_state_dict",
     "build_weight_transport",
+    "lease_shm_file",
     "plan_buckets",
     "pull_handle",
 ]

@@ -65,7 +65,9 @@ from forge.weights.store import (
 __all__ = [
     "KEEP_MAPPED",
     "SharedMemoryTransport",
+    "ShmLease",
     "close_mappings",
+    "lease_shm_file",
     "read_shm_file",
     "write_shm_file",
 ]
@@ -280,6 +282,94 @@ def _gone(version: int, path: str, why: str) -> FileNotFoundError:
     )
 
 
+def _open_version(path: str, version: int, wait_s: float) -> int:
+    """Open a version's file read-only, waiting up to ``wait_s`` seconds for it to appear."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise _gone(version, path, f"does not exist (waited {wait_s:g}s)") from None
+            time.sleep(0.01)
+
+
+def _lock_shared(fd: int, version: int, path: str) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _gone(version, path, "is being rewritten with a newer version") from None
+
+
+class ShmLease:
+    """A shared lock on one version's file, held while its tensors are used in place.
+
+    While any lease on a file is held, the pusher never rewrites that file (it writes the
+    next version to another one), so the views :func:`lease_shm_file` returned keep their
+    values. ``release()`` (idempotent; also at garbage collection) lets the file be recycled:
+    call it only once nothing computes with the views any more.
+    """
+
+    def __init__(self, fd: int, version: int, path: str) -> None:
+        self.version, self.path = version, path
+        self._finalizer = weakref.finalize(self, os.close, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._finalizer.alive
+
+    def release(self) -> None:
+        self._finalizer()  # closing the file releases its lock
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "released"
+        return f"ShmLease(version={self.version}, {self.path}, {state})"
+
+
+def lease_shm_file(
+    path: str,
+    version: int,
+    manifest: dict[str, TensorMeta] | None = None,
+    wait_s: float = 0.0,
+) -> tuple[dict[str, torch.Tensor], ShmLease]:
+    """A version's tensors as read-only views of its shm file (no copy), and the lease that
+    keeps them valid.
+
+    Every process on the host that leases a version shares one copy of its bytes: a pull is
+    a lock and a lookup in this process's kept mappings, not a copy. Writing to a view is a
+    segmentation fault (the mapping is read-only): the tensors are for computing with, and
+    a newer version replaces them, it is not copied into them. Raises ``FileNotFoundError``
+    like :func:`read_shm_file`.
+    """
+    fd = _open_version(path, version, wait_s)
+    try:
+        _lock_shared(fd, version, path)
+        # A second open file description of the same inode (not dup: a dup would share the
+        # lock) for the kept mapping, which may outlive this lease.
+        map_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+        with _MAPPINGS.lock:
+            try:
+                mapping, kept = _MAPPINGS.get(map_fd)
+            except BaseException:
+                os.close(map_fd)
+                raise
+            if not kept:
+                os.close(map_fd)
+            found, header_manifest = mapping.header(path)
+            if found != version:
+                raise _gone(version, path, f"now holds version {found}")
+            views: dict[TensorMeta, torch.Tensor] = {}
+            out = {}
+            for name, meta in (manifest or header_manifest).items():
+                if meta not in views:
+                    views[meta] = _view(mapping.u8, meta, dtype_from_name(meta.dtype))
+                out[name] = views[meta]  # tied names share one tensor, as pushed
+    except BaseException:
+        os.close(fd)
+        raise
+    return out, ShmLease(fd, version, path)
+
+
 def read_shm_file(
     path: str,
     version: int,
@@ -293,22 +383,11 @@ def read_shm_file(
     file to appear, then raises ``FileNotFoundError`` naming the version and the file (also
     if the file was recycled for a newer version meanwhile).
     """
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-            break
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise _gone(version, path, f"does not exist (waited {wait_s:g}s)") from None
-            time.sleep(0.01)
+    fd = _open_version(path, version, wait_s)
     kept = False
     try:
         with _MAPPINGS.lock:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise _gone(version, path, "is being rewritten with a newer version") from None
+            _lock_shared(fd, version, path)
             try:
                 mapping, kept = _MAPPINGS.get(fd)
                 found, header_manifest = mapping.header(path)

@@ -26,7 +26,7 @@ from forge.weights import (
     plan_buckets,
     pull_handle,
 )
-from forge.weights.shm import close_mappings, read_shm_file
+from forge.weights.shm import close_mappings, lease_shm_file, read_shm_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM = "/dev/shm"
@@ -223,6 +223,65 @@ def test_shm_spare_held_by_a_reader_is_not_rewritten(prefix):
     assert transport.pull(3)["w"].eq(3.0).all()
     transport.close()
     assert shm_files(prefix) == []
+
+
+def test_shm_lease_shares_one_copy_and_blocks_recycling_until_released(prefix):
+    transport = SharedMemoryTransport(prefix, spares=1)
+    sd = mixed_state_dict(seed=1)
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    h1 = transport.push(sd, version=1)
+    views, lease = lease_shm_file(h1.location, 1, h1.manifest)
+    again, lease_b = lease_shm_file(transport.path(1), 1)  # by name, manifest from the header
+    assert_same(views, sd)
+    assert_same(again, sd)
+    assert views["lm_head.weight"] is views["model.embed_tokens.weight"]
+    # No copy: both leases' tensors are the same bytes of the one kept mapping.
+    name = "model.embed_tokens.weight"
+    assert views[name].data_ptr() == again[name].data_ptr()
+    inode_1 = os.stat(h1.location).st_ino
+    transport.push(mixed_state_dict(seed=2), version=2)
+    transport.drop(1)  # its file becomes the spare, but leases hold it
+    transport.push(mixed_state_dict(seed=3), version=3)
+    assert os.stat(transport.path(3)).st_ino != inode_1  # written elsewhere
+    assert_same(views, sd)  # the leased version is intact
+    lease.release()
+    lease.release()  # idempotent
+    transport.drop(2)
+    transport.push(mixed_state_dict(seed=4), version=4)
+    assert os.stat(transport.path(4)).st_ino != inode_1  # lease_b still holds version 1
+    assert_same(again, sd)
+    del again
+    lease_b.release()
+    assert not lease_b.held and "released" in repr(lease_b)
+    transport.drop(3)
+    # The spares now include version 1's file, free at last: the next push may rewrite it.
+    transport.push(mixed_state_dict(seed=5), version=5)
+    assert_same(transport.pull(5), mixed_state_dict(seed=5))
+    with pytest.raises(FileNotFoundError, match="weight version 1 is not in shared memory"):
+        lease_shm_file(transport.path(1), 1)
+    del views
+    transport.close()
+    assert shm_files(prefix) == []
+
+
+def test_shm_lease_views_are_read_only(prefix, tmp_path):
+    transport = SharedMemoryTransport(prefix)
+    h = transport.push({"w": torch.ones(8)}, version=1)
+    script = textwrap.dedent(
+        f"""
+        from forge.weights.shm import lease_shm_file
+        views, lease = lease_shm_file({h.location!r}, 1)
+        print(float(views["w"].sum()), flush=True)
+        views["w"].add_(1)  # the mapping is read-only: the kernel refuses the write
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+    )
+    assert out.stdout.strip() == "8.0"
+    assert out.returncode == -11, out.stderr[-2000:]  # SIGSEGV, and the file is untouched
+    assert transport.pull(1)["w"].eq(1.0).all()
+    transport.close()
 
 
 def test_shm_tied_weights_stored_once_and_pulled_tied(prefix):
