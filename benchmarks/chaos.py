@@ -41,6 +41,8 @@ from pathlib import Path
 
 import psutil
 
+from controller import loops
+
 REPO = Path(__file__).resolve().parent.parent
 KILLED_SERVICES = ("Generator", "RewardActor")
 
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     t0 = time.perf_counter()
-    out = asyncio.run(_run(args, run_dir))
+    out = loops.run(_run(args, run_dir))
     line = report(out, run_dir, (time.perf_counter() - t0) / 60, load)
     print(line, flush=True)
 

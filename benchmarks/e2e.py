@@ -63,7 +63,6 @@ The last lines are machine-readable, TRL-best s/step over Forge s/step (> 1: For
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import math
 import os
@@ -74,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import ProcessTreeCpu, utilisation
+from controller import loops
 
 TASK_YAML = Path(__file__).resolve().parents[1] / "apps" / "sumdigits" / "cpu.yaml"
 SYSTEMS = {
@@ -485,4 +485,4 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    loops.run(main(parse_args()))

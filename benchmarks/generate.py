@@ -45,7 +45,7 @@ import tempfile
 import time
 import uuid
 
-from controller import shutdown
+from controller import loops, shutdown
 
 # vLLM on CPU: a small, fixed KV cache (its default asks for GiBs) and the model's length.
 # A token budget per step large enough that the batch's prompts are never prefilled in
@@ -214,7 +214,7 @@ def main() -> None:
                 finally:
                     await shutdown()
 
-            results[backend] = asyncio.run(run())
+            results[backend] = loops.run(run())
 
     print(
         f"batch: {args.prompts} {args.style} prompts x n={args.n}, max_tokens "

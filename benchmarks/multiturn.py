@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import time
 
-from controller import shutdown
+from controller import loops, shutdown
 
 OBSERVATION = "ok, go on"
 
@@ -161,7 +161,7 @@ def main() -> None:
                 finally:
                     await shutdown()
 
-            results[replicas] = asyncio.run(run())
+            results[replicas] = loops.run(run())
 
     print(
         f"{args.episodes} concurrent episodes x {args.turns} turns, max_tokens {args.max_tokens}"

@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.common import fmt_ms, fmt_us, summarize, time_async, time_sync
-from controller import Actor, endpoint, shutdown
+from controller import Actor, endpoint, loops, shutdown
 
 MB100 = 25 * 1024 * 1024  # fp32 elements in 100 MB
 
@@ -126,8 +126,8 @@ def main() -> None:
     pipe = summarize(bench_pipe(args.calls))
     memcpy = statistics.median(bench_memcpy(args.repeats * 2, fresh=False))
     memcpy_fresh = statistics.median(bench_memcpy(args.repeats, fresh=True))
-    forge = asyncio.run(bench_forge(args.calls, args.repeats))
-    monarch = None if args.no_monarch else asyncio.run(bench_monarch(args.calls, args.repeats))
+    forge = loops.run(bench_forge(args.calls, args.repeats))
+    monarch = None if args.no_monarch else loops.run(bench_monarch(args.calls, args.repeats))
 
     fc = summarize(forge["call"])
     print(

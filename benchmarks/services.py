@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import fmt_us, time_async
-from controller import Actor, endpoint, shutdown
+from controller import Actor, endpoint, loops, shutdown
 
 REPLICA_COUNTS = (1, 2, 4, 8)
 WORK_S = 0.01
@@ -194,7 +194,7 @@ def main() -> None:
         await shutdown()
         return over, scaling, fail
 
-    over, scaling, fail = asyncio.run(run())
+    over, scaling, fail = loops.run(run())
     ratio = over["route"] / over["call_one"]
     print(f"{'call_one no-op (plain actor)':40s} median {fmt_us(over['call_one'])}")
     print(f"{'route no-op (1-replica service)':40s} median {fmt_us(over['route'])}")

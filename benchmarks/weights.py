@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import time_sync
-from controller import shutdown
+from controller import loops, shutdown
 
 # Rounds (2 pushes each) before timing: keep_last=2 versions plus 1 spare file is 3 pushes
 # until every push rewrites a recycled file and every pull reads through a kept mapping.
@@ -295,7 +295,7 @@ def main() -> None:
             finally:
                 await shutdown()
 
-        res = asyncio.run(run())
+        res = loops.run(run())
     nbytes = res["handle"].nbytes
     mem = bench_memcpy(nbytes, args.repeats)
     med = statistics.median

@@ -34,6 +34,7 @@ from controller.errors import (
     ServiceUnavailable,
     SpawnError,
 )
+from controller.loops import run
 from controller.mesh import ActorMesh, HostMesh, MeshFailure, ProcMesh, this_host
 from controller.router import LeastLoadedRouter, RoundRobinRouter, Router
 from controller.service import Service, ServiceConfig, ServiceEndpoint
@@ -67,6 +68,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "pid_alive",
+    "run",
     "session_tag",
     "shutdown",
     "this_host",

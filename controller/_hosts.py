@@ -45,7 +45,7 @@ import tempfile
 import threading
 
 from controller import _serialization as ser
-from controller import _wire
+from controller import _wire, loops
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
 from controller.errors import SpawnError, describe_exit
@@ -469,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(e).replace(ENV_KEY_FILE, "--key-file"))
     _wire.parse_address(args.listen)  # a bad address fails here, with its message
     logging.basicConfig(level=os.environ.get("FORGE_LOG_LEVEL", "WARNING"))
-    asyncio.run(serve_agent(args.listen, key))
+    loops.run(serve_agent(args.listen, key))
 
 
 if __name__ == "__main__":

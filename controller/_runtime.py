@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 
 from controller import _serialization as ser
-from controller import _wire
+from controller import _wire, loops
 from controller.errors import ActorDiedError
 
 logger = logging.getLogger("controller")
@@ -216,7 +216,7 @@ class Runtime:
     def background_loop(self) -> asyncio.AbstractEventLoop:
         with self.lock:
             if self._bg_loop is None:
-                loop = asyncio.new_event_loop()
+                loop = loops.new_event_loop()
                 t = threading.Thread(target=loop.run_forever, name="forge-runtime", daemon=True)
                 t.start()
                 self._bg_loop, self._bg_thread = loop, t

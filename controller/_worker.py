@@ -20,7 +20,7 @@ import sys
 import threading
 import traceback
 
-from controller import _context, _wire
+from controller import _context, _wire, loops
 from controller import _serialization as ser
 from controller._runtime import get_runtime
 
@@ -292,7 +292,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: _die())
     lifeline = int(os.environ["FORGE_LIFELINE_FD"])
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
-    asyncio.run(_main())
+    loops.run(_main())
     get_runtime().close()  # stop any meshes this process spawned, then leave
     sys.stdout.flush()
     sys.stderr.flush()

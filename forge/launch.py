@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controller import loops
 from controller.errors import ForgeRuntimeError
 from forge import env
 
@@ -82,7 +83,7 @@ def run_app(
     dump_config(cfg, rdir / "config.yaml")
     print(f"[forge] run directory: {rdir}", flush=True)
     try:
-        asyncio.run(_run(module, cfg, rdir, bool(resume)))
+        loops.run(_run(module, cfg, rdir, bool(resume)))
     except KeyboardInterrupt:
         print("[forge] interrupted; all processes stopped", flush=True)
         return 130

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from controller import Actor, ActorDiedError, ActorError, current_rank, endpoint, shutdown
+from controller import Actor, ActorDiedError, ActorError, current_rank, endpoint, loops, shutdown
 
 
 class Worker(Actor):
@@ -90,4 +90,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    loops.run(main())

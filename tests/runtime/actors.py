@@ -74,6 +74,11 @@ class Counter(Actor):
         return await self._shared
 
     @endpoint
+    async def loop_type(self) -> str:
+        loop = asyncio.get_running_loop()
+        return f"{type(loop).__module__}.{type(loop).__name__}"
+
+    @endpoint
     async def wait_for(self, timeout: float) -> float:
         """Declares ``timeout`` itself, so the adverb passes it through."""
         return timeout

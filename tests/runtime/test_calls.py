@@ -37,6 +37,14 @@ async def test_concurrent_calls_await_one_shared_future():
         assert await asyncio.gather(*calls) == [4] * 8
 
 
+async def test_actor_processes_run_uvloop_when_installed():
+    from controller.loops import uvloop_enabled
+
+    c = await Counter.options(procs=1).as_actor()
+    loop = await c.loop_type.call_one()
+    assert loop.startswith("uvloop") == uvloop_enabled(), loop
+
+
 async def test_slice_and_sizes():
     c = await Counter.options(procs=3).as_actor()
     assert c.size("procs") == 3 and len(c) == 3
