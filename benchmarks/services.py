@@ -92,9 +92,12 @@ async def loop_iterations(fn, n: int = 500) -> float:
 
     Each iteration is an ``epoll`` wait plus callback dispatch (most of a no-op call's
     controller-side time), so a layer that adds iterations adds latency. Counted by wrapping
-    the loop's private ``_run_once``; benchmark-only.
+    the loop's private ``_run_once``; benchmark-only; ``nan`` on uvloop (``FORGE_UVLOOP=0``
+    runs the benchmark on asyncio's loop).
     """
     loop = asyncio.get_running_loop()
+    if not hasattr(loop, "_run_once"):
+        return float("nan")  # uvloop: its loop runs in C, with nothing to wrap
     count = 0
     run_once = loop._run_once
 
