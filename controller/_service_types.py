@@ -133,6 +133,7 @@ class ServiceEndpoint:
     def __init__(self, svc: Service, prop: EndpointProperty):
         self._svc = svc
         self.name = prop.name
+        self._route_what = f"{svc.name}.{prop.name}.route"
 
     def __repr__(self) -> str:
         return f"<service endpoint {self._svc.name}.{self.name}>"
@@ -143,11 +144,9 @@ class ServiceEndpoint:
     def route(self, *args: Any, sess_id: str | None = None, **kwargs: Any) -> Future:
         """One healthy replica answers (rank 0's value). ``sess_id`` (or an enclosing
         ``async with svc.session()``) keeps a conversation on one replica."""
-        sid = sess_id if sess_id is not None else self._svc._session_var.get()
-        return Future(
-            lambda: self._svc._route(self.name, args, kwargs, sid),
-            f"{self._svc.name}.{self.name}.route",
-        )
+        svc = self._svc
+        sid = sess_id if sess_id is not None else svc._session_var.get()
+        return Future(lambda: svc._route(self.name, args, kwargs, sid), self._route_what)
 
     def fanout(self, *args: Any, **kwargs: Any) -> Future[list]:
         """Every healthy replica answers; one value per replica that answered, in replica

@@ -73,6 +73,7 @@ class Service:
         self._checker: Any = None  # the health-check task (a concurrent future)
         self._on_recover_s: dict[int, float] = {}  # replica index -> its last on_recover time
         self._table_path: str | None = None  # set once pickled: remote handles read it
+        self._endpoints: dict[str, ServiceEndpoint] = {}  # made once per name (hot path)
 
     def __reduce__(self):
         from controller._service_ref import ServiceRef
@@ -95,9 +96,13 @@ class Service:
 
     def endpoint(self, name: str) -> ServiceEndpoint:
         """The endpoint called ``name`` (also ``svc.<name>``, unless a method shadows it)."""
+        ep = self._endpoints.get(name)
+        if ep is not None:
+            return ep
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointProperty):
-            return ServiceEndpoint(self, attr)
+            ep = self._endpoints[name] = ServiceEndpoint(self, attr)
+            return ep
         raise AttributeError(f"{self._cls.__name__} has no endpoint {name!r}")
 
     def __supervise__(self, failure) -> bool:
@@ -443,7 +448,9 @@ class Service:
                     # Endpoint, Future and ValueMesh it would build (the endpoint name was
                     # checked when ``svc.<ep>`` was made; ``timeout=`` takes the long way).
                     body = mesh._encode(ep, args, kwargs, 1)[0]
-                    await mesh._await_ready()
+                    ready = mesh._ready
+                    if ready is not None and not (ready.done() and ready.exception() is None):
+                        await mesh._await_ready()
                     value = await mesh._request(mesh._shape.ranks[0], _wire.CALL, body, ep, None)
                 else:
                     value = (await mesh.endpoint(ep).call(*args, **kwargs)).values()[0]
