@@ -8,11 +8,13 @@ import numpy as np
 import torch
 
 from controller import _serialization as ser
+from controller import session_tag
 from tests.runtime.actors import Counter, Tensors
 
 
 def _shm_files() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("forge-")}
+    """This session's shared-memory files (other Forge runs on the host make their own)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(session_tag())}
 
 
 async def test_100mb_tensor_roundtrip_is_equal():
