@@ -112,15 +112,24 @@ class StepStatus:
             (t0, s0), (t1, s1) = self._times[0], self._times[-1]
             f["steps_per_s"] = (s1 - s0) / max(t1 - t0, 1e-9)
         nums = {k: n for k, v in metrics.items() if (n := _number(v)) is not None}
-        f["rewards"] = {k: v for k, v in nums.items() if k.startswith("rollout/reward")}
         if "rollout/reward" in nums:
             self._history.append(nums["rollout/reward"])
             f["reward_history"] = list(self._history)
-        f["busy"] = {
-            k[: -len("/busy_fraction")]: v for k, v in nums.items() if k.endswith("/busy_fraction")
+        # Actors' metrics arrive off the critical path: a step's row may lack some of them.
+        # Keep the last values shown rather than blanking the rows until the next flush.
+        groups = {
+            "rewards": {k: v for k, v in nums.items() if k.startswith("rollout/reward")},
+            "busy": {
+                k[: -len("/busy_fraction")]: v
+                for k, v in nums.items()
+                if k.endswith("/busy_fraction")
+            },
+            "buffer": {name: nums[k] for k, name in _BUFFER_KEYS.items() if k in nums},
+            "train": {k: nums[k] for k in _TRAIN_KEYS if k in nums},
         }
-        f["buffer"] = {name: nums[k] for k, name in _BUFFER_KEYS.items() if k in nums}
-        f["train"] = {k: nums[k] for k in _TRAIN_KEYS if k in nums}
+        for key, values in groups.items():
+            if values:
+                f[key] = values
         self.eval(step, metrics)
         self._publish()
 

@@ -85,9 +85,15 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
             drawn = "╰" in screen  # the bottom border: the frame is not caught mid-redraw
             return (screen, int(m.group(1))) if m and drawn else None
 
-        screen, first = _wait(screen_step, 60, "forge top to draw a step count", show)
-        for want in ("RUNNING", "Generator", "RewardActor", "healthy", "Trainer", "reward"):
-            assert want in screen, f"{want!r} not on screen\n{show()}"
+        wants = ("RUNNING", "Generator", "RewardActor", "healthy", "Trainer", "reward")
+
+        def full_screen() -> tuple[str, int] | None:
+            # The reward row appears with the first step whose metrics carry the rollouts'
+            # rewards (they are flushed off the critical path, a step or so late).
+            got = screen_step()
+            return got if got and all(w in got[0] for w in wants) else None
+
+        screen, first = _wait(full_screen, 90, f"forge top to draw a step count and {wants}", show)
         assert re.search(r"trainer v\d+\s+generator r0 v\d+", screen), show()
         _, later = _wait(
             lambda: (s := screen_step()) and s[1] > first and s, 120, "the step to advance", show

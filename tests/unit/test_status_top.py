@@ -120,6 +120,13 @@ def test_step_status_picks_the_rl_fields():
     assert f["eval"] == {"step": 1, "eval/heldout_accuracy": 0.0}  # NaN is not a result
     assert f["generator_versions"] == {"0": 3, "1": 2}
     json.dumps(f)
+    # A step whose row lacks the actors' metrics (they arrive off the critical path) keeps
+    # the last values shown instead of blanking those rows.
+    st.step(4, {"train/loss": 0.0625})
+    assert f["step"] == 4 and f["train"] == {"train/loss": 0.0625}
+    assert f["rewards"] == {"rollout/reward": 0.75, "rollout/reward/exact": 0.25}
+    assert f["busy"] == {"trainer": 0.4, "generator": 0.9}
+    assert f["reward_history"] == [0.5, 0.75]
 
 
 def _snapshot(**over) -> dict:
