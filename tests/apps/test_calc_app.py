@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 
@@ -45,10 +46,13 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     assert last.startswith("success_rate="), last
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", last)}
     assert s["success_rate"] >= min(s["baseline"] + MARGIN, CEILING), s
+    # ... and never ends below a strong start by more than two of the 64 questions.
+    assert s["success_rate"] >= s["baseline"] - 2 / 64, s
     assert s["no_tool"] <= 0.05 and s["success_rate"] >= s["no_tool"] + 0.4, s
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 100 and steps[-1]["env/tool_calls"] > 0
     reward = [r["rollout/reward"] for r in steps if "rollout/reward" in r]
-    first, final = sum(reward[:10]) / 10, sum(reward[-10:]) / 10
+    assert len(reward) >= 50, len(reward)  # most steps carry their rollouts' rewards
+    first, final = statistics.mean(reward[:10]), statistics.mean(reward[-10:])
     assert final >= min(first + MARGIN, CEILING), (first, final)  # GRPO itself learned
