@@ -33,11 +33,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "dapo": ("cpu", ["grpo.trainer.loss.clip_eps_high=0.28", "grpo.rollout.overlong_buffer=2"]),
     # REINFORCE leave-one-out advantages instead of GRPO's z-score
     "rloo": ("cpu", ["grpo.rollout.advantage=rloo"]),
-    # GRPO with a KL penalty to an EMA reference, switched down half-way by a phase
+    # GRPO with a KL penalty to an EMA reference (its model: the policy's), switched down
+    # half-way by a phase
     "grpo_kl_ema": (
         "cpu",
         [
-            "grpo.reference.model=from-run",
             "grpo.reference.update.type=ema",
             "grpo.reference.update.decay=0.95",
             "grpo.trainer.loss.kl_coef=0.1",

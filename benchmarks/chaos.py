@@ -117,11 +117,11 @@ class Killer:
 
 
 @contextlib.contextmanager
-def counting_rollouts():
-    """Within: the GRPO app's ``RolloutManager`` is a subclass that counts every group its
-    producer started, returned, gave up on (``None``) or raised in; yields the instances."""
-    import apps.grpo.main as grpo_main
-    from forge.rollout import RolloutManager
+def counting_rollouts(app):
+    """Within: the RL app's (module ``app``) ``RolloutManager`` is a subclass that counts
+    every group its producer started, returned, gave up on (``None``) or raised in; yields
+    the instances."""
+    from forge import RolloutManager
 
     made: list = []
 
@@ -153,12 +153,12 @@ def counting_rollouts():
             super().__init__(counted_produce, counted_consume, **kwargs)
             made.append(self)
 
-    original = grpo_main.RolloutManager
-    grpo_main.RolloutManager = Counting
+    original = app.RolloutManager
+    app.RolloutManager = Counting
     try:
         yield made
     finally:
-        grpo_main.RolloutManager = original
+        app.RolloutManager = original
 
 
 def _overrides(args) -> list[str]:
@@ -166,24 +166,26 @@ def _overrides(args) -> list[str]:
         f"sft.steps={args.sft_steps}",
         f"grpo.steps={args.grpo_steps}",
         f"grpo.trainer.schedule.total_steps={args.grpo_steps}",
-        "grpo.num_generators=2",
-        "grpo.reward_replicas=2",
+        "grpo.replicas.generator=2",
+        "grpo.replicas.rewards=2",
         f"grpo.eval.every={args.eval_every}",
     ]
 
 
 async def _run(args, run_dir: Path) -> dict:
-    from apps.pipeline import sft_then_rl
     from controller import shutdown
+    from forge import sft_then_rl
     from forge.config import dump_config
-    from forge.launch import load_app
+    from forge.launch import app_module, load_app
 
-    _, cfg = load_app(REPO / "apps" / "sumdigits" / "cpu.yaml", _overrides(args))
+    config = REPO / "apps" / "sumdigits" / "cpu.yaml"
+    _, cfg = load_app(config, _overrides(args))
+    rl_app = app_module(cfg.grpo.app, f"{config}: grpo", needs=("RolloutManager",))
     dump_config(cfg, run_dir / "config.yaml")
     killer = Killer(args.every, args.seed)
     task = asyncio.create_task(killer.run())
     try:
-        with counting_rollouts() as managers:
+        with counting_rollouts(rl_app) as managers:
             result = await sft_then_rl(cfg, run_dir, False, "sumdigits")
     finally:
         task.cancel()
@@ -220,8 +222,10 @@ def _orphans(pids: set[int], timeout: float = 10.0) -> list[int]:
 
 def report(out: dict, run_dir: Path, minutes: float, load: tuple) -> str:
     """Print the figures; return the machine-readable last line."""
+    from forge import M
+
     killer, result = out["killer"], out["result"]
-    steps = [r["step"] for r in result["history"] if "train/loss" in r]
+    steps = [r["step"] for r in result["history"] if M.LOSS in r]
     print(f"\nchaos on the CPU demo ({run_dir}), {minutes:.1f} min")
     print(f"steps done: {max(steps) if steps else 0}")
     acc, sft = result["last"], result["first"]

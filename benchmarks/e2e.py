@@ -156,20 +156,16 @@ def setups(args: argparse.Namespace) -> list[Setup]:
 
 async def prepare_model(workdir: Path, setup: Setup) -> Path:
     """The preset's model, after ``setup.sft_steps`` of SFT on the task (as in the CPU demo)."""
-    from apps.sft.main import Config as SFTConfig
-    from apps.sft.main import train as sft_train
-    from forge.config import config_from_dict, load_config_dict
-    from forge.models import make_tiny_model
+    from forge import make_tiny_model, run_stage
+    from forge.launch import load_app
 
     base = make_tiny_model(workdir / "base", preset=setup.preset, seed=0)
     if not setup.sft_steps:
         return base
-    data = load_config_dict(TASK_YAML, [f"sft.model={base}", f"sft.steps={setup.sft_steps}"])
-    cfg = config_from_dict(SFTConfig, data["sft"], source=str(TASK_YAML))
-    cfg.output = str(workdir / "sft_model")
-    cfg.metrics = []
-    (workdir / "sft").mkdir()
-    return await sft_train(cfg, workdir / "sft")
+    _, demo = load_app(TASK_YAML, [f"sft.policy.model={base}", f"sft.steps={setup.sft_steps}"])
+    demo.sft.output = str(workdir / "sft_model")
+    demo.sft.metrics = []
+    return (await run_stage(demo.sft, workdir / "sft", resume=False))["model"]
 
 
 def window(marks: list[float], samples: list, warmup: int, steps: int) -> dict:
@@ -188,11 +184,11 @@ def window(marks: list[float], samples: list, warmup: int, steps: int) -> dict:
 
 # ---------------------------------------------------------------------------------- Forge
 def forge_config(model: Path, age: int, setup: Setup, threads: int | None = None):
-    from apps.grpo.main import Config as GRPOConfig
-    from forge.config import config_from_dict, load_config_dict
+    """The demo's GRPO stage (``grpo:`` of ``apps/sumdigits/cpu.yaml``) for this setup."""
+    from forge.launch import load_app
 
     overrides = [
-        f"grpo.model={model}",
+        f"grpo.policy.model={model}",
         f"grpo.steps={setup.warmup + setup.steps}",
         f"grpo.max_policy_age={age}",
         f"grpo.rollout.prompts_per_step={setup.prompts}",
@@ -207,18 +203,15 @@ def forge_config(model: Path, age: int, setup: Setup, threads: int | None = None
     ]
     if threads is not None:
         overrides.append(f"grpo.threads_per_actor={threads}")
-    data = load_config_dict(TASK_YAML, overrides)["grpo"]
-    return config_from_dict(GRPOConfig, data, source=str(TASK_YAML))
+    return load_app(TASK_YAML, overrides)[1].grpo
 
 
 @contextlib.contextmanager
-def step_clock(marks: list[float]):
-    """Append ``perf_counter()`` each time the GRPO app logs a step. The app's own
-    ``time/elapsed_s`` is relative to an origin the benchmark cannot see, and the CPU
-    samples need absolute times; this wraps the app's ``MetricLog.step`` for the run."""
-    import apps.grpo.main as grpo
-
-    base = grpo.MetricLog
+def step_clock(app, marks: list[float]):
+    """Append ``perf_counter()`` each time the GRPO app (module ``app``) logs a step. The
+    app's own ``time/elapsed_s`` is relative to an origin the benchmark cannot see, and the
+    CPU samples need absolute times; this wraps the app's ``MetricLog.step`` for the run."""
+    base = app.MetricLog
 
     class ClockedLog(base):
         def step(self, step, metrics):
@@ -226,34 +219,36 @@ def step_clock(marks: list[float]):
             marks.append(time.perf_counter())
             return out
 
-    grpo.MetricLog = ClockedLog
+    app.MetricLog = ClockedLog
     try:
         yield
     finally:
-        grpo.MetricLog = base
+        app.MetricLog = base
 
 
 async def run_forge(
     model: Path, age: int, setup: Setup, run_dir: Path, threads: int | None = None
 ) -> dict:
-    from apps.grpo.main import train
     from controller import shutdown
+    from forge import M
+    from forge.launch import app_module
 
     cfg = forge_config(model, age, setup, threads)
+    app = app_module(cfg.app, str(TASK_YAML), needs=("stage", "MetricLog"))
     run_dir.mkdir(parents=True)
     marks: list[float] = []
-    with ProcessTreeCpu(interval=0.2) as cpu, step_clock(marks):
+    with ProcessTreeCpu(interval=0.2) as cpu, step_clock(app, marks):
         try:
-            result = await train(cfg, run_dir)
+            result = await app.stage(cfg, run_dir, resume=False)
         finally:
             await shutdown()
-    rows = [r for r in result["history"] if "time/elapsed_s" in r][setup.warmup :]
+    rows = [r for r in result["history"] if M.ELAPSED_S in r][setup.warmup :]
     # marks[i] = end of step i+1; prepend a placeholder so marks[i] = end of step i.
     w = window([math.nan, *marks], cpu.samples, setup.warmup, setup.steps)
-    tokens = sum(r["train/tokens"] for r in rows)
+    tokens = sum(r[M.train("tokens")] for r in rows)
     # The loop's time outside wait_batch + train + weight_sync (metrics, bookkeeping).
     ends = marks[setup.warmup - 1 :]
-    rest = [b - a - r["time/step_s"] for a, b, r in zip(ends, ends[1:], rows)]
+    rest = [b - a - r[M.STEP_S] for a, b, r in zip(ends, ends[1:], rows)]
 
     def med(key: str) -> float:  # (a row may lack a metric that arrives a step late)
         return statistics.median(r[key] for r in rows if key in r)
@@ -262,14 +257,14 @@ async def run_forge(
         "s_per_step": w["s_per_step"],
         "tok_per_s": tokens / w["wall"],
         # (a step that no scored group reached before it was logged has no reward)
-        "reward": statistics.fmean(r["rollout/reward"] for r in rows if "rollout/reward" in r),
+        "reward": statistics.fmean(r[M.REWARD] for r in rows if M.REWARD in r),
         "completion_len": tokens / (len(rows) * setup.prompts * setup.group),
         "cpu_util": w["cpu_util"],
-        "wait_batch_s": med("time/wait_batch_s"),
-        "train_s": med("time/train_s"),
-        "weight_sync_s": med("time/weight_sync_s"),
+        "wait_batch_s": med(M.WAIT_BATCH_S),
+        "train_s": med(M.TRAIN_S),
+        "weight_sync_s": med(M.WEIGHT_SYNC_S),
         "rest_s": statistics.median(rest),
-        "policy_age": med("buffer/sampled_policy_age_mean"),
+        "policy_age": med(M.POLICY_AGE_MEAN),
     }
 
 

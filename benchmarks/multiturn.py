@@ -42,7 +42,7 @@ class ScriptedEnv:
         return [{"role": "system", "content": "Chat."}, {"role": "user", "content": task}]
 
     def step(self, action: str):
-        from forge.envs import StepResult
+        from forge import StepResult
 
         return StepResult(OBSERVATION, reward=0.0)
 
@@ -77,9 +77,7 @@ async def one_round(svc, tok, args, episodes: int, turns: int) -> dict:
 
 
 async def bench_replicas(model_dir: str, replicas: int, args) -> dict[str, dict]:
-    from forge.actors.generator import Generator
-    from forge.generation import GeneratorConfig
-    from forge.models import load_tokenizer
+    from forge import Generator, GeneratorConfig, load_tokenizer
 
     tok = load_tokenizer(model_dir)
     services = {}
@@ -146,7 +144,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="the generators' torch device")
     args = ap.parse_args()
 
-    from forge.models import make_tiny_model
+    from forge import make_tiny_model
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()

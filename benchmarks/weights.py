@@ -14,7 +14,7 @@ a training run; the first, cold push and pull are printed too):
 - **pull, fanout**: ``gen.update_weights.fanout(handle=h)``: both replicas pull the version
   and swap it in (they run in parallel, so the time is per replica and for both);
 - **pull, one replica**: ``gen.update_weights.route(handle=h)``: one replica alone;
-  ``gen`` shares (``WeightPullConfig.share``, the default: replicas compute with the pushed
+  ``gen`` shares (``WeightTransportConfig.share``, the default: replicas compute with the pushed
   file in place, read-only, so a pull copies nothing);
 - **copying**: the same two pulls on a second service with ``share=False`` (each replica
   copies the version into its own model: the path before sharing, and the one a GPU takes);
@@ -92,8 +92,9 @@ def gbps(nbytes: int, s: float) -> str:
 async def bench_sync(model_dir: str, repeats: int) -> dict:
     from forge.actors.generator import Generator
     from forge.actors.trainer import Trainer
-    from forge.generation import GeneratorConfig, WeightPullConfig
+    from forge.generation import GeneratorConfig
     from forge.training.config import TrainerConfig
+    from forge.weights import WeightTransportConfig
 
     t0 = time.perf_counter()
     trainer = await Trainer.options(procs=1).as_actor(TrainerConfig(model=model_dir, device="cpu"))
@@ -102,7 +103,7 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
     )
     # The same service copying every version into its replicas' own models (share=False).
     copying = await Generator.options(num_replicas=2, procs=1).as_service(
-        GeneratorConfig(model=model_dir, backend="hf", weights=WeightPullConfig(share=False))
+        GeneratorConfig(model=model_dir, backend="hf", weights=WeightTransportConfig(share=False))
     )
     startup = time.perf_counter() - t0
     push, fan, one, fan_copy, one_copy, cold = [], [], [], [], [], {}

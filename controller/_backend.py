@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import os
 
+from controller import env
 from controller.mesh import HostMesh, ProcMesh
-
-BACKENDS = ("local", "monarch", "hosts")
 
 
 def backend_name() -> str:
     """``FORGE_BACKEND``: ``local`` (default), ``monarch`` or ``hosts``."""
-    name = os.environ.get("FORGE_BACKEND", "local").strip().lower() or "local"
-    if name not in BACKENDS:
-        raise ValueError(f"unknown FORGE_BACKEND {name!r}; choose one of {list(BACKENDS)}")
-    return name
+    return env.backend()
 
 
 async def spawn_procs_for(opts, name: str) -> ProcMesh:

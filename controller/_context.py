@@ -25,18 +25,17 @@ class Point:
         return f"Point(rank={self.rank}{', ' if inner else ''}{inner})"
 
 
-_mesh_name = "controller"
 _rank = Point(0, {})
 _sizes: dict[str, int] = {}
 
 
-def set_process_rank(mesh: str, rank: int, sizes: dict[str, int]) -> None:
-    global _mesh_name, _rank, _sizes
+def set_process_rank(rank: int, sizes: dict[str, int]) -> None:
+    global _rank, _sizes
     coords, rem = {}, rank
     for dim in reversed(list(sizes)):
         coords[dim] = rem % sizes[dim]
         rem //= sizes[dim]
-    _mesh_name, _rank, _sizes = mesh, Point(rank, dict(reversed(coords.items()))), dict(sizes)
+    _rank, _sizes = Point(rank, dict(reversed(coords.items()))), dict(sizes)
 
 
 def current_rank() -> Point:
@@ -47,7 +46,3 @@ def current_rank() -> Point:
 def current_size() -> dict[str, int]:
     """The sizes of this process's mesh, by dimension (``{}`` in the controller)."""
     return dict(_sizes)
-
-
-def current_mesh_name() -> str:
-    return _mesh_name

@@ -13,10 +13,11 @@ import shutil
 import subprocess
 import threading
 
+from controller import env
+
 
 def visible_gpus() -> list[str]:
-    for var in ("FORGE_VISIBLE_GPUS", "CUDA_VISIBLE_DEVICES"):
-        raw = os.environ.get(var)
+    for raw in (env.visible_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")):
         if raw is not None:
             return [d.strip() for d in raw.split(",") if d.strip() and d.strip() != "-1"]
     if shutil.which("nvidia-smi") is None:

@@ -46,6 +46,7 @@ import threading
 
 from controller import _serialization as ser
 from controller import _wire, loops
+from controller import env as forge_env
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
 from controller.errors import SpawnError, describe_exit
@@ -349,10 +350,10 @@ def host_pool() -> HostPool:
     rt = get_runtime()
     pool = _pools.get(id(rt))
     if pool is None:
-        key_file = os.environ.get(ENV_KEY_FILE, "")
+        key_file = forge_env.hosts_key_file()
         if not key_file:
             raise ValueError(f"FORGE_BACKEND=hosts needs {ENV_KEY_FILE}=<path of the host key>")
-        pool = HostPool(parse_hosts(os.environ.get(ENV_HOSTS, "")), read_key_file(key_file))
+        pool = HostPool(parse_hosts(forge_env.hosts()), read_key_file(key_file))
         _pools.clear()
         _pools[id(rt)] = pool
     return pool
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         p.error(str(e).replace(ENV_KEY_FILE, "--key-file"))
     _wire.parse_address(args.listen)  # a bad address fails here, with its message
-    logging.basicConfig(level=os.environ.get("FORGE_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=forge_env.log_level())
     loops.run(serve_agent(args.listen, key))
 
 

@@ -24,14 +24,12 @@ import threading
 from dataclasses import dataclass
 
 from controller import _serialization as ser
-from controller import _wire, loops
+from controller import _wire, env, loops
 from controller.errors import ActorDiedError
 
 logger = logging.getLogger("controller")
 
-ENV_DIR = "FORGE_SESSION_DIR"
-ENV_KEY = "FORGE_SESSION_KEY"
-ENV_SHM = "FORGE_SHM_PREFIX"
+ENV_DIR, ENV_KEY, ENV_SHM = env.SESSION_DIR, env.SESSION_KEY, env.SHM_PREFIX
 
 
 @dataclass
@@ -86,10 +84,11 @@ def _sweep_stale_sessions(tmp: str) -> None:
 
 
 def _new_session() -> Session:
-    if os.environ.get(ENV_DIR) and os.environ.get(ENV_KEY):
-        prefix = os.environ.get(ENV_SHM, ser.shm_prefix())
+    inherited = env.inherited_session()
+    if inherited is not None:
+        prefix = inherited.shm_prefix or ser.shm_prefix()
         ser.set_shm_prefix(prefix)
-        return Session(os.environ[ENV_DIR], bytes.fromhex(os.environ[ENV_KEY]), prefix, False)
+        return Session(inherited.dir, inherited.authkey, prefix, False)
     tmp = tempfile.gettempdir()
     try:
         _sweep_stale_sessions(tmp)

@@ -26,9 +26,10 @@ import weakref
 
 import cloudpickle
 
+from controller import env
+
 SHM_THRESHOLD = 64 * 1024
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-POOL_CAP_BYTES = int(os.environ.get("FORGE_SHM_POOL_BYTES", str(1 << 30)))
 _HEADER = 64  # payload offset (keeps the data 64-byte aligned)
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
@@ -104,7 +105,7 @@ class _Segment:
 
 
 class _Pool:
-    """Warm segments this process owns and may send (bounded by ``POOL_CAP_BYTES``)."""
+    """Warm segments this process owns and may send (bounded by ``FORGE_SHM_POOL_BYTES``)."""
 
     def __init__(self):
         self.lock = threading.RLock()  # RLock: a GC finalizer may give back while we hold it
@@ -125,8 +126,8 @@ class _Pool:
     def give(self, seg: _Segment) -> None:
         with self.lock:
             self.free.append(seg)
-            total = sum(s.size for s in self.free)
-            while total > POOL_CAP_BYTES and self.free:
+            total, cap = sum(s.size for s in self.free), env.shm_pool_bytes()
+            while total > cap and self.free:
                 old = self.free.pop(0)
                 total -= old.size
                 old.close()
@@ -141,7 +142,7 @@ class _Pool:
 class _MappedCache:
     """Mappings of segments this process has sent away. A segment often comes back (two
     processes trading tensors), and re-mapping 100 MB costs ~10 ms; the mapping is never
-    written while another process owns the segment. Bounded by ``POOL_CAP_BYTES``."""
+    written while another process owns the segment. Bounded by ``FORGE_SHM_POOL_BYTES``."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -150,8 +151,8 @@ class _MappedCache:
     def put(self, seg: _Segment) -> None:
         with self.lock:
             self.segs[seg.path] = seg
-            total = sum(s.size for s in self.segs.values())
-            while total > POOL_CAP_BYTES:
+            total, cap = sum(s.size for s in self.segs.values()), env.shm_pool_bytes()
+            while total > cap:
                 old = self.segs.pop(next(iter(self.segs)))
                 total -= old.size
                 old.unmap()

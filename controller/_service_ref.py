@@ -9,171 +9,141 @@ same way the controller does::
         ys = await svc.echo.fanout(x)        # every healthy replica
 
 The ref routes by itself, straight to the replicas' processes: no hop through the
-controller. The controller-side ``Service`` stays the one place that supervises and restarts
-replicas; once it has been pickled it keeps its replica table (index, generation, actor mesh
-of every healthy replica) in a file in the session directory, replaced atomically on every
-change. The ref reads that table when it has no usable replica left in what it knows: after a
-replica dies under a request (the request is re-sent to another replica, up to
-``max_retries`` times, like the service's own), and while waiting up to
-``unavailable_timeout`` for a restarted one. Where the session directory is not visible (a
-Monarch worker on another host), the ref routes over the replicas it was sent with.
+controller, and through the same routing core as the controller's ``Service``
+(controller/_routing.py): the service's configured router, its concurrency cap (per replica,
+per event loop of this process), and its failover (a request whose replica dies is re-sent to
+another replica, up to ``max_retries`` times, never twice to the same one). The
+controller-side ``Service`` stays the one place that supervises and restarts replicas; once
+it has been pickled it keeps its replica table (index, generation, state and, when healthy,
+actor mesh of every replica) in a file in the session directory, replaced atomically on every
+change (``write_table``). The ref re-reads it after a replica dies under one of its requests,
+while waiting up to ``unavailable_timeout`` for a healthy replica, and before a ``fanout``
+when its copy is older than ``health_poll_rate``. Where the session directory is not visible
+(a Monarch worker on another host), the ref routes over the replicas it was sent with.
 
-Not supported through a ref: sessions (``sess_id``), ``scale``, ``shutdown`` and metrics;
-those stay with the controller's ``Service``.
+Not supported through a ref: sessions, ``scale``, ``shutdown`` and metrics; those stay with
+the controller's ``Service``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
+import os
 import pickle
+import threading
 import time
 from typing import Any
 
-from controller.endpoint import EndpointProperty, Future
-from controller.errors import ActorDiedError, ServiceUnavailable
+from controller._routing import Routing, ServiceEndpoint
+from controller._service_types import HEALTHY, STOPPED, UNHEALTHY, Replica, ServiceConfig
+from controller.future import Future
 
-Entry = tuple  # (replica index, generation, state, ActorMesh)
+Row = tuple  # (replica index, generation, state, ActorMesh or None)
 
 
-class ServiceRef:
+def write_table(path: str, stopped: bool, rows: list[Row]) -> None:
+    """Atomically replace the replica table at ``path`` (raises ``OSError``)."""
+    table = {"stopped": stopped, "replicas": rows}
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(table, f)
+    os.replace(tmp, path)
+
+
+def read_table(path: str) -> dict[str, Any] | None:
+    """The replica table at ``path``, or ``None`` where it cannot be read from here."""
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+_NO_SESSIONS = (
+    "sessions are not supported through a pickled service handle; route without sess_id, "
+    "or keep session traffic in the controller"
+)
+
+
+class ServiceRef(Routing):
     """A handle to a service's replicas from another process; endpoints are attributes."""
 
-    def __init__(self, name: str, cls: type, table_path: str, config) -> None:
-        self.name = name
-        self._cls = cls
+    def __init__(self, name: str, cls: type, table_path: str, config: ServiceConfig) -> None:
+        self._init_routing(name, cls, config)
         self._table_path = table_path
-        self._config = config
-        self._rr = itertools.count()
-        self._entries: list[Entry] = []
-        self._stopped = False
+        self._dead: set[tuple[int, int]] = set()  # (index, gen) a request of ours died on
         self._read_at = 0.0
         self._refresh()
 
     def __reduce__(self):
-        return (ServiceRef, (self.name, self._cls, self._table_path, self._config))
+        return (ServiceRef, (self.name, self._cls, self._table_path, self.config))
 
     def __repr__(self) -> str:
-        return f"<ServiceRef {self.name} replicas={[e[0] for e in self._entries]}>"
-
-    def __getattr__(self, name: str) -> ServiceRefEndpoint:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        attr = getattr(self._cls, name, None)
-        if isinstance(attr, EndpointProperty):
-            return ServiceRefEndpoint(self, name)
-        raise AttributeError(f"{self._cls.__name__} has no endpoint {name!r}")
+        healthy = [r.index for r in self.replicas if r.state == HEALTHY]
+        return f"<ServiceRef {self.name} replicas={healthy}>"
 
     # -- the replica table ---------------------------------------------------------------
-    def _refresh(self) -> None:
+    def _refresh(self, max_age: float = 0.0) -> None:
         """Re-read the table the controller's service keeps (keep what we know if it is not
-        readable here)."""
-        try:
-            with open(self._table_path, "rb") as f:
-                table = pickle.load(f)
-        except (OSError, EOFError, pickle.UnpicklingError):
+        readable here). A replica generation one of our requests died on stays out of
+        rotation here even while the table still calls it healthy."""
+        if max_age and time.monotonic() - self._read_at <= max_age:
             return
-        self._entries = list(table["replicas"])
-        self._stopped = bool(table["stopped"])
+        table = read_table(self._table_path)
+        if table is None:
+            return
+        with self._lock:
+            known = {(r.index, r.gen): r for r in self.replicas}
+            fresh: list[Replica] = []
+            for index, gen, state, mesh in table["replicas"]:
+                r = known.pop((index, gen), None)
+                if r is None:
+                    r = Replica(index, self.config.replica_max_concurrent_requests)
+                    r.gen = gen
+                if mesh is not None:
+                    r.mesh = mesh
+                r.state = UNHEALTHY if (index, gen) in self._dead else state
+                fresh.append(r)
+            for gone in known.values():  # requests queued for these are routed again
+                gone.state = STOPPED
+                self._rehome(gone)
+            self._dead &= {(r.index, r.gen) for r in fresh}
+            self.replicas = fresh
+            self._stopped = bool(table["stopped"])
         self._read_at = time.monotonic()
 
-    async def _wait_for(self, pick):
-        """``pick()`` until it gives something, re-reading the table; bounded like the
-        service's own wait (``unavailable_timeout``)."""
-        deadline = time.monotonic() + self._config.unavailable_timeout
-        while True:
-            if self._stopped:
-                raise ServiceUnavailable(f"service {self.name!r} is shut down")
-            got = pick()
-            if got:
-                return got
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ServiceUnavailable(
-                    f"service {self.name!r} has no healthy replica after waiting "
-                    f"{self._config.unavailable_timeout} s (seen from a pickled service handle)"
-                )
-            await asyncio.sleep(min(self._config.health_poll_rate, left))
-            self._refresh()
+    def _replica_died(self, r: Replica, gen: int, reason: str) -> None:
+        with self._lock:
+            self._dead.add((r.index, gen))
+            if r.gen == gen and r.state == HEALTHY:
+                r.state = UNHEALTHY
+                r.last_error = reason
+        self._refresh()
 
-    # -- requests --------------------------------------------------------------------------
-    async def _route(self, ep: str, args, kwargs) -> Any:
-        tried: set[tuple[int, int]] = set()  # (index, generation): a restarted one is new
-        last: ActorDiedError | None = None
+    def _unavailable_detail(self) -> str:
+        return "(seen from a pickled service handle)"
 
-        def pick():
-            fresh = [e for e in self._entries if (e[0], e[1]) not in tried]
-            if not fresh and last is not None and len(tried) > self._config.max_retries:
-                raise last
-            if not fresh:
-                return None
-            return fresh[next(self._rr) % len(fresh)]
+    # -- not through a ref ---------------------------------------------------------------
+    def start_session(self) -> Future[str]:
+        raise TypeError(f"{self!r}: {_NO_SESSIONS}")
 
-        while True:
-            entry = await self._wait_for(pick)
-            try:
-                values = await entry[3].endpoint(ep).call(*args, **kwargs)
-            except ActorDiedError as e:
-                last = e
-                tried.add((entry[0], entry[1]))
-                self._entries = [x for x in self._entries if x is not entry]
-                if len(tried) > self._config.max_retries:
-                    raise
-                self._refresh()
-                continue
-            return values.values()[0]
+    def terminate_session(self, sid: str) -> Future[None]:
+        raise TypeError(f"{self!r}: {_NO_SESSIONS}")
 
-    async def _fanout(self, ep: str, args, kwargs) -> dict[int, Any]:
-        if time.monotonic() - self._read_at > self._config.health_poll_rate:
-            self._refresh()  # a fanout must reach replicas restarted since the last read
-        targets = await self._wait_for(lambda: list(self._entries))
-        results = await asyncio.gather(
-            *(e[3].endpoint(ep).call(*args, **kwargs) for e in targets), return_exceptions=True
-        )
-        out: dict[int, Any] = {}
-        for e, res in zip(targets, results):
-            if isinstance(res, ActorDiedError):
-                self._entries = [x for x in self._entries if x is not e]
-                continue
-            if isinstance(res, BaseException):
-                raise res
-            out[e[0]] = res.values()[0]
-        if not out:
-            raise ServiceUnavailable(f"service {self.name!r}: every replica died during fanout")
-        return out
+    def session(self):
+        raise TypeError(f"{self!r}: {_NO_SESSIONS}")
 
 
-class ServiceRefEndpoint:
+class ServiceRefEndpoint(ServiceEndpoint):
     """An endpoint of a pickled service: ``route``, ``fanout`` and ``fanout_by_replica``."""
 
-    def __init__(self, ref: ServiceRef, name: str) -> None:
-        self._ref, self.name = ref, name
-
     def __repr__(self) -> str:
-        return f"<service endpoint {self._ref.name}.{self.name} (pickled handle)>"
+        return f"<service endpoint {self._svc.name}.{self.name} (pickled handle)>"
 
     def route(self, *args: Any, sess_id: str | None = None, **kwargs: Any) -> Future:
         """One healthy replica answers; re-sent to another if the replica dies meanwhile."""
         if sess_id is not None:
-            raise TypeError(
-                f"{self!r}: sessions are not supported through a pickled service handle; "
-                "route without sess_id, or keep session traffic in the controller"
-            )
-        return Future(
-            lambda: self._ref._route(self.name, args, kwargs), f"{self._ref.name}.{self.name}"
-        )
+            raise TypeError(f"{self!r}: {_NO_SESSIONS}")
+        return super().route(*args, **kwargs)
 
-    def fanout(self, *args: Any, **kwargs: Any) -> Future[list]:
-        """Every healthy replica answers; one value per replica that answered, in order."""
 
-        async def run():
-            return list((await self._ref._fanout(self.name, args, kwargs)).values())
-
-        return Future(run, f"{self._ref.name}.{self.name}.fanout")
-
-    def fanout_by_replica(self, *args: Any, **kwargs: Any) -> Future[dict[int, Any]]:
-        """Like ``fanout``, as ``{replica index: value}`` for the replicas that answered."""
-        return Future(
-            lambda: self._ref._fanout(self.name, args, kwargs),
-            f"{self._ref.name}.{self.name}.fanout",
-        )
+ServiceRef._endpoint_type = ServiceRefEndpoint

@@ -1,5 +1,5 @@
-"""The parts a ``Service`` is made of: its config, its replicas and its endpoints (see
-controller/service.py and docs/services.md)."""
+"""The parts a service is made of: its config and its replicas (see controller/service.py,
+controller/_routing.py and docs/services.md)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from controller.endpoint import EndpointProperty, Future
-from controller.mesh import ActorMesh
 from controller.router import Router, build_router
 
 if TYPE_CHECKING:
-    from controller.service import Service
+    from controller.mesh import ActorMesh
 
 HEALTHY, UNHEALTHY, RECOVERING, DRAINING, STOPPED = (
     "healthy",
@@ -125,66 +123,3 @@ class Replica:
 
 class Stale(Exception):
     """The replica picked for a request went down before the request was sent."""
-
-
-class ServiceEndpoint:
-    """An endpoint of a service: call it with ``route`` or ``fanout``."""
-
-    def __init__(self, svc: Service, prop: EndpointProperty):
-        self._svc = svc
-        self.name = prop.name
-        self._route_what = f"{svc.name}.{prop.name}.route"
-
-    def __repr__(self) -> str:
-        return f"<service endpoint {self._svc.name}.{self.name}>"
-
-    def __reduce__(self):
-        return (getattr, (self._svc, self.name))  # the service pickles to a ServiceRef
-
-    def route(self, *args: Any, sess_id: str | None = None, **kwargs: Any) -> Future:
-        """One healthy replica answers (rank 0's value). ``sess_id`` (or an enclosing
-        ``async with svc.session()``) keeps a conversation on one replica."""
-        svc = self._svc
-        sid = sess_id if sess_id is not None else svc._session_var.get()
-        return Future(lambda: svc._route(self.name, args, kwargs, sid), self._route_what)
-
-    def fanout(self, *args: Any, **kwargs: Any) -> Future[list]:
-        """Every healthy replica answers; one value per replica that answered, in replica
-        order. Replicas that die meanwhile are skipped (``fanout_by_replica`` says which)."""
-
-        async def run():
-            return list((await self._svc._fanout(self.name, args, kwargs)).values())
-
-        return Future(run, f"{self._svc.name}.{self.name}.fanout")
-
-    def fanout_by_replica(self, *args: Any, **kwargs: Any) -> Future[dict[int, Any]]:
-        """Like ``fanout``, as ``{replica index: value}`` for the replicas that answered."""
-        return Future(
-            lambda: self._svc._fanout(self.name, args, kwargs),
-            f"{self._svc.name}.{self.name}.fanout",
-        )
-
-    def _misuse(self, adverb: str):
-        raise TypeError(
-            f"{self!r} belongs to a service, which has no .{adverb}(): use "
-            f"`await svc.{self.name}.route(...)` for one replica or "
-            f"`await svc.{self.name}.fanout(...)` for every healthy replica"
-        )
-
-    def __call__(self, *args, **kwargs):
-        self._misuse("__call__")
-
-    def call(self, *args, **kwargs):
-        self._misuse("call")
-
-    def call_one(self, *args, **kwargs):
-        self._misuse("call_one")
-
-    def choose(self, *args, **kwargs):
-        self._misuse("choose")
-
-    def broadcast(self, *args, **kwargs):
-        self._misuse("broadcast")
-
-    def stream(self, *args, **kwargs):
-        self._misuse("stream")

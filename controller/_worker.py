@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
-import json
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ import sys
 import threading
 import traceback
 
-from controller import _context, _wire, loops
+from controller import _context, _wire, env, loops
 from controller import _serialization as ser
 from controller._runtime import get_runtime
 
@@ -261,10 +260,9 @@ def _die() -> None:
 
 
 async def _main() -> None:
-    mesh = os.environ["FORGE_MESH"]
-    rank, size = int(os.environ["FORGE_RANK"]), int(os.environ["FORGE_SIZE"])
-    address = os.environ["FORGE_ADDRESS"]
-    _context.set_process_rank(mesh, rank, json.loads(os.environ["FORGE_SHAPE"]))
+    place = env.worker_place()
+    mesh, rank, size, address = place.mesh, place.rank, place.size, place.address
+    _context.set_process_rank(rank, place.shape)
     rt = get_runtime()
     worker = Worker(mesh, rank, size, address)
     server = await _wire.serve(address, rt.session.authkey, worker.on_frame, None)
@@ -272,7 +270,7 @@ async def _main() -> None:
         # Monarch backend: the OS chose the port; report the address callers must use.
         address = f"{address[:-2]}:{server.sockets[0].getsockname()[1]}"
         worker.address = address
-    ready = int(os.environ["FORGE_READY_FD"])
+    ready = env.ready_fd()
     os.write(ready, f"{os.getpid()} {address}\n".encode())
     os.close(ready)
     async with server:
@@ -285,12 +283,12 @@ async def _main() -> None:
 
 
 def main() -> None:
-    for p in reversed(json.loads(os.environ.get("FORGE_SYS_PATH", "[]"))):
+    for p in reversed(env.sys_path()):
         if p not in sys.path:
             sys.path.insert(0, p)
-    logging.basicConfig(level=os.environ.get("FORGE_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=env.log_level())
     signal.signal(signal.SIGTERM, lambda *_: _die())
-    lifeline = int(os.environ["FORGE_LIFELINE_FD"])
+    lifeline = env.lifeline_fd()
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     loops.run(_main())
     get_runtime().close()  # stop any meshes this process spawned, then leave

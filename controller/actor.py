@@ -2,41 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from controller._runtime import get_runtime
-from controller.endpoint import EndpointProperty, Future
+from controller._spawn import spawn_actor
+from controller.future import Future
 from controller.mesh import ActorMesh
+from controller.options import ActorOptions
+from controller.service import Service, ServiceConfig
 
-if TYPE_CHECKING:
-    from controller.service import Service
+# ``ActorOptions`` (controller/options.py) and ``spawn_actor`` (controller/_spawn.py) live apart
+# so that services need not import this module; both stay importable from here.
+__all__ = ["Actor", "ActorOptions", "shutdown", "spawn_actor"]
 
 A = TypeVar("A", bound="Actor")
-
-
-@dataclass(frozen=True)
-class ActorOptions:
-    """How to place an actor. ``extra`` holds service options (``health_poll_rate``, ...)."""
-
-    procs: int = 1
-    hosts: int | None = None
-    with_gpus: bool = False
-    num_replicas: int = 1
-    mesh_name: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self):
-        for key in ("procs", "num_replicas"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"options({key}=...) must be a positive int, got {v!r}")
-        if self.hosts is not None and (not isinstance(self.hosts, int) or self.hosts < 1):
-            raise ValueError(
-                f"options(hosts=...) must be a positive int or None, got {self.hosts!r}"
-            )
 
 
 class Actor:
@@ -107,8 +86,6 @@ class Actor:
         ``max_retries``, ``unavailable_timeout``, ``router``) are checked here, before any
         process starts. If a replica fails to start, the others stop and the error is raised.
         See docs/services.md."""
-        from controller.service import Service, ServiceConfig
-
         opts = cls._options()
         base = getattr(cls, "_forge_base", cls)
         config = ServiceConfig.from_options(opts)
@@ -117,31 +94,6 @@ class Actor:
             return await Service._start(base, opts, config, args, kwargs)
 
         return Future(run, f"{base.__name__}.as_service")
-
-
-async def spawn_actor(cls: type, opts: ActorOptions, args, kwargs, name: str | None = None):
-    """Spawn a proc mesh for ``opts``, construct ``cls`` on it and run ``setup``."""
-    from controller._backend import spawn_procs_for
-
-    mesh_name = name or opts.mesh_name or cls.__name__
-    pm = await spawn_procs_for(opts, mesh_name)
-    try:
-        am = pm.spawn(mesh_name, cls, *args, **kwargs)
-        am._owns_proc_mesh = True
-        await am
-        if isinstance(getattr(cls, "setup", None), EndpointProperty):
-            await am.endpoint("setup").call()
-    except BaseException:
-        await asyncio.shield(asyncio.ensure_future(_stop_quietly(pm)))
-        raise
-    return am
-
-
-async def _stop_quietly(pm) -> None:
-    try:
-        await pm.stop()
-    except Exception:  # noqa: BLE001 - the original error matters more
-        pass
 
 
 def shutdown() -> Future[None]:

@@ -12,9 +12,10 @@ only its own side on the slower loop. ``FORGE_UVLOOP=0`` turns uvloop off everyw
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from controller import env
 
 __all__ = ["new_event_loop", "run", "uvloop_enabled"]
 
@@ -23,7 +24,7 @@ T = TypeVar("T")
 
 def uvloop_enabled() -> bool:
     """Whether :func:`new_event_loop` gives a uvloop loop (installed, not turned off)."""
-    if os.environ.get("FORGE_UVLOOP", "1") == "0":
+    if not env.uvloop():
         return False
     try:
         import uvloop  # noqa: F401

@@ -20,8 +20,9 @@ from controller import _context, _wire
 from controller import _serialization as ser
 from controller._local import LocalProc, free_port, kill_all
 from controller._runtime import get_runtime, install_signal_handlers
-from controller.endpoint import Endpoint, EndpointProperty, Future
+from controller.endpoint import Endpoint, EndpointProperty
 from controller.errors import ActorError, CallTimeoutError, describe_exit
+from controller.future import Future
 from controller.shape import Shape, ValueMesh
 
 logger = logging.getLogger("controller")
@@ -367,6 +368,19 @@ class ActorMesh:
             return ValueMesh(self._shape, list(values))
 
         return Future(run, f"{self._display}.{ep}.call")
+
+    async def _first_value(self, ep: str, args, kwargs) -> Any:
+        """Rank 0's value of ``self.endpoint(ep).call(...)``: how a service calls a replica.
+        A one-rank mesh is called straight, without the ``Endpoint``, ``Future`` and
+        ``ValueMesh`` the general path builds (a service's ``route`` is a hot path);
+        ``timeout=`` takes the long way."""
+        if len(self._shape) != 1 or "timeout" in kwargs:
+            return (await self.endpoint(ep).call(*args, **kwargs)).values()[0]
+        body = self._encode(ep, args, kwargs, 1)[0]
+        ready = self._ready
+        if ready is not None and not (ready.done() and ready.exception() is None):
+            await self._await_ready()
+        return await self._request(self._shape.ranks[0], _wire.CALL, body, ep, None)
 
     def _pick_rank(self) -> int:
         ranks = self._shape.ranks

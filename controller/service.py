@@ -8,6 +8,10 @@ or whose event loop stops answering health-check pings, is marked unhealthy at o
 requests are retried elsewhere, its sessions re-homed, and it is restarted in the background
 on the runtime's loop (its ``on_recover`` endpoint runs before it takes traffic again).
 
+Choosing a replica, sessions, failover and fanout are the routing core's
+(controller/_routing.py), shared with the ``ServiceRef`` below and with
+``controller.testing.FakeService``; this module starts and supervises the replicas.
+
 A ``Service`` is picklable: an actor that receives one gets a ``ServiceRef``
 (controller/_service_ref.py) that routes and fans out itself, reading the replica table this
 service keeps in the session directory (see ``_publish``).
@@ -16,18 +20,16 @@ service keeps in the session directory (see ``_publish``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import logging
 import os
-import pickle
-import threading
 import time
 import uuid
 from typing import Any
 
 from controller import _wire
+from controller._routing import Routing, ServiceEndpoint
 from controller._runtime import get_runtime
+from controller._service_ref import ServiceRef, write_table
 from controller._service_types import (
     DRAINING,
     HEALTHY,
@@ -37,47 +39,33 @@ from controller._service_types import (
     UNHEALTHY,
     Replica,
     ServiceConfig,
-    ServiceEndpoint,
-    Stale,
 )
-from controller.actor import spawn_actor
-from controller.endpoint import EndpointProperty, Future
-from controller.errors import ActorDiedError, ServiceUnavailable
+from controller._spawn import spawn_actor
+from controller.endpoint import EndpointProperty
+from controller.errors import ActorDiedError
+from controller.future import Future
 from controller.mesh import ActorMesh
-from controller.router import LeastLoadedRouter, build_router
 
+__all__ = ["Service", "ServiceConfig", "ServiceEndpoint"]
 logger = logging.getLogger("controller")
-REQUEST_COUNTS = ("sent", "retried", "completed", "failed", "cancelled")
 
 
-class Service:
+class Service(Routing):
     """A handle to the replicas of one actor; endpoints are attributes (``svc.<endpoint>``).
-    Made by ``Cls.options(num_replicas=N, ...).as_service(*args)``."""
+    Made by ``Cls.options(num_replicas=N, ...).as_service(*args)``. Routing, sessions,
+    failover and fanout are ``Routing``'s (controller/_routing.py); this class supervises:
+    it starts, restarts, health-checks, scales and stops the replicas."""
 
     def __init__(self, cls: type, opts, config: ServiceConfig, args, kwargs):
-        self.name = opts.mesh_name or cls.__name__
-        self.config = config
-        self.replicas: list[Replica] = []
-        self._cls, self._opts, self._args, self._kwargs = cls, opts, args, kwargs
-        self._router = build_router(config.router)
-        self._session_router = LeastLoadedRouter()
-        self._sessions: dict[str, Replica | None] = {}
-        self._session_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            f"forge_session_{self.name}", default=None
-        )
-        self._lock = threading.RLock()
+        self._init_routing(opts.mesh_name or cls.__name__, cls, config)
+        self._opts, self._args, self._kwargs = opts, args, kwargs
         self._next_index = 0
-        self._stopped = False
         self._restarts: dict[int, Any] = {}
-        self._requests = dict.fromkeys(REQUEST_COUNTS, 0)
         self._checker: Any = None  # the health-check task (a concurrent future)
         self._on_recover_s: dict[int, float] = {}  # replica index -> its last on_recover time
         self._table_path: str | None = None  # set once pickled: remote handles read it
-        self._endpoints: dict[str, ServiceEndpoint] = {}  # made once per name (hot path)
 
     def __reduce__(self):
-        from controller._service_ref import ServiceRef
-
         with self._lock:
             if self._table_path is None:
                 self._table_path = os.path.join(
@@ -88,22 +76,6 @@ class Service:
 
     def __repr__(self) -> str:
         return f"<Service {self.name} replicas={[r.state for r in self.replicas]}>"
-
-    def __getattr__(self, name: str) -> ServiceEndpoint:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self.endpoint(name)
-
-    def endpoint(self, name: str) -> ServiceEndpoint:
-        """The endpoint called ``name`` (also ``svc.<name>``, unless a method shadows it)."""
-        ep = self._endpoints.get(name)
-        if ep is not None:
-            return ep
-        attr = getattr(self._cls, name, None)
-        if isinstance(attr, EndpointProperty):
-            ep = self._endpoints[name] = ServiceEndpoint(self, attr)
-            return ep
-        raise AttributeError(f"{self._cls.__name__} has no endpoint {name!r}")
 
     def __supervise__(self, failure) -> bool:
         """Replica meshes report deaths here too; the death callback has handled them."""
@@ -163,9 +135,9 @@ class Service:
             self._publish()
         pm = mesh._proc_mesh
         pm._owner = self  # deaths are ours to handle: no "UNHANDLED FAILURE" noise
-        pm.add_death_callback(lambda f: self._mark_dead(r, gen, f.message))
+        pm.add_death_callback(lambda f: self._replica_died(r, gen, f.message))
 
-    def _mark_dead(self, r: Replica, gen: int, reason: str) -> None:
+    def _replica_died(self, r: Replica, gen: int, reason: str) -> None:
         """Take ``r`` out of rotation, re-home its sessions, restart it (any thread)."""
         with self._lock:
             if r.gen != gen or r.state != HEALTHY:
@@ -236,7 +208,7 @@ class Service:
             )
             for (r, gen, _), res in zip(targets, results):
                 if isinstance(res, asyncio.TimeoutError):
-                    self._mark_dead(
+                    self._replica_died(
                         r,
                         gen,
                         f"a process did not answer a health check within {timeout} s "
@@ -312,228 +284,13 @@ class Service:
         atomically on every change once this service has been pickled (call with the lock)."""
         if self._table_path is None:
             return
-        table = {
-            "stopped": self._stopped,
-            "replicas": [
-                (r.index, r.gen, r.state, r.mesh)
-                for r in self.replicas
-                if r.state == HEALTHY and r.mesh is not None
-            ],
-            "states": {r.index: r.state for r in self.replicas},
-        }
-        tmp = f"{self._table_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        rows = [
+            (r.index, r.gen, r.state, r.mesh if r.state == HEALTHY else None) for r in self.replicas
+        ]
         try:
-            with open(tmp, "wb") as f:
-                pickle.dump(table, f)
-            os.replace(tmp, self._table_path)
+            write_table(self._table_path, self._stopped, rows)
         except OSError as e:  # the session dir is gone (shutting down): nobody reads it
             logger.debug("service %s: cannot write its replica table: %s", self.name, e)
-
-    def request_counts(self) -> dict[str, int]:
-        """``route`` requests since the service started: ``sent``, ``retried`` (re-sent after
-        their replica died), ``completed``, ``failed`` (an error reached the caller) and
-        ``cancelled`` (the caller gave up); the rest of ``sent`` is in flight."""
-        with self._lock:
-            return dict(self._requests)
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self._requests[key] += 1
-
-    # -- sessions --------------------------------------------------------------------------
-    def _bind(self, sid: str, r: Replica | None) -> None:
-        old = self._sessions.get(sid)
-        if old is not None:
-            old.sessions -= 1
-        self._sessions[sid] = r
-        if r is not None:
-            r.sessions += 1
-
-    def _rehome(self, r: Replica) -> None:
-        """Move ``r``'s sessions to the least-loaded healthy replicas (call with the lock)."""
-        healthy = [x for x in self.replicas if x.state == HEALTHY and x is not r]
-        for sid, owner in self._sessions.items():
-            if owner is r:
-                self._bind(sid, self._session_router.choose(healthy, sid) if healthy else None)
-
-    def start_session(self) -> Future[str]:
-        """A new session id, placed on the least-loaded healthy replica."""
-
-        async def run():
-            sid = uuid.uuid4().hex
-            with self._lock:
-                healthy = [r for r in self.replicas if r.state == HEALTHY]
-                self._bind(sid, self._session_router.choose(healthy, sid) if healthy else None)
-            return sid
-
-        return Future(run, f"{self.name}.start_session")
-
-    def terminate_session(self, sid: str) -> Future[None]:
-        """Forget session ``sid`` (its next request would start afresh)."""
-
-        async def run():
-            with self._lock:
-                self._bind(sid, None)
-                self._sessions.pop(sid, None)
-
-        return Future(run, f"{self.name}.terminate_session")
-
-    @contextlib.asynccontextmanager
-    async def session(self):
-        """``async with svc.session():`` routes every call inside to one replica."""
-        sid = await self.start_session()
-        token = self._session_var.set(sid)
-        try:
-            yield sid
-        finally:
-            self._session_var.reset(token)
-            await self.terminate_session(sid)
-
-    # -- requests --------------------------------------------------------------------------
-    # ``route`` is the hot path: a no-op route should cost little more than a direct
-    # ``call_one`` (benchmarks/services.py, ``route_overhead``). So the first attempt picks and
-    # sends without waiting machinery, one coroutine carries the whole request (counters,
-    # retries), and a one-rank replica is called straight through ``ActorMesh._request``.
-    def _pick(self, sid: str | None, tried: set[int] | None) -> Replica | None:
-        with self._lock:
-            if tried:
-                healthy = [r for r in self.replicas if r.state == HEALTHY and r.index not in tried]
-            else:
-                healthy = [r for r in self.replicas if r.state == HEALTHY]
-            if not healthy:
-                return None
-            if sid is None:
-                return self._router.choose(healthy, None)
-            owner = self._sessions.get(sid)
-            if owner is None or owner not in healthy:
-                owner = self._session_router.choose(healthy, sid)
-                self._bind(sid, owner)
-            return owner
-
-    async def _wait_for(self, pick):
-        """``pick()`` until it gives a replica; wait up to ``unavailable_timeout``."""
-        deadline = time.monotonic() + self.config.unavailable_timeout
-        while True:
-            if self._stopped:
-                raise ServiceUnavailable(f"service {self.name!r} is shut down")
-            got = pick()
-            if got:
-                return got
-            left = deadline - time.monotonic()
-            if left <= 0:
-                states = ", ".join(f"{r.index}={r.state}" for r in self.replicas)
-                errors = "; ".join(r.last_error for r in self.replicas if r.last_error)
-                raise ServiceUnavailable(
-                    f"service {self.name!r} has no healthy replica after waiting "
-                    f"{self.config.unavailable_timeout} s (replicas: {states or 'none'})"
-                    + (f"; last errors: {errors}" if errors else "")
-                )
-            await asyncio.sleep(min(self.config.health_poll_rate, left))
-
-    async def _call(self, r: Replica, ep: str, args, kwargs) -> Any:
-        """Send to ``r`` (waiting for one of its request slots); rank 0's value."""
-        gen, mesh = r.gen, r.mesh
-        with r.lock:
-            r.in_flight += 1
-        t0 = None  # set once the request is sent: only a sent request counts as total/failed
-        try:
-            sem = r.semaphore()
-            await sem.acquire()
-            try:
-                if r.state != HEALTHY or r.gen != gen or mesh is None:
-                    raise Stale()
-                t0 = time.monotonic()
-                if len(mesh._shape) == 1 and "timeout" not in kwargs:
-                    # What ``mesh.endpoint(ep).call(...)`` does for one rank, without the
-                    # Endpoint, Future and ValueMesh it would build (the endpoint name was
-                    # checked when ``svc.<ep>`` was made; ``timeout=`` takes the long way).
-                    body = mesh._encode(ep, args, kwargs, 1)[0]
-                    ready = mesh._ready
-                    if ready is not None and not (ready.done() and ready.exception() is None):
-                        await mesh._await_ready()
-                    value = await mesh._request(mesh._shape.ranks[0], _wire.CALL, body, ep, None)
-                else:
-                    value = (await mesh.endpoint(ep).call(*args, **kwargs)).values()[0]
-            finally:
-                sem.release()
-        except BaseException as e:
-            sent_and_failed = t0 is not None and isinstance(e, Exception)
-            with r.lock:
-                r.in_flight -= 1
-                if sent_and_failed:
-                    r.total += 1
-                    r.failed += 1
-            if sent_and_failed and isinstance(e, ActorDiedError):
-                self._mark_dead(r, gen, str(e))
-            raise
-        with r.lock:
-            r.in_flight -= 1
-            r.total += 1
-            r.ok += 1
-            r.latencies.append(time.monotonic() - t0)
-        return value
-
-    async def _route(self, ep: str, args, kwargs, sid: str | None) -> Any:
-        """One ``route`` request: a healthy replica (the session's, if any) answers; re-sent
-        to another replica if its replica dies, up to ``max_retries`` times; counted in
-        ``request_counts``."""
-        with self._lock:
-            self._requests["sent"] += 1
-        tried: set[int] | None = None  # replicas this request died on (made at the first death)
-        last: ActorDiedError | None = None
-
-        def pick():
-            r = self._pick(sid, tried)
-            if r is None and last is not None and all(x.index in tried for x in self.replicas):
-                raise last  # every replica has had this request once and died on it
-            return r
-
-        try:
-            while True:
-                r = None if self._stopped else self._pick(sid, tried)
-                if r is None:
-                    r = await self._wait_for(pick)
-                try:
-                    value = await self._call(r, ep, args, kwargs)
-                    break
-                except Stale:
-                    continue
-                except ActorDiedError as e:
-                    last = e
-                    tried = tried or set()
-                    tried.add(r.index)
-                    if len(tried) > self.config.max_retries:
-                        raise
-                    self._count("retried")
-                    logger.info("service %s: re-sending %s after %s", self.name, ep, e)
-        except asyncio.CancelledError:
-            self._count("cancelled")
-            raise
-        except BaseException:
-            self._count("failed")
-            raise
-        with self._lock:
-            self._requests["completed"] += 1
-        return value
-
-    async def _fanout(self, ep: str, args, kwargs) -> dict[int, Any]:
-        def pick():
-            return [r for r in self.replicas if r.state == HEALTHY]
-
-        targets = await self._wait_for(pick)
-        results = await asyncio.gather(
-            *(self._call(r, ep, args, kwargs) for r in targets), return_exceptions=True
-        )
-        out: dict[int, Any] = {}
-        for r, res in zip(targets, results):
-            if isinstance(res, (ActorDiedError, Stale)):
-                continue
-            if isinstance(res, BaseException):
-                raise res
-            out[r.index] = res
-        if not out:
-            raise ServiceUnavailable(f"service {self.name!r}: every replica died during fanout")
-        return out
 
 
 async def _ping(mesh: ActorMesh) -> None:

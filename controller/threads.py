@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from controller import env
 from controller._runtime import pid_alive
 
 __all__ = ["ThreadBudget", "compute", "get_budget", "host_cores"]
@@ -49,9 +50,9 @@ _HZ = os.sysconf("SC_CLK_TCK")
 def host_cores() -> int:
     """Cores this process may use: ``FORGE_HOST_CORES``, else its CPU affinity, capped by a
     cgroup v2 CPU quota (``cpu.max``) when one is set."""
-    forced = os.environ.get("FORGE_HOST_CORES")
-    if forced:
-        return max(1, int(forced))
+    forced = env.host_cores()
+    if forced is not None:
+        return forced
     cores = len(os.sched_getaffinity(0))
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:
@@ -64,7 +65,7 @@ def host_cores() -> int:
 
 
 def _enabled() -> bool:
-    return os.environ.get("FORGE_THREAD_BUDGET", "1").strip() not in ("0", "false", "off")
+    return env.thread_budget()
 
 
 def _proc_cpu_s(pid: int) -> float | None:

@@ -1,4 +1,6 @@
-"""Forge: RL post-training for LLMs. The public API; apps import from here.
+"""Forge: RL post-training for LLMs. The public API: apps and notebooks import from here
+(``from forge import Generator, Trainer, RLConfig, MetricLog, ...``), and from ``controller``
+for the runtime itself.
 
 Names load lazily (PEP 562), so ``import forge`` and ``forge --help`` stay fast and pull in
 torch/transformers only when a component is used.
@@ -10,38 +12,111 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    # actors
-    "DatasetActor": "forge.actors.dataset",
-    "Generator": "forge.actors.generator",
-    "Trainer": "forge.actors.trainer",
-    "ReferenceModel": "forge.actors.reference_model",
-    "ReplayBuffer": "forge.actors.replay_buffer",
-    "ReplayBufferConfig": "forge.actors.replay_buffer",
-    "RewardActor": "forge.actors.reward",
+    # actors (everything forge.actors exports)
+    **{
+        name: "forge.actors"
+        for name in (
+            "Critic",
+            "CriticConfig",
+            "DatasetActor",
+            "EnvActor",
+            "Generator",
+            "GeneratorConfig",
+            "ReferenceConfig",
+            "ReferenceModel",
+            "ReplayBuffer",
+            "ReplayBufferConfig",
+            "RewardActor",
+            "RewardModel",
+            "RewardModelConfig",
+            "Trainer",
+            "TrainerConfig",
+        )
+    },  # fmt: skip
     # configs
-    "GeneratorConfig": "forge.generation.backend",
-    "TrainerConfig": "forge.training.config",
-    "ReferenceConfig": "forge.training.config",
     "OptimizerConfig": "forge.training.config",
     "ScheduleConfig": "forge.training.config",
-    "WeightPublishConfig": "forge.training.config",
-    "WeightPullConfig": "forge.generation.backend",
+    "WeightTransportConfig": "forge.weights.config",
+    "LossConfig": "forge.losses",
+    "PhaseConfig": "forge.training.phases",
+    "PhaseTracker": "forge.training.phases",
     "load_config": "forge.config",
+    "dump_config": "forge.config",
+    # the run's machinery (forge.run) and its metric names
+    **{
+        name: "forge.run"
+        for name in (
+            "ActorMetrics",
+            "Checkpointer",
+            "EvalConfig",
+            "Evaluator",
+            "GAECritic",
+            "MetricLog",
+            "PolicyConfig",
+            "RLConfig",
+            "ReplicasConfig",
+            "Roles",
+            "Supervisor",
+            "TrainerDiedError",
+            "WeightSync",
+            "actor_env",
+            "evaluate_policy",
+            "next_batch",
+            "progress",
+            "retarget",
+            "step_row",
+            "train_next",
+            "train_step",
+            "train_streamed",
+        )
+    },  # fmt: skip
+    "policy_defaults": "forge.run.policy",
+    "PipelineConfig": "forge.run.pipeline",
+    "Stage": "forge.run.pipeline",
+    "base_model": "forge.run.pipeline",
+    "run_stage": "forge.run.pipeline",
+    "sft_then_rl": "forge.run.pipeline",
+    "M": "forge.observability.names",
+    # rollouts: groups, episodes, environments
+    "RolloutManager": "forge.rollout",
+    "RolloutConfig": "forge.rollout.scoring",
+    "GroupScorer": "forge.rollout.scoring",
+    "EnvConfig": "forge.rollout.episodes",
+    "EpisodeScorer": "forge.rollout.episodes",
+    "build_tools": "forge.rollout.episodes",
+    "group_episodes": "forge.rollout",
+    "Environment": "forge.envs",
+    "StepResult": "forge.envs",
+    "Tool": "forge.envs",
+    "tool": "forge.envs",
     # extension points
     "PluginSpec": "forge.plugins",
     "Slot": "forge.plugins",
+    "Spec": "forge.plugins",
     "import_string": "forge.plugins",
-    "RolloutManager": "forge.rollout",
+    **{
+        name: "forge.slots"
+        for name in (
+            "ADVANTAGE",
+            "DATA_SOURCE",
+            "ENVIRONMENT",
+            "GROUP_FILTER",
+            "KL",
+            "LOSS",
+            "REFERENCE_UPDATE",
+            "REWARD",
+            "REWARD_AGGREGATOR",
+        )
+    },  # fmt: skip
     "JsonlSource": "forge.data",
     "HFSource": "forge.data",
-    "dump_config": "forge.config",
+    "sft_batch": "forge.data.sft",
     # messages
     "Completion": "forge.types",
     "Episode": "forge.types",
     "SamplingParams": "forge.types",
     "TrainBatch": "forge.types",
     # maths, rewards, data
-    "LossConfig": "forge.losses",
     "build_loss": "forge.losses",
     "grpo_advantages": "forge.losses",
     "collate_episodes": "forge.replay",
@@ -51,6 +126,7 @@ _EXPORTS: dict[str, str] = {
     "ensure_tiny_model": "forge.models",
     "load_model": "forge.models",
     "load_tokenizer": "forge.models",
+    "HFEngine": "forge.generation.hf_engine",
     # observability
     "record_metric": "forge.observability",
     "Reduce": "forge.observability",

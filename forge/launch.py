@@ -3,7 +3,10 @@
 An app is a module (named by the config's ``app:`` key, e.g. ``apps.grpo.main``) that defines
 
 - ``Config``: a dataclass, the schema of its YAML (it must have an ``app: str`` field), and
-- ``async def run(cfg, run_dir: Path, resume: bool) -> None``.
+- ``async def run(cfg, run_dir: Path, resume: bool) -> None``, and, to serve as a stage of
+  a pipeline (``forge.run.pipeline``: SFT, then RL), ``async def stage(cfg, run_dir,
+  resume) -> dict`` returning at least ``{"model": <the trained policy's directory>}``
+  where it trains one.
 
 The config is validated before anything is spawned; the resolved config is written to
 ``<run_dir>/config.yaml``. ``--resume <run_dir>`` reloads that file (plus overrides) and
@@ -27,24 +30,29 @@ from controller.errors import ForgeRuntimeError
 from forge import env
 
 
+def app_module(app: Any, where: str, needs: tuple[str, ...] = ("Config", "run")) -> Any:
+    """Import the app module named ``app`` (``where`` says who named it, for errors) and
+    check it defines ``needs``."""
+    if not isinstance(app, str) or not app:
+        raise ValueError(
+            f"{where}: missing key 'app' naming the app module, e.g. 'app: apps.grpo.main'"
+        )
+    try:
+        module = importlib.import_module(app)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"{where}: app module {app!r} cannot be imported: {e}") from e
+    for attr in needs:
+        if not hasattr(module, attr):
+            raise ValueError(f"app module {app!r} defines no {attr!r}; see forge/launch.py")
+    return module
+
+
 def load_app(config_path: str | Path, overrides: list[str]) -> tuple[Any, Any]:
     """Import the app named by the config and parse the config with its schema."""
     from forge.config import load_config, load_config_dict
 
     raw = load_config_dict(config_path, overrides)
-    app = raw.get("app") if isinstance(raw, dict) else None
-    if not isinstance(app, str) or not app:
-        raise ValueError(
-            f"{config_path}: missing top-level key 'app' naming the app module, e.g. "
-            "'app: apps.grpo.main'"
-        )
-    try:
-        module = importlib.import_module(app)
-    except ModuleNotFoundError as e:
-        raise ValueError(f"{config_path}: app module {app!r} cannot be imported: {e}") from e
-    for attr in ("Config", "run"):
-        if not hasattr(module, attr):
-            raise ValueError(f"app module {app!r} defines no {attr!r}; see forge/launch.py")
+    module = app_module(raw.get("app") if isinstance(raw, dict) else None, str(config_path))
     return module, load_config(config_path, overrides, schema=module.Config)
 
 

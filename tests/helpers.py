@@ -84,13 +84,13 @@ def tiny_grpo_config(tmp_path: Path, steps: int, extra: str = "") -> Path:
     path.write_text(
         f"""
 app: apps.grpo.main
-model: {model}
+policy: {{model: {model}}}
 steps: {steps}
 data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
 rewards: [apps.sumdigits.task:sumdigits_reward]
 rollout: {{prompts_per_step: 2, group_size: 4, max_tokens: 4, tasks: 2}}
-generator: {{model: {model}, max_batch_size: 16}}
-trainer: {{model: {model}, optimizer: {{lr: 1.0e-4}}}}
+generator: {{max_batch_size: 16}}
+trainer: {{optimizer: {{lr: 1.0e-4}}}}
 eval: {{at_start: false, at_end: false}}
 {extra}
 """

@@ -30,31 +30,24 @@ held-out questions.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from apps.calc.task import parse_answer, tokenizer_corpus
-from apps.pipeline import Config as PipelineConfig
-from apps.pipeline import sft_then_rl
-from apps.sft.main import Config as SFTConfig
-from apps.sft.main import train as sft_train
-from forge.env import get_cache_dir
-from forge.models import make_tiny_model
-from forge.slots import DATA_SOURCE
+from forge import DATA_SOURCE, PipelineConfig, Stage, base_model, retarget, run_stage, sft_then_rl
 
 __all__ = ["Config", "run"]
 
 
 @dataclass
 class Config(PipelineConfig):
-    no_tool: SFTConfig | None = None  # SFT on direct answers: the no-tool baseline
+    no_tool: Stage | None = None  # SFT on direct answers: the no-tool baseline
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
     t0 = time.perf_counter()
-    cfg.base_model = str(build_base_model(cfg))
+    cfg.base_model = str(base_model(cfg, "calc-bpe", corpus=tokenizer_corpus()))
     r = await sft_then_rl(cfg, run_dir, resume, "calc")
     no_tool = float("nan")
     if cfg.no_tool is not None:
@@ -70,16 +63,6 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
     )
 
 
-def build_base_model(cfg: Config) -> Path:
-    """The untrained model, its tokenizer's BPE merges learned on this task's text (built
-    once, then reused from the cache)."""
-    base = Path(cfg.base_model or get_cache_dir() / f"calc-{cfg.preset}-bpe-seed{cfg.seed}")
-    if not (base / "config.json").exists():
-        print(f"[calc] building a {cfg.preset} model in {base}", flush=True)
-        make_tiny_model(base, preset=cfg.preset, seed=cfg.seed, corpus=tokenizer_corpus())
-    return base
-
-
 def _heldout(cfg: Config) -> list[dict]:
     return DATA_SOURCE.resolve(cfg.grpo.data)().heldout()
 
@@ -87,13 +70,8 @@ def _heldout(cfg: Config) -> list[dict]:
 async def no_tool_accuracy(cfg: Config, run_dir: Path, resume: bool) -> float:
     """SFT the base model (the one the tool run started from) on direct answers, then score
     its greedy answers to the held-out questions, checked as ``Calculator`` checks them."""
-    nt = cfg.no_tool
-    nt.model = nt.trainer.model = cfg.base_model
-    out = Path(nt.output or run_dir / "no_tool_model")
-    nt.output = str(out)
-    if not (resume and (out / "config.json").exists()):
-        (run_dir / "no_tool").mkdir(exist_ok=True)
-        await sft_train(nt, run_dir / "no_tool")
+    retarget(cfg.no_tool, cfg.base_model)
+    out = (await run_stage(cfg.no_tool, run_dir / "no_tool", resume))["model"]
     tasks = _heldout(cfg)
     answers = greedy_answers(out, [t["prompt"] for t in tasks], max_tokens=16)
     return sum(parse_answer(a) == t["target"] for a, t in zip(answers, tasks)) / len(tasks)
@@ -101,20 +79,10 @@ async def no_tool_accuracy(cfg: Config, run_dir: Path, resume: bool) -> float:
 
 def greedy_answers(model_dir: Path, questions: list[str], max_tokens: int) -> list[str]:
     """Greedy replies of the model in ``model_dir`` to single-message chats, in-process."""
-    from transformers import AutoModelForCausalLM
+    from forge import HFEngine, SamplingParams, load_model, load_tokenizer
 
-    from forge.generation.hf_engine import HFEngine
-    from forge.models import load_tokenizer
-    from forge.types import SamplingParams
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = load_model(model_dir).eval()
     engine = HFEngine(model, load_tokenizer(model_dir), max_batch_size=len(questions))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     out = engine.generate([([{"role": "user", "content": q}], params) for q in questions])
     return [c[0].text for c in out]
-
-
-if __name__ == "__main__":
-    from forge.cli import main as forge_main
-
-    sys.exit(forge_main(["run", *sys.argv[1:]]))

@@ -18,11 +18,11 @@ minutes=<z>`` on the 16 held-out games (every number once, greedy).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from apps.guess.task import optimal_success_rate
-from apps.pipeline import Config, sft_then_rl
+from forge import M, sft_then_rl
+from forge import PipelineConfig as Config
 
 __all__ = ["Config", "run"]
 
@@ -45,11 +45,5 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
 
 def _last_mean_turns(path: Path) -> float:
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    turns = [r["eval/mean_turns"] for r in rows if "eval/mean_turns" in r]
+    turns = [r[M.MEAN_TURNS] for r in rows if M.MEAN_TURNS in r]
     return turns[-1] if turns else float("nan")
-
-
-if __name__ == "__main__":
-    from forge.cli import main as forge_main
-
-    sys.exit(forge_main(["run", *sys.argv[1:]]))

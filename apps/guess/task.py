@@ -32,7 +32,7 @@ import random
 import re
 from typing import Any
 
-from forge.envs import Environment, StepResult
+from forge import Environment, StepResult
 
 _INT = re.compile(r"-?\d+")
 

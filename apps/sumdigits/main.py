@@ -7,6 +7,9 @@ Run (the README's main job; about 5 minutes on 2 cores):
     make_tiny_model ──▶ SFT (apps/sft) ──model dir──▶ GRPO (apps/grpo) ──▶ held-out accuracy
                                                         eval before ──┘└── eval after
 
+The two stages are apps named in the YAML (``sft.app``, ``grpo.app``), run in order by
+``forge.run.pipeline.sft_then_rl``.
+
 Nothing is downloaded: the tokenizer and model are built locally, the data is generated
 (``apps.sumdigits.task``: a data source and a reward function, named in the YAML by import
 string). The SFT stage is deliberately short: it teaches the answer format and part of the
@@ -17,10 +20,10 @@ metrics.jsonl into the run directory and ends with
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from apps.pipeline import Config, sft_then_rl
+from forge import PipelineConfig as Config
+from forge import sft_then_rl
 
 __all__ = ["Config", "run"]
 
@@ -32,9 +35,3 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
         f"minutes={r['minutes']:.2f}",
         flush=True,
     )
-
-
-if __name__ == "__main__":
-    from forge.cli import main as forge_main
-
-    sys.exit(forge_main(["run", *sys.argv[1:]]))

@@ -4,8 +4,8 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
 ``generate`` calls are batched together by the backend):
 
 - ``setup()``: runs at spawn. Builds the backend named by ``GeneratorConfig.backend``, loads
-  the model and tokenizer, starts serving. Unknown backend or missing model -> ``ActorError``
-  from ``as_actor``/``as_service``.
+  the model and tokenizer, starts serving. A missing model -> ``ActorError`` from
+  ``as_actor``/``as_service`` (an unknown backend already fails in ``GeneratorConfig``).
 - ``generate(prompt, **sampling) -> list[Completion]``: called by rollout loops with
   ``route`` (service) or ``call_one``. ``prompt`` is a string or chat messages; keywords
   override ``GeneratorConfig.sampling`` (``n``, ``max_tokens``, ``temperature``, ``top_p``,
@@ -46,27 +46,26 @@ from forge.generation.backend import (
     UPDATE_MODES,
     GeneratorBackend,
     GeneratorConfig,
-    Prompt,
-    build_generator_backend,
-    make_sampling_params,
     state_dict_checksum,
 )
+from forge.generation.factory import build_generator_backend
+from forge.generation.prompts import Prompt, make_sampling_params
 from forge.types import Completion
-from forge.weights import WeightHandle, lease_shm_file, pull_handle
-from forge.weights.pull import (
-    has_pull_source,
-    latest_pushed_version,
-    pull_transport,
-    requested_version,
-)
+from forge.weights import WeightHandle, build_transport, lease_shm_file, pull_handle
+from forge.weights.pull import latest_pushed_version, requested_version
 
 logger = logging.getLogger("forge.generator")
 
 
 class Generator(ForgeActor):
-    _busy_name = "generator"
+    """One generator replica: ``Generator.options(procs=1).as_actor(GeneratorConfig(...))``,
+    or ``as_service`` for several. The module docstring details each endpoint: rollout loops
+    call ``generate`` (``route`` on a service, ``call_one`` on an actor); the weight sync
+    calls ``update_weights`` on every replica after the trainer pushes; the service layer
+    calls ``on_recover`` on a restarted replica; ``get_version``, ``stats``,
+    ``state_dict_checksum`` and ``get_param`` are for metrics and checks."""
 
-    """One generator replica. ``Generator.options(procs=1).as_actor(GeneratorConfig(...))``."""
+    _busy_name = "generator"
 
     def __init__(self, config: GeneratorConfig) -> None:
         if not isinstance(config, GeneratorConfig):
@@ -209,7 +208,7 @@ class Generator(ForgeActor):
 
     async def _load_latest(self) -> int:
         before = self._backend().version
-        if self._has_transport() and self._transport_or_raise().versions():
+        if self._transport_or_raise().versions():
             version = await self.update_weights()
             if version > before:
                 self._recovered_version = version
@@ -241,13 +240,10 @@ class Generator(ForgeActor):
             raise RuntimeError("the generator is not set up; setup() runs at spawn")
         return self.backend
 
-    def _has_transport(self) -> bool:
-        return has_pull_source(self.config.weights)
-
     def _transport_or_raise(self):
         if self._transport is None:
-            self._transport = pull_transport(self.config.weights, "GeneratorConfig")
+            self._transport = build_transport(self.config.weights)
         return self._transport
 
     def _latest_pushed(self) -> int:
-        return latest_pushed_version(self._transport_or_raise(), self.config.weights)
+        return latest_pushed_version(self._transport_or_raise())

@@ -22,10 +22,13 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
     ``tokens`` (response tokens), ``seconds``, ``step`` and the loss's own metrics.
 ``push_weights(version) -> WeightHandle | None``
     Publishes the full HF-named state dict as ``version`` through ``forge.weights`` (shared
-    memory by default, ``weights.transport="safetensors_dir"`` for a shared filesystem) and
+    memory by default, ``weights.type="safetensors_dir"`` for a shared filesystem) and
     returns the picklable handle on rank 0, ``None`` elsewhere. Under FSDP the shards are
     gathered to rank 0 first (a collective). Only rank 0 writes. ``weights.keep_last``
     versions are kept.
+``accumulate(batch) -> float`` / ``apply_accumulated() -> dict``
+    Trajectory streaming (one trainer rank): forward/backward each part of a step's batch as
+    it arrives, then one optimizer update equal to ``train_step`` on all parts together.
 ``set_loss(loss_cfg)``
     Train with this ``LossConfig`` from the next ``train_step`` on (a schedule phase that
     changes the loss type, ``kl_coef``, clipping, ...; see ``forge.training.phases``). The
@@ -33,6 +36,9 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
 ``save(path) -> str`` / ``load(path) -> int``
     Checkpoint weights, optimizer, schedule, step and RNG states (``forge.training
     .checkpoint``); ``load`` returns the restored step.
+``export_hf(path) -> str | None``
+    Write the current weights as an HF model directory on rank 0 (e.g. an SFT result handed
+    to an RL run); the path on rank 0, ``None`` elsewhere.
 ``logprobs(batch) -> Tensor``
     ``[B, T]`` logprobs of every attended token (prompt too) of a ``TrainBatch`` at the
     current weights, no grad; for checks and trainer/reference comparisons.
@@ -58,8 +64,7 @@ from forge.losses import LossConfig
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
-from forge.weights import WeightHandle, WeightStore, build_weight_transport
-from forge.weights.pull import run_weights_prefix
+from forge.weights import WeightHandle, WeightStore, build_transport
 
 __all__ = ["Trainer"]
 
@@ -82,9 +87,19 @@ def _coerce_config(config: TrainerConfig | dict) -> TrainerConfig:
 
 
 class Trainer(ForgeActor):
-    _busy_name = "trainer"
+    """The policy trainer, one process per data-parallel rank; the module docstring details
+    each endpoint. Every rank takes part in every call, so callers use ``call``:
 
-    """The policy trainer; see the module docstring for its endpoints."""
+    - ``train_step`` (the training loop: ``forge.run.batches.train_next``, ``apps/sft``);
+      ``accumulate`` / ``apply_accumulated`` (``forge.run.batches.train_streamed``);
+    - ``push_weights`` (``forge.run.weights.WeightSync``, after each update; rank 0 returns
+      the handle generators and reference models pull);
+    - ``set_loss`` (``forge.training.phases``, when a schedule phase starts);
+    - ``save`` / ``load`` (``forge.run.checkpoint``); ``export_hf`` (``apps/sft``);
+    - ``logprobs``, ``state_dict`` (tests and checks); ``close`` (before shutdown).
+    """
+
+    _busy_name = "trainer"
 
     def __init__(self, config: TrainerConfig | dict) -> None:
         self.cfg = _coerce_config(config)
@@ -105,16 +120,13 @@ class Trainer(ForgeActor):
 
     def _build_store(self) -> WeightStore:
         w = self.cfg.weights
-        if w.transport == "shm":
-            # Default: the run's publication location, where pullers with no prefix look
-            # (a restarted generator finds the latest version there by itself). It is under
-            # the session tag, so the controller sweeps the files if we are killed.
-            transport = build_weight_transport("shm", prefix=w.prefix or run_weights_prefix())
-            if not w.prefix:
-                for stale in transport.versions():  # a previous trainer of this session
-                    transport.drop(stale)
-        else:
-            transport = build_weight_transport("safetensors_dir", root=w.root)
+        # shm with no prefix: the run's publication location, where pullers with no prefix
+        # look (a restarted generator finds the latest version there by itself). It is under
+        # the session tag, so the controller sweeps the files if we are killed.
+        transport = build_transport(w)
+        if w.type == "shm" and not w.prefix:
+            for stale in transport.versions():  # a previous trainer of this session
+                transport.drop(stale)
         return WeightStore(transport, keep_last=w.keep_last)
 
     def _my_batch(self, batch: TrainBatch | Sequence[TrainBatch]) -> TrainBatch:

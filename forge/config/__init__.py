@@ -4,7 +4,9 @@ A config file is read once, overridden with ``a.b=c`` strings, its ``${...}`` in
 resolved, and converted into nested dataclasses; unknown keys and wrong types are errors
 naming the key and the file, raised before anything is spawned::
 
-    cfg = load_config("apps/grpo/qwen.yaml", ["trainer.lr=1e-5"], schema=GRPOConfig)
+    from apps.sft.main import Config
+
+    cfg = load_config("apps/sft/configs/sumdigits.yaml", ["trainer.optimizer.lr=1e-4"], schema=Config)
     dump_config(cfg, run_dir / "config.yaml")
 """
 

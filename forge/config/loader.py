@@ -30,7 +30,7 @@ def load_config(
     """Read the YAML file at ``path`` into an instance of the dataclass ``schema``.
 
     ``overrides`` are ``"dotted.key=value"`` strings whose value is parsed as YAML
-    (``trainer.lr=1e-5``, ``x.flag=true``, ``x.list=[1,2]``). Raises ``ValueError`` naming
+    (``trainer.optimizer.lr=1e-5``, ``x.flag=true``, ``x.list=[1,2]``). Raises ``ValueError`` naming
     the file and every bad key (unknown, wrong type, missing) at once.
     """
     data, origins = _load_with_origins(path, overrides)

@@ -4,6 +4,12 @@ Supported field types: ``int``, ``float``, ``bool``, ``str``, ``X | None`` / ``O
 other unions (first type that fits wins), ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``,
 ``Literal[...]``, ``Any``, ``Enum`` and ``pathlib.Path`` subclasses, and nested dataclasses.
 
+Two hooks a dataclass may define: ``__config_prepare__(cls, data) -> data`` (a classmethod)
+rewrites its section's plain data before conversion, so a fact stated once flows into the
+parts that need it (``forge.run.policy``); ``__config_schema__(cls, data) -> type`` (a
+classmethod) names the dataclass to build from the data (``forge.run.pipeline.Stage``: a
+section whose ``app`` key picks its schema).
+
 The checks are strict on purpose, since a config typo should fail before any process
 starts: a bool is not an int, a string is not a number, a number is not a string, and an int
 is accepted for a float (and converted). Every problem is collected, then reported together
@@ -214,6 +220,17 @@ class _Converter:
             return value
         if not isinstance(value, Mapping):
             return self.mismatch(key, f"mapping for {cls.__name__}", value)
+        if isinstance(schema := cls.__dict__.get("__config_schema__"), classmethod):
+            try:  # a section whose schema its data names (e.g. a stage's ``app``)
+                cls = schema.__func__(cls, value)
+            except ValueError as e:
+                return self.fail(key, str(e))
+        prepare = getattr(cls, "__config_prepare__", None)
+        if prepare is not None:
+            try:  # facts stated once in the section flow into its parts (see forge.run.policy)
+                value = prepare(dict(value))
+            except ValueError as e:
+                return self.fail(key, str(e))
         hints = typing.get_type_hints(cls)
         fields = [f for f in dataclasses.fields(cls) if f.init]
         allowed = [f.name for f in fields]

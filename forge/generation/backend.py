@@ -1,10 +1,12 @@
-"""The Generator actor's pluggable engine: config, backend base class and factory.
+"""The Generator actor's pluggable engine: its config and the backend base class.
 
 A backend turns ``(prompt, SamplingParams)`` into ``Completion`` lists on one model whose
 weights carry an integer version, and swaps in new weights on request. The actor
 (``forge.actors.generator``) owns transport and version bookkeeping; a backend only sees
-state dicts. Implementations live in sibling files and are chosen by
-``GeneratorConfig.backend`` through :func:`build_generator_backend`:
+state dicts. Implementations live in sibling files, import this one (never the other way
+round) and are chosen by ``GeneratorConfig.backend`` through
+``forge.generation.factory.build_generator_backend``; prompt encoding and sampling
+parameters are ``forge.generation.prompts``:
 
 - ``"hf"`` (``hf_backend.py``): plain transformers + ``HFEngine``, continuous batching on an
   asyncio task. Runs anywhere torch runs; what the tests and laptop runs use.
@@ -21,98 +23,27 @@ from typing import Any
 
 import torch
 
+from forge.generation.prompts import Prompt
 from forge.types import Completion, SamplingParams
+from forge.weights.config import WeightTransportConfig
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_KNOBS",
     "UPDATE_MODES",
     "GeneratorBackend",
     "GeneratorConfig",
-    "WeightPullConfig",
-    "Prompt",
-    "build_generator_backend",
-    "encode_prompt",
-    "make_sampling_params",
     "state_dict_checksum",
 ]
 
 BACKENDS = ("hf", "vllm")
 UPDATE_MODES = ("in_flight", "drain")
-# A prompt: plain text, chat messages (rendered with the chat template), or token ids (used
-# verbatim: multi-turn rollouts send the whole conversation as the ids they have built).
-Prompt = str | list[dict[str, Any]] | list[int]
-
-
-def encode_prompt(
-    tokenizer, prompt: Prompt, max_positions: int | None = None
-) -> tuple[str, list[int]]:
-    """``(text, ids)`` of a prompt, the one encoding rule every generator backend uses.
-
-    - ``str``: tokenised with the tokenizer's special tokens (e.g. a BOS).
-    - chat messages (a list of dicts): the chat template with ``add_generation_prompt=True``,
-      tokenised without adding special tokens (the template already holds any BOS).
-    - token ids (a non-empty list of ints): used verbatim, nothing added; ``text`` is
-      ``tokenizer.decode(ids)``, for the record only.
-
-    ``max_positions`` (the model's context length): a prompt of that many tokens or more is a
-    ``ValueError``, since no token could be generated after it. ``TypeError`` for any other
-    prompt type, ``ValueError`` for a prompt that encodes to zero tokens.
-    """
-    if isinstance(prompt, str):
-        text = prompt
-        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
-    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    elif isinstance(prompt, list) and prompt:
-        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or t < 0]
-        if bad:
-            raise TypeError(
-                f"a token-id prompt must hold only ints >= 0, got {type(bad[0]).__name__} "
-                f"{bad[0]!r}; pass a string, chat messages (dicts) or a list of token ids"
-            )
-        ids = list(prompt)
-        text = tokenizer.decode(ids)
-    elif isinstance(prompt, list):
-        raise ValueError("prompt is an empty list; pass chat messages or token ids")
-    else:
-        raise TypeError(
-            "prompt must be a string or a list of chat messages (dicts) or of token ids "
-            f"(ints), got {type(prompt).__name__}"
-        )
-    if not ids:
-        raise ValueError("prompt encodes to zero tokens; pass a non-empty prompt")
-    if max_positions is not None and len(ids) >= max_positions:
-        raise ValueError(
-            f"prompt has {len(ids)} tokens but the model's max_position_embeddings "
-            f"is {max_positions}; shorten the prompt"
-        )
-    return text, ids
-
-
-@dataclass
-class WeightPullConfig:
-    """Where the generator pulls pushed versions from when given a version, not a handle.
-
-    ``transport`` is ``"shm"`` (same host; files ``forge-w-<prefix>-v<version>`` under
-    ``shm_dir``) or ``"safetensors_dir"`` (``<root>/v<version>``); it must match the
-    trainer's ``WeightStore``. An empty shm ``prefix`` means the run's publication location
-    (where a trainer with no ``weights.prefix`` pushes; ``forge.weights.pull``); an empty
-    ``root`` (safetensors_dir) means "handles only": ``update_weights`` then needs a
-    ``WeightHandle``.
-
-    ``share`` (hf backend on CPU, shm handles whose dtypes match the model): the replica
-    computes with the pushed file's bytes in place, read-only, instead of copying them into
-    its model, so replicas on a host hold one copy of a version and a pull copies nothing.
-    While a replica uses a version, the trainer writes newer ones to other files.
-    """
-
-    transport: str = "shm"
-    prefix: str = ""
-    shm_dir: str = "/dev/shm"
-    root: str = ""
-    wait_s: float = 0.0
-    share: bool = True
+# The GeneratorConfig fields only one backend reads; setting one for the other backend is an
+# error (it would be silently ignored).
+BACKEND_KNOBS: dict[str, tuple[str, ...]] = {
+    "hf": ("attn_implementation", "prefix_cache_tokens"),
+    "vllm": ("engine_kwargs",),
+}
 
 
 @dataclass
@@ -121,7 +52,9 @@ class GeneratorConfig:
 
     Args:
         model: local HF model directory or hub id.
-        backend: ``"hf"`` or ``"vllm"``; checked when the replica starts (``setup``).
+        backend: ``"hf"`` or ``"vllm"``. A knob only the other backend reads
+            (``BACKEND_KNOBS``: ``engine_kwargs`` is vllm's; ``attn_implementation`` and
+            ``prefix_cache_tokens`` are hf's) set to a non-default value is a ``ValueError``.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         device: torch device of the hf backend (``"cpu"``, ``"cuda"``).
         max_batch_size: most sequences (samples, not requests) decoded together.
@@ -133,7 +66,8 @@ class GeneratorConfig:
             idle, then swap).
         attn_implementation: hf backend attention (``"eager"`` matches the trainer's
             logprob recomputation bit-for-bit on CPU; ``"sdpa"`` is faster on GPUs).
-        weights: where versions are pulled from by number.
+        weights: the weight transport (``forge.weights.WeightTransportConfig``, the same
+            type as ``TrainerConfig.weights``): where versions are pulled from by number.
         engine_kwargs: extra keyword arguments for the backend's engine (``vllm.LLM``).
         prefix_cache_tokens: hf backend: most tokens of finished sequences whose KV is kept
             so that a conversation's next turn prefills only its new tokens (0: off).
@@ -148,11 +82,36 @@ class GeneratorConfig:
     seed: int = 0
     update_mode: str = "in_flight"
     attn_implementation: str = "eager"
-    weights: WeightPullConfig = field(default_factory=WeightPullConfig)
+    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     prefix_cache_tokens: int = 32768
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"GeneratorConfig.backend: unknown generator backend {self.backend!r}; "
+                f"choose one of {BACKENDS}"
+            )
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        for owner, knobs in BACKEND_KNOBS.items():
+            if owner == self.backend:
+                continue
+            for name in knobs:
+                f, value = fields[name], getattr(self, name)
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                if value != default:
+                    raise ValueError(
+                        f"GeneratorConfig.{name}={value!r} is read by the {owner!r} backend "
+                        f"only; with backend {self.backend!r} it would be ignored: remove it "
+                        f"or set backend: {owner}"
+                    )
+        if isinstance(self.weights, dict):  # convenience for Python callers: nested dicts
+            self.weights = WeightTransportConfig(**self.weights)
+        elif not isinstance(self.weights, WeightTransportConfig):
+            raise TypeError(
+                "GeneratorConfig.weights must be a WeightTransportConfig (or a dict of its "
+                f"fields), got {type(self.weights).__name__}"
+            )
         if self.max_batch_size < 1:
             raise ValueError(
                 f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"
@@ -167,43 +126,6 @@ class GeneratorConfig:
                 f"GeneratorConfig.update_mode {self.update_mode!r} is not a mode; "
                 f"choose one of {UPDATE_MODES}"
             )
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "n": (int,),
-    "max_tokens": (int,),
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "top_k": (int,),
-    "stop": (str, list, tuple),
-    "seed": (int, type(None)),
-    "logprobs": (bool,),
-}
-
-
-def make_sampling_params(defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
-    """``defaults`` with ``overrides`` applied and validated.
-
-    Raises ``TypeError`` naming unknown keys (and listing the valid ones) or a value of the
-    wrong type; ``ValueError`` (from ``SamplingParams``) for an out-of-range value.
-    """
-    unknown = sorted(set(overrides) - set(_FIELD_TYPES))
-    if unknown:
-        raise TypeError(
-            f"unknown sampling parameter(s) {unknown}; valid ones are {list(_FIELD_TYPES)}"
-        )
-    for key, value in overrides.items():
-        bad_bool = isinstance(value, bool) and key != "logprobs"  # bool is an int subclass
-        if bad_bool or not isinstance(value, _FIELD_TYPES[key]):
-            raise TypeError(
-                f"sampling parameter {key}={value!r} has type {type(value).__name__}; "
-                f"expected {' or '.join(t.__name__ for t in _FIELD_TYPES[key])}"
-            )
-    if "stop" in overrides and not isinstance(overrides["stop"], str):
-        overrides = {**overrides, "stop": list(overrides["stop"])}
-    params = dataclasses.replace(defaults, **overrides)
-    params.stop = list(params.stop)  # never share the defaults' list
-    return params
 
 
 def state_dict_checksum(state_dict: dict[str, torch.Tensor]) -> str:
@@ -269,17 +191,3 @@ class GeneratorBackend:
 
     async def close(self) -> None:
         """Stop serving and release the model."""
-
-
-def build_generator_backend(config: GeneratorConfig) -> GeneratorBackend:
-    """The backend named by ``config.backend``; ``ValueError`` for an unknown name."""
-    kind = config.backend
-    if kind == "hf":
-        from forge.generation.hf_backend import HFBackend
-
-        return HFBackend(config)
-    if kind == "vllm":
-        from forge.generation.vllm_backend import VLLMBackend
-
-        return VLLMBackend(config)
-    raise ValueError(f"unknown generator backend {kind!r}; choose one of {BACKENDS}")

@@ -44,8 +44,9 @@ from typing import Any
 import torch
 
 from controller import threads
-from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt
+from forge.generation.backend import GeneratorBackend, GeneratorConfig
 from forge.generation.hf_engine import HFEngine
+from forge.generation.prompts import Prompt
 from forge.types import Completion, SamplingParams
 
 logger = logging.getLogger("forge.generator")

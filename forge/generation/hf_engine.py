@@ -56,8 +56,8 @@ import torch
 from transformers import DynamicCache
 
 from forge.generation import attention, kv_cache
-from forge.generation.backend import Prompt, encode_prompt
 from forge.generation.prefix_cache import PrefixCache, PrefixHit
+from forge.generation.prompts import Prompt, encode_prompt
 from forge.generation.sampling import counter_uniform, sample_next
 from forge.models.logprobs import position_ids_from_mask
 from forge.types import Completion, SamplingParams

@@ -69,7 +69,8 @@ from typing import Any
 
 import torch
 
-from forge.generation.backend import GeneratorBackend, GeneratorConfig, Prompt, encode_prompt
+from forge.generation.backend import GeneratorBackend, GeneratorConfig
+from forge.generation.prompts import Prompt, encode_prompt
 from forge.types import Completion, SamplingParams
 
 logger = logging.getLogger("forge.generator")

@@ -3,7 +3,7 @@
 ``forge run`` wraps every app in ``run_status(run_dir)``: ``<run_dir>/status.json`` is
 rewritten about once a second (meshes, services, replicas: ``controller/status.py``) and
 ends marked ``finished``, ``crashed`` (with the error) or ``interrupted``. An RL loop adds
-its fields through a ``StepStatus`` (``apps/grpo/state.py``'s ``MetricLog`` holds one and
+its fields through a ``StepStatus`` (``forge.run.MetricLog`` holds one and
 feeds it every step's metrics), published under ``extra["rl"]``::
 
     {"stage": "grpo", "step": 45, "steps_total": 500, "steps_per_s": 0.8,
@@ -29,24 +29,25 @@ from pathlib import Path
 from typing import Any
 
 from controller.status import StatusWriter, set_status_field
+from forge.observability.names import M
 
 __all__ = ["STATUS_FILE", "StepStatus", "run_status"]
 
 STATUS_FILE = "status.json"
 _BUFFER_KEYS = {
-    "replay/size": "size",
-    "replay/sampled_policy_age_mean": "policy_age_mean",
-    "replay/sampled_policy_age_max": "policy_age_max",
-    "buffer/evicted_stale": "evicted_stale",
+    M.BUFFER_SIZE: "size",
+    M.SAMPLED_POLICY_AGE_MEAN: "policy_age_mean",
+    M.SAMPLED_POLICY_AGE_MAX: "policy_age_max",
+    M.EVICTED_STALE_TOTAL: "evicted_stale",
 }
 _TRAIN_KEYS = (
-    "train/loss",
-    "sft/loss",
-    "train/tokens_per_s",
-    "time/step_s",
-    "time/wait_batch_s",
-    "time/train_s",
-    "time/weight_sync_s",
+    M.LOSS,
+    M.SFT_LOSS,
+    M.TOKENS_PER_S,
+    M.STEP_S,
+    M.WAIT_BATCH_S,
+    M.TRAIN_S,
+    M.WEIGHT_SYNC_S,
 )
 _HISTORY = 60
 _RATE_WINDOW = 20
@@ -112,17 +113,15 @@ class StepStatus:
             (t0, s0), (t1, s1) = self._times[0], self._times[-1]
             f["steps_per_s"] = (s1 - s0) / max(t1 - t0, 1e-9)
         nums = {k: n for k, v in metrics.items() if (n := _number(v)) is not None}
-        if "rollout/reward" in nums:
-            self._history.append(nums["rollout/reward"])
+        if M.REWARD in nums:
+            self._history.append(nums[M.REWARD])
             f["reward_history"] = list(self._history)
         # Actors' metrics arrive off the critical path: a step's row may lack some of them.
         # Keep the last values shown rather than blanking the rows until the next flush.
         groups = {
-            "rewards": {k: v for k, v in nums.items() if k.startswith("rollout/reward")},
+            "rewards": {k: v for k, v in nums.items() if k.startswith(M.REWARD)},
             "busy": {
-                k[: -len("/busy_fraction")]: v
-                for k, v in nums.items()
-                if k.endswith("/busy_fraction")
+                k[: -len(M.BUSY_SUFFIX)]: v for k, v in nums.items() if k.endswith(M.BUSY_SUFFIX)
             },
             "buffer": {name: nums[k] for k, name in _BUFFER_KEYS.items() if k in nums},
             "train": {k: nums[k] for k in _TRAIN_KEYS if k in nums},

@@ -34,7 +34,6 @@ __all__ = [
     "Minimum",
     "ParetoRank",
     "WeightedSum",
-    "aggregate_group",
     "build_aggregator",
     "component_means",
     "minimum",
@@ -199,29 +198,6 @@ def build_aggregator(name_or_callable: str | Aggregator, **kwargs) -> Aggregator
             "or pass a callable (components_g) -> list[float]"
         )
     return AGGREGATORS[name_or_callable](**kwargs)
-
-
-def aggregate_group(
-    aggregator: Aggregator, components_g: Sequence[Mapping[str, float]]
-) -> list[float]:
-    """Apply ``aggregator`` to a group and check what it returns: one finite float per
-    member. Use it for user-supplied aggregators, whose mistakes would otherwise surface later
-    as shape errors in the advantage computation."""
-    out = aggregator([dict(c) for c in components_g])
-    name = getattr(aggregator, "__name__", type(aggregator).__name__)
-    try:
-        values = [float(v) for v in out]
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"aggregator {name} must return a list of floats, got {out!r}") from e
-    if len(values) != len(components_g):
-        raise ValueError(
-            f"aggregator {name} returned {len(values)} values for a group of "
-            f"{len(components_g)}; it must return one per member, in order"
-        )
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"aggregator {name} returned non-finite values for members {bad}")
-    return values
 
 
 def component_means(components: Sequence[Mapping[str, float]]) -> dict[str, float]:

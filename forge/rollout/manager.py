@@ -80,6 +80,21 @@ class RolloutManager:
             ("produced", "kept", "filtered", "kept_over_budget", "carried_over", "dropped"), 0
         )
 
+    def reconfigure(
+        self,
+        *,
+        filter_fn: Callable[[Group], bool] | None,
+        over_sampling_factor: float,
+        partial: bool,
+    ) -> None:
+        """Change the group filter, over-sampling budget and partial-rollout rule while the
+        loops run (a phase switch); takes effect from the next group."""
+        if over_sampling_factor < 1.0:
+            raise ValueError(f"over_sampling_factor must be >= 1, got {over_sampling_factor}")
+        self.filter_fn = filter_fn
+        self.partial = partial
+        self.budget = math.ceil(over_sampling_factor * self.groups_per_step)
+
     def start(self) -> None:
         """Start ``concurrency`` rollout loops on the running event loop."""
         self._tasks = [asyncio.create_task(self._loop()) for _ in range(self.concurrency)]

@@ -5,13 +5,7 @@ torchtitan backend) is imported only when ``backend="titan"`` is chosen.
 """
 
 from forge.training.checkpoint import load_checkpoint, save_checkpoint
-from forge.training.config import (
-    OptimizerConfig,
-    ReferenceConfig,
-    ScheduleConfig,
-    TrainerConfig,
-    WeightPublishConfig,
-)
+from forge.training.config import OptimizerConfig, ReferenceConfig, ScheduleConfig, TrainerConfig
 from forge.training.hf_trainer import TrainerCore, loss_denominator
 from forge.training.reference import ReferenceCore
 from forge.training.schedule import build_scheduler, lr_multiplier
@@ -23,7 +17,6 @@ __all__ = [
     "ScheduleConfig",
     "TrainerConfig",
     "TrainerCore",
-    "WeightPublishConfig",
     "build_scheduler",
     "load_checkpoint",
     "loss_denominator",

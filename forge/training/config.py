@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from forge.generation.backend import WeightPullConfig
 from forge.losses import LossConfig
 from forge.training.reference_update import ReferenceUpdateConfig
+from forge.weights.config import WeightTransportConfig
 
 __all__ = [
     "BACKENDS",
@@ -32,7 +32,6 @@ __all__ = [
     "ReferenceConfig",
     "ScheduleConfig",
     "TrainerConfig",
-    "WeightPublishConfig",
 ]
 
 OPTIMIZERS = ("adamw",)
@@ -41,7 +40,6 @@ PARALLELISMS = ("ddp", "fsdp")
 BACKENDS = ("hf", "titan")
 OLD_LOGPROBS = ("generator", "current")
 DEVICES = ("auto", "cpu", "cuda")
-WEIGHT_TRANSPORTS = ("shm", "safetensors_dir")
 
 
 def _choice(owner: str, key: str, value: object, choices: tuple[str, ...]) -> None:
@@ -120,36 +118,6 @@ class ScheduleConfig:
 
 
 @dataclass
-class WeightPublishConfig:
-    """How ``push_weights`` publishes weights (see ``forge.weights``).
-
-    ``transport``: ``shm`` (same host, ``/dev/shm``) or ``safetensors_dir`` (shared filesystem
-    at ``root``, required for it). ``prefix`` names the shm files (default: the run's
-    publication location, ``forge.weights.pull.run_weights_prefix()``, where generators and
-    reference models with no prefix of their own pull from, so a restarted replica finds the
-    latest version; a trainer starting there drops the versions a previous trainer of the
-    session left; two trainers pushing at once in one session need a prefix each).
-    ``keep_last``: versions kept before older ones are dropped (at least 1, so the latest is
-    always there for a restarted replica).
-    """
-
-    transport: str = "shm"
-    keep_last: int = 2
-    prefix: str | None = None
-    root: str | None = None
-
-    def __post_init__(self) -> None:
-        _choice("WeightPublishConfig", "transport", self.transport, WEIGHT_TRANSPORTS)
-        if self.keep_last < 1:
-            raise ValueError(f"WeightPublishConfig.keep_last must be >= 1, got {self.keep_last}")
-        if self.transport == "safetensors_dir" and not self.root:
-            raise ValueError(
-                "WeightPublishConfig.transport='safetensors_dir' needs root (a directory on a "
-                "filesystem every puller can read)"
-            )
-
-
-@dataclass
 class TrainerConfig:
     """Everything the trainer needs.
 
@@ -166,7 +134,9 @@ class TrainerConfig:
     ``length_buckets``: micro-batches hold rows of similar length (sorted), so less compute
     goes to padding; with ``micro_batch_size`` unset, one trainer rank splits the batch
     wherever the padded positions saved exceed ``bucket_cost_tokens`` (what one more
-    forward/backward costs, in token positions) per extra micro-batch.
+    forward/backward costs, in token positions) per extra micro-batch. ``weights``: how
+    ``push_weights`` publishes versions (``forge.weights.WeightTransportConfig``, the same
+    type generators and reference models pull with).
     """
 
     model: str
@@ -185,7 +155,7 @@ class TrainerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    weights: WeightPublishConfig = field(default_factory=WeightPublishConfig)
+    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -203,7 +173,7 @@ class TrainerConfig:
             ("optimizer", OptimizerConfig),
             ("schedule", ScheduleConfig),
             ("loss", LossConfig),
-            ("weights", WeightPublishConfig),
+            ("weights", WeightTransportConfig),
         ):
             value = getattr(self, key)
             if isinstance(value, dict):  # convenience for Python callers: nested dicts
@@ -222,8 +192,9 @@ class ReferenceConfig:
     ``micro_batch_size`` bounds the rows per forward (``None``: the whole batch at once).
     ``update``: how the reference follows the policy's pushed versions (``none``: frozen, the
     default; ``ema``; ``reset``; see ``forge.training.reference_update``). ``weights``: where
-    ``update_weights`` looks versions up when given a number and no handle (the trainer's
-    transport, as for the generator); leave it empty to pass handles.
+    ``update_weights`` looks versions up when given a number and no handle: a
+    ``WeightTransportConfig``, the trainer's transport (as for the generator; by default the
+    run's shm publication location).
     """
 
     model: str
@@ -233,7 +204,7 @@ class ReferenceConfig:
     temperature: float = 1.0
     micro_batch_size: int | None = None
     update: ReferenceUpdateConfig = field(default_factory=ReferenceUpdateConfig)
-    weights: WeightPullConfig = field(default_factory=WeightPullConfig)
+    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -243,7 +214,7 @@ class ReferenceConfig:
         _choice("ReferenceConfig", "device", self.device, DEVICES)
         _positive("ReferenceConfig", "micro_batch_size", self.micro_batch_size)
         _positive("ReferenceConfig", "temperature", self.temperature, allow_zero=True)
-        for key, cls in (("update", ReferenceUpdateConfig), ("weights", WeightPullConfig)):
+        for key, cls in (("update", ReferenceUpdateConfig), ("weights", WeightTransportConfig)):
             value = getattr(self, key)
             if isinstance(value, dict):  # convenience for Python callers: nested dicts
                 setattr(self, key, cls(**value))

@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "all_reduce_sum",
     "full_optimizer_state_dict",
     "full_state_dict",
     "init_distributed",
@@ -136,13 +135,3 @@ def load_full_optimizer_state_dict(
     sharded = _is_sharded(model)
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded)
     set_optimizer_state_dict(unwrap(model), optimizer, optim_state_dict=state, options=opts)
-
-
-def all_reduce_sum(value: float, device: str) -> float:
-    """Sum of ``value`` over ranks (``value`` itself with one process)."""
-    _, world = rank_and_world()
-    if world <= 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t.item())

@@ -32,8 +32,8 @@ from forge.replay import collate_episodes
 from forge.training.config import ReferenceConfig, resolve_device
 from forge.training.reference_update import apply_update_, should_update
 from forge.types import Episode, TrainBatch
-from forge.weights import WeightHandle, pull_handle
-from forge.weights.pull import latest_pushed_version, pull_transport, requested_version
+from forge.weights import WeightHandle, build_transport, pull_handle
+from forge.weights.pull import latest_pushed_version, requested_version
 
 __all__ = ["ReferenceCore"]
 
@@ -85,11 +85,11 @@ class ReferenceCore:
 
     def _transport_or_raise(self):
         if self._transport is None:
-            self._transport = pull_transport(self.cfg.weights, "ReferenceConfig")
+            self._transport = build_transport(self.cfg.weights)
         return self._transport
 
     def _latest_pushed(self) -> int:
-        return latest_pushed_version(self._transport_or_raise(), self.cfg.weights)
+        return latest_pushed_version(self._transport_or_raise())
 
     @torch.no_grad()
     def logprobs_bt(

@@ -1,24 +1,26 @@
 """Versioned weights from trainer to generators: a registry plus pluggable transports.
 
+``WeightTransportConfig`` (one config for pusher and pullers) names a transport of the
+registry (``TRANSPORTS``), which ``build_transport`` builds on either side.
 ``WeightStore`` (pusher side) keeps versions and retention; ``SharedMemoryTransport`` (same
-host) and ``SafetensorsDirTransport`` (shared filesystem) move the bytes; ``pull_handle``
-pulls a picklable ``WeightHandle`` in any process (``lease_shm_file``: a same-host version's
+host) and ``SafetensorsDirTransport`` (shared filesystem) move the bytes; ``pull_handle`` pulls
+a picklable ``WeightHandle`` in any process (``lease_shm_file``: a same-host version's
 tensors in place, read-only, with no copy); ``broadcast_state_dict`` sends weights over
 an existing ``torch.distributed`` group. Importing touches no file and no process group.
 """
 
+from forge.weights.config import WeightTransportConfig
 from forge.weights.dist import broadcast_state_dict, plan_buckets
+from forge.weights.pull import run_weights_prefix
+from forge.weights.registry import TRANSPORTS, build_transport, pull_handle
 from forge.weights.safetensors_dir import SafetensorsDirTransport
 from forge.weights.shm import SharedMemoryTransport, ShmLease, lease_shm_file
 from forge.weights.store import (
-    TRANSPORTS,
     TensorMeta,
     WeightHandle,
     WeightStore,
     WeightTransport,
     WeightVersionError,
-    build_weight_transport,
-    pull_handle,
 )
 
 __all__ = [
@@ -30,10 +32,12 @@ __all__ = [
     "WeightHandle",
     "WeightStore",
     "WeightTransport",
+    "WeightTransportConfig",
     "WeightVersionError",
     "broadcast_state_dict",
-    "build_weight_transport",
+    "build_transport",
     "lease_shm_file",
     "plan_buckets",
     "pull_handle",
+    "run_weights_prefix",
 ]

@@ -1,7 +1,8 @@
-"""Looking pushed versions up by number, from a puller's ``WeightPullConfig``.
+"""Looking pushed versions up by number, and the run's default publication location.
 
 Generators and moving reference models pull either a ``WeightHandle`` they were given or a
-version by number from the transport their config names; this is the second path, shared.
+version by number from the transport their ``WeightTransportConfig`` builds
+(``forge.weights.registry.build_transport``); this module holds what the second path shares.
 
 The run's publication location: a trainer whose ``weights.prefix`` is unset pushes shared
 memory versions under :func:`run_weights_prefix` (``<session tag>-policy``), and a puller
@@ -17,16 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from controller import session_tag
-from forge.weights.store import WeightTransport, WeightVersionError, build_weight_transport
+from forge.weights.store import WeightTransport, WeightVersionError
 
-__all__ = [
-    "has_pull_source",
-    "latest_pushed_version",
-    "pull_prefix",
-    "pull_transport",
-    "requested_version",
-    "run_weights_prefix",
-]
+__all__ = ["latest_pushed_version", "requested_version", "run_weights_prefix"]
 
 
 def run_weights_prefix() -> str:
@@ -35,37 +29,14 @@ def run_weights_prefix() -> str:
     return f"{session_tag()}-policy"
 
 
-def pull_prefix(w: Any) -> str:
-    """The shm prefix a ``WeightPullConfig`` pulls from: its own, else the run's."""
-    return w.prefix or run_weights_prefix()
-
-
-def has_pull_source(w: Any) -> bool:
-    """Whether ``w`` (a ``WeightPullConfig``) says where versions are pushed: always for shm
-    (the run's location by default), for ``safetensors_dir`` only with a ``root``."""
-    return w.transport == "shm" or bool(w.root)
-
-
-def pull_transport(w: Any, owner: str) -> WeightTransport:
-    """The transport ``w`` names; ``ValueError`` naming ``owner``'s config if it names none."""
-    if not has_pull_source(w):
-        raise ValueError(
-            f"update_weights got no handle and {owner}.weights names no root to look "
-            f"versions up by; pass handle=WeightHandle or configure {owner}.weights.root"
-        )
-    if w.transport == "shm":
-        return build_weight_transport(
-            "shm", prefix=pull_prefix(w), shm_dir=w.shm_dir, wait_s=w.wait_s
-        )
-    return build_weight_transport(w.transport, root=w.root, wait_s=w.wait_s)
-
-
-def latest_pushed_version(transport: WeightTransport, w: Any) -> int:
+def latest_pushed_version(transport: WeightTransport) -> int:
     """The newest version under ``transport``; ``WeightVersionError`` if none was pushed."""
     versions = transport.versions()
     if not versions:
-        where = f"prefix {pull_prefix(w)!r}" if w.transport == "shm" else f"root {w.root!r}"
-        raise WeightVersionError(f"no weight version was pushed yet under {where}")
+        where = getattr(transport, "prefix", None) or getattr(transport, "root", "")
+        raise WeightVersionError(
+            f"no weight version was pushed yet under {transport.name} location {str(where)!r}"
+        )
     return versions[-1]
 
 

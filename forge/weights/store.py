@@ -4,10 +4,12 @@ HF parameter names (``model.layers.0.self_attn.q_proj.weight``) are the contract
 trainer and the generators; a transport moves the bytes and never renames anything.
 
 * :class:`WeightTransport` is the pluggable part (shared memory on one host, a safetensors
-  directory on a shared filesystem, ...). ``push`` returns a :class:`WeightHandle`, a small
-  picklable description of where the bytes are, which can be sent to another process and
-  pulled there with :func:`pull_handle`.
-* :class:`WeightStore` sits on the pushing side and keeps the registry: which versions exist,
+  directory on a shared filesystem, ...), implemented in sibling files that import this one
+  and registered by name in ``forge.weights.registry`` (which this module never imports).
+  ``push`` returns a :class:`WeightHandle`, a small picklable description of where the bytes
+  are, which can be sent to another process and pulled there with
+  ``forge.weights.registry.pull_handle``.
+* :class:`WeightStore` sits on the pushing side and keeps track of the versions: which exist,
   which is latest, and a retention policy (``keep_last``) so old versions do not pile up.
 """
 
@@ -18,21 +20,16 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = [
-    "TRANSPORTS",
     "TensorMeta",
     "WeightHandle",
     "WeightStore",
     "WeightTransport",
     "WeightVersionError",
-    "build_weight_transport",
     "checked_destination",
     "copy_into",
     "dtype_from_name",
     "dtype_name",
-    "pull_handle",
 ]
-
-TRANSPORTS = ("shm", "safetensors_dir")
 
 
 @dataclass(frozen=True)
@@ -49,9 +46,9 @@ class TensorMeta:
 class WeightHandle:
     """Picklable description of one pushed version: enough to pull it in another process.
 
-    ``transport`` is one of :data:`TRANSPORTS`; ``location`` is transport-specific (the shm
-    file path, the version directory); ``manifest`` maps each HF parameter name to its
-    :class:`TensorMeta`, in push order.
+    ``transport`` is a ``forge.weights.registry.TRANSPORTS`` name; ``location`` is
+    transport-specific (the shm file path, the version directory); ``manifest`` maps each HF
+    parameter name to its :class:`TensorMeta`, in push order.
     """
 
     version: int
@@ -151,38 +148,6 @@ class WeightTransport:
 
     def close(self) -> None:
         """Free everything this transport pushed."""
-
-
-def build_weight_transport(kind: str, **kwargs) -> WeightTransport:
-    """Transport by name: ``"shm"`` (kwargs: ``prefix``) or ``"safetensors_dir"`` (``root``)."""
-    # Imported here because the implementations import this module for their base class.
-    if kind == "shm":
-        from forge.weights.shm import SharedMemoryTransport
-
-        return SharedMemoryTransport(**kwargs)
-    if kind == "safetensors_dir":
-        from forge.weights.safetensors_dir import SafetensorsDirTransport
-
-        return SafetensorsDirTransport(**kwargs)
-    raise ValueError(f"unknown weight transport type: {kind!r}; choose one of {TRANSPORTS}")
-
-
-def pull_handle(
-    handle: WeightHandle, into: dict[str, torch.Tensor] | None = None
-) -> dict[str, torch.Tensor]:
-    """Pull ``handle`` in any process, with no transport object configured there."""
-    if handle.transport == "shm":
-        from forge.weights.shm import read_shm_file
-
-        return read_shm_file(handle.location, handle.version, handle.manifest, into)
-    if handle.transport == "safetensors_dir":
-        from forge.weights.safetensors_dir import read_safetensors_dir
-
-        return read_safetensors_dir(handle.location, handle.version, into)
-    raise ValueError(
-        f"weight handle for version {handle.version} has unknown transport "
-        f"{handle.transport!r}; choose one of {TRANSPORTS}"
-    )
 
 
 class WeightStore:

@@ -13,17 +13,12 @@ import torch
 
 from controller import ActorError
 from forge.actors.generator import Generator
-from forge.generation.backend import (
-    GeneratorConfig,
-    WeightPullConfig,
-    build_generator_backend,
-    make_sampling_params,
-    state_dict_checksum,
-)
+from forge.generation.backend import GeneratorConfig, state_dict_checksum
 from forge.generation.hf_backend import clone_with_weights, load_in_place, match_weights
+from forge.generation.prompts import make_sampling_params
 from forge.models import load_model, load_tokenizer, pad_and_stack, token_logprobs
 from forge.types import Completion, SamplingParams
-from forge.weights import SharedMemoryTransport, WeightStore
+from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
 
 LONG = 450  # greedy tokens: the tiny model's greedy output for "hello" never hits EOS
 
@@ -46,7 +41,7 @@ def test_sampling_overrides_are_validated():
 
 def test_unknown_backend_and_bad_config():
     with pytest.raises(ValueError, match=r"unknown generator backend 'sglang'; choose one of"):
-        build_generator_backend(GeneratorConfig(model="x", backend="sglang"))
+        GeneratorConfig(model="x", backend="sglang")
     with pytest.raises(ValueError, match="update_mode"):
         GeneratorConfig(model="x", update_mode="eventually")
 
@@ -158,7 +153,7 @@ async def test_update_weights_exact_versions_and_errors(tiny_model_dir):
     prefix = f"gentest-{uuid.uuid4().hex[:8]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=2)
     try:
-        gen = await _spawn(tiny_model_dir, weights=WeightPullConfig(prefix=prefix))
+        gen = await _spawn(tiny_model_dir, weights=WeightTransportConfig(prefix=prefix))
         assert await gen.on_recover.call_one() == 0  # nothing pushed: keep the initial weights
         with pytest.raises(ActorError, match="no weight version was pushed yet"):
             await gen.update_weights.call_one()
@@ -206,7 +201,7 @@ async def test_in_flight_and_drain_updates_keep_versions_apart(tiny_model_dir):
     prefix = f"gentest-{uuid.uuid4().hex[:8]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=3)
     try:
-        gen = await _spawn(tiny_model_dir, weights=WeightPullConfig(prefix=prefix))
+        gen = await _spawn(tiny_model_dir, weights=WeightTransportConfig(prefix=prefix))
         greedy = {"temperature": 0, "max_tokens": LONG}
 
         # In-flight: the running request finishes on v0, a new one runs on v1 meanwhile.
@@ -261,9 +256,11 @@ async def test_shared_weights_no_copy_same_tokens_and_leases_follow_lanes(tiny_m
     prefix = f"gentest-{uuid.uuid4().hex[:8]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=3)
     try:
-        weights = WeightPullConfig(prefix=prefix)
+        weights = WeightTransportConfig(prefix=prefix)
         gen = await _spawn(tiny_model_dir, weights=weights)
-        copying = await _spawn(tiny_model_dir, weights=WeightPullConfig(prefix=prefix, share=False))
+        copying = await _spawn(
+            tiny_model_dir, weights=WeightTransportConfig(prefix=prefix, share=False)
+        )
         greedy = {"temperature": 0, "max_tokens": 40}
         h1 = store.push(_perturbed(tiny_model_dir, seed=1), 1)
         assert await gen.update_weights.call_one(handle=h1) == 1
@@ -315,8 +312,8 @@ async def test_shared_weights_no_copy_same_tokens_and_leases_follow_lanes(tiny_m
 
 
 async def test_setup_errors_name_the_problem(tiny_model_dir, tmp_path):
-    with pytest.raises(ActorError, match="unknown generator backend 'nope'"):
-        await _spawn(tiny_model_dir, backend="nope")
+    with pytest.raises(ValueError, match="unknown generator backend 'nope'"):
+        GeneratorConfig(model=tiny_model_dir, backend="nope")  # before anything spawns
     missing = os.path.join(tmp_path, "no-such-model")
     with pytest.raises(ActorError, match="no model directory at"):
         await _spawn(missing)
@@ -340,7 +337,7 @@ async def test_vllm_backend_generates_updates_and_matches_logprobs(tmp_path_fact
         gen = await _spawn(
             model_dir,
             backend="vllm",
-            weights=WeightPullConfig(prefix=prefix),
+            weights=WeightTransportConfig(prefix=prefix),
             engine_kwargs=engine_kwargs,
         )
         calls = [

@@ -12,9 +12,9 @@ import torch
 from controller import session_tag
 from forge.actors.generator import Generator
 from forge.envs import StepResult, run_episode
-from forge.generation.backend import GeneratorConfig, WeightPullConfig
+from forge.generation.backend import GeneratorConfig
 from forge.models import load_model, load_tokenizer, token_logprobs
-from forge.weights import SharedMemoryTransport, WeightStore
+from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
 
 
 class EchoEnv:
@@ -28,7 +28,7 @@ class EchoEnv:
 async def test_sessions_reuse_prefixes_until_a_weight_update(tiny_model_dir):
     prefix = f"{session_tag()}-gen-prefix-{uuid.uuid4().hex[:6]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=2)
-    cfg = GeneratorConfig(model=tiny_model_dir, weights=WeightPullConfig(prefix=prefix))
+    cfg = GeneratorConfig(model=tiny_model_dir, weights=WeightTransportConfig(prefix=prefix))
     try:
         svc = await Generator.options(num_replicas=2).as_service(cfg)
         tok = load_tokenizer(tiny_model_dir)

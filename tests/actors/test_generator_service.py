@@ -13,15 +13,15 @@ import torch
 
 from controller import session_tag
 from forge.actors.generator import Generator
-from forge.generation.backend import GeneratorConfig, WeightPullConfig, state_dict_checksum
+from forge.generation.backend import GeneratorConfig, state_dict_checksum
 from forge.models import load_model
-from forge.weights import SharedMemoryTransport, WeightStore
+from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
 
 
 async def test_killed_replica_recovers_with_the_latest_version(tiny_model_dir):
     prefix = f"{session_tag()}-gen-svc-{uuid.uuid4().hex[:6]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=2)
-    cfg = GeneratorConfig(model=tiny_model_dir, weights=WeightPullConfig(prefix=prefix))
+    cfg = GeneratorConfig(model=tiny_model_dir, weights=WeightTransportConfig(prefix=prefix))
     try:
         svc = await Generator.options(num_replicas=2).as_service(cfg)
         model = load_model(tiny_model_dir)

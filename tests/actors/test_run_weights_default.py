@@ -16,8 +16,7 @@ from forge.actors.reference_model import ReferenceModel
 from forge.actors.trainer import Trainer
 from forge.generation.backend import GeneratorConfig
 from forge.training import OptimizerConfig, ReferenceConfig, TrainerConfig
-from forge.weights import build_weight_transport
-from forge.weights.pull import run_weights_prefix
+from forge.weights import WeightTransportConfig, build_transport
 from tests.helpers import wait_dead
 from tests.training.conftest import make_batch
 
@@ -36,7 +35,8 @@ async def _restarted(svc, victim: int) -> None:
 @pytest.mark.timeout(300)
 async def test_restarted_replicas_load_the_latest_version_with_no_wiring(tiny_model_dir):
     cfg = TrainerConfig(model=tiny_model_dir, optimizer=OptimizerConfig(lr=1e-2))
-    assert cfg.weights.prefix is None and GeneratorConfig(model=tiny_model_dir).weights.prefix == ""
+    assert cfg.weights == GeneratorConfig(model=tiny_model_dir).weights == WeightTransportConfig()
+    assert cfg.weights.prefix == ""  # shm at the run's publication location
     ref_cfg = ReferenceConfig(model=tiny_model_dir, update={"type": "reset", "every": 2})
     trainer, gen, ref = await asyncio.gather(
         Trainer.as_actor(cfg),
@@ -50,7 +50,7 @@ async def test_restarted_replicas_load_the_latest_version_with_no_wiring(tiny_mo
         await trainer.train_step.call_one(batch)
         await trainer.push_weights.call_one(version)  # handles unused: pulls go by location
     # keep_last=2 versions are there, at the run's location
-    assert build_weight_transport("shm", prefix=run_weights_prefix()).versions() == [2, 3]
+    assert build_transport(WeightTransportConfig()).versions() == [2, 3]
     assert await gen.get_version.fanout() == [0, 0]  # the app sent no update
 
     victims = gen.metrics()[0]["pids"][0], ref.metrics()[0]["pids"][0]

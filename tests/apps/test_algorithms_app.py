@@ -12,21 +12,20 @@ from tests.helpers import forge_run
 
 CONFIG = """
 app: apps.grpo.main
-model: {model}
+policy: {{model: {model}}}
 steps: 4
 max_policy_age: 0
 data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
 rewards: [apps.sumdigits.task:sumdigits_reward]
 rollout: {{prompts_per_step: 2, group_size: 4, max_tokens: 4, tasks: 2}}
-generator: {{model: "${{model}}", max_batch_size: 16}}
+generator: {{max_batch_size: 16}}
 trainer:
-  model: "${{model}}"
   loss: {{type: ppo, kl_coef: 0.1}}
   optimizer: {{lr: 1.0e-4}}
-reference: {{model: "${{model}}", update: {{type: ema, decay: 0.5}}}}
-critic: {{model: "${{model}}", optimizer: {{lr: 1.0e-3}}}}
+reference: {{update: {{type: ema, decay: 0.5}}}}
+critic: {{optimizer: {{lr: 1.0e-3}}}}
 reward_model: {{model: {rm}, name: rm_score}}
-reward_model_replicas: 2
+replicas: {{reward_model: 2}}
 phases:
   - {{at: 2, name: no-kl, loss: {{kl_coef: 0.0}}, rollout: {{filter: nonzero_variance}}}}
 eval: {{at_start: false, at_end: false}}

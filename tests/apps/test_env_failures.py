@@ -17,10 +17,11 @@ from forge.models import make_tiny_model
 from tests.helpers import wait_dead
 
 
-def _config(model, env: dict, steps: int = 3) -> Config:
+def _config(model, env: dict, steps: int = 3, env_replicas: int = 0) -> Config:
     data = {
+        "replicas": {"env": env_replicas},
         "app": "apps.grpo.main",
-        "model": str(model),
+        "policy": {"model": str(model)},
         "steps": steps,
         "max_policy_age": 1,
         "data": {
@@ -29,8 +30,8 @@ def _config(model, env: dict, steps: int = 3) -> Config:
         },
         "env": {"max_turns": 3, "max_context_tokens": 256, **env},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_tokens": 4, "tasks": 2},
-        "generator": {"model": str(model), "max_batch_size": 16},
-        "trainer": {"model": str(model), "optimizer": {"lr": 1.0e-4}},
+        "generator": {"max_batch_size": 16},
+        "trainer": {"optimizer": {"lr": 1.0e-4}},
         "eval": {"at_start": False, "at_end": False},
     }
     return config_from_dict(Config, data)
@@ -60,10 +61,9 @@ def test_an_env_replica_killed_mid_run(tmp_path):
     model = make_tiny_model(tmp_path / "model", preset="tiny")
     env = {
         "fn": {"fn": "tests.apps.flaky_env:Flaky", "kwargs": {"slow_s": 0.05}},
-        "replicas": 2,
         "retries": 3,
     }
-    cfg = _config(model, env, steps=6)
+    cfg = _config(model, env, steps=6, env_replicas=2)
     killed: list[int] = []
 
     async def kill_one_env_replica():

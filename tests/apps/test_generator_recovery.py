@@ -24,7 +24,7 @@ KILL_AT = 4  # trained steps (so pushed versions) before the kill
 
 
 def _config(tmp_path: Path) -> Path:
-    return tiny_grpo_config(tmp_path, STEPS, "num_generators: 2")
+    return tiny_grpo_config(tmp_path, STEPS, "replicas: {generator: 2}")
 
 
 def _rows(run: Path) -> list[dict]:

@@ -17,7 +17,7 @@ from tests.unit.test_extending_docs import doc_modules
 
 CONFIG = """
 app: apps.grpo.main
-model: {model}
+policy: {{model: {model}}}
 steps: 3
 max_policy_age: 1
 data: {{fn: myplugins.data:Arithmetic, kwargs: {{max_value: 9}}}}
@@ -32,9 +32,8 @@ rollout:
   over_sampling_factor: 2.0
   advantage: myplugins.sampling:centered
   overlong_buffer: 2
-generator: {{model: "${{model}}", max_batch_size: 16}}
+generator: {{max_batch_size: 16}}
 trainer:
-  model: "${{model}}"
   loss: {{type: myplugins.losses:clipped_pg, kwargs: {{clip: 0.1}}}}
   optimizer: {{lr: 1.0e-4}}
 eval: {{at_start: false, at_end: true, max_tokens: 4, reward: exact_match}}

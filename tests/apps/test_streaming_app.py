@@ -11,16 +11,15 @@ from tests.helpers import forge_run
 
 CONFIG = """
 app: apps.grpo.main
-model: {model}
+policy: {{model: {model}}}
 steps: 4
 max_policy_age: 0
 stream: true
 data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
 rewards: [apps.sumdigits.task:sumdigits_reward]
 rollout: {{prompts_per_step: 8, group_size: 4, max_tokens: 24, tasks: 8, filter: keep_all}}
-generator: {{model: "${{model}}", max_batch_size: 4}}
+generator: {{max_batch_size: 4}}
 trainer:
-  model: "${{model}}"
   loss: {{type: grpo}}
   optimizer: {{lr: 1.0e-4}}
 eval: {{at_start: false, at_end: false}}
@@ -69,7 +68,7 @@ def test_streaming_needs_one_trainer_rank(tmp_path):
 
 MULTI_TURN = """
 app: apps.grpo.main
-model: {model}
+policy: {{model: {model}}}
 steps: 3
 max_policy_age: 0
 stream: true
@@ -79,9 +78,8 @@ env:
   max_turns: 3
   max_context_tokens: 400
 rollout: {{prompts_per_step: 4, group_size: 4, max_tokens: 4, tasks: 4, filter: keep_all}}
-generator: {{model: "${{model}}", max_batch_size: 4}}
+generator: {{max_batch_size: 4}}
 trainer:
-  model: "${{model}}"
   loss: {{type: grpo}}
   optimizer: {{lr: 1.0e-4}}
 eval: {{at_start: false, at_end: false}}

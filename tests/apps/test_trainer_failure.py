@@ -83,7 +83,7 @@ def test_killed_trainer_stops_the_run_and_resume_finishes_it(tmp_path):
     assert m, err[-3000:]
     step = int(m.group(1))
     assert step >= 3 and step % 3 == 0
-    assert "TrainerDiedError: the GRPO run's trainer died: process for mesh 'Trainer" in err
+    assert "TrainerDiedError: the run's trainer died: process for mesh 'Trainer" in err
     assert f"(pid {trainer}) died: signal 9 (SIGKILL)" in err
     assert f"forge run --resume {run}" in err
     assert "Traceback" not in err  # a named error, not a stack dump
@@ -104,7 +104,7 @@ def test_restart_on_failure_restarts_from_the_checkpoint_by_itself(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     m = re.search(
-        r"\[grpo\] trainer died \(process for mesh 'Trainer-\d+' rank 0 \(pid (\d+)\) died: "
+        r"\[forge\] the trainer died \(process for mesh 'Trainer-\d+' rank 0 \(pid (\d+)\) died: "
         r"signal 9 \(SIGKILL\)\); restarting the run from checkpoint step (\d+) "
         r"\(restart 1 of 1\)",
         out,
@@ -133,20 +133,3 @@ def test_restarts_need_checkpoints(tmp_path):
     assert out.returncode == 2
     assert "restart_on_failure=2" in out.stderr and "checkpoint_every > 0" in out.stderr
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
-
-
-def test_which_deaths_a_checkpoint_can_undo():
-    """Trainer, replay buffer and data source state is checkpointed; a service replica's or
-    a critic's is not (services restart their replicas themselves)."""
-    from apps.grpo.supervise import restorable_death
-    from controller import ActorDiedError
-
-    trainer = ActorDiedError("Trainer-2", 0, 4242, -9)
-    assert restorable_death(trainer) is trainer
-    try:  # a rollout loop's failure wraps the death as its cause
-        raise RuntimeError("a rollout loop failed") from ActorDiedError("ReplayBuffer-5", 0, 1)
-    except RuntimeError as e:
-        assert restorable_death(e).mesh == "ReplayBuffer-5"
-    assert restorable_death(ActorDiedError("Generator-r0-7", 0, 1, -9)) is None
-    assert restorable_death(ActorDiedError("Critic-3", 0, 1, -9)) is None
-    assert restorable_death(ValueError("x")) is None

@@ -203,7 +203,7 @@ def test_grpo_run_completes_when_a_host_fails(hosts, tmp_path):
         str(run),
         "sft.steps=20",
         "grpo.steps=10",
-        "grpo.num_generators=2",
+        "grpo.replicas.generator=2",
         "grpo.eval.at_start=false",
         "grpo.eval.every=0",
     ]

@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 
-from controller import Actor, endpoint
+from controller import Actor, Router, endpoint
 
 
 class Echo(Actor):
@@ -108,3 +108,11 @@ class StartsOnce(Actor):
     @endpoint
     async def pid(self) -> int:
         return os.getpid()
+
+
+class HighestIndexRouter(Router):
+    """Always the healthy replica with the highest index (pickled into actors with the
+    service's config, so a ``ServiceRef`` uses it too)."""
+
+    def choose(self, replicas, sess_id):
+        return max(replicas, key=lambda r: r.index)

@@ -1,4 +1,7 @@
-"""Services: replicated actors with routing, sessions, fanout, failover and restarts."""
+"""Services over real processes: replicas are processes, deaths by signal are seen, requests
+fail over, replicas restart, scale and shut down. Routing logic (routers, sessions, the
+concurrency cap, failover rules, option checks) is tested in-process on
+``controller.testing.FakeService`` in tests/unit/test_service_routing.py."""
 
 from __future__ import annotations
 
@@ -81,96 +84,6 @@ async def test_route_paths_and_request_counts():
     assert two.request_counts()["completed"] == 3
     await one.shutdown()
     await two.shutdown()
-
-
-async def test_sessions_stick_and_are_rehomed_after_sigkill():
-    svc = await Echo.options(num_replicas=3, health_poll_rate=0.05).as_service()
-    async with svc.session():
-        first = await svc.pid.route()
-        assert [await svc.pid.route() for _ in range(5)] == [first] * 5
-        os.kill(first, signal.SIGKILL)
-        second = await svc.pid.route()
-        assert second != first
-        assert [await svc.pid.route() for _ in range(5)] == [second] * 5
-    # explicit ids work the same way
-    sid = await svc.start_session()
-    p = await svc.pid.route(sess_id=sid)
-    assert [await svc.pid.route(sess_id=sid) for _ in range(3)] == [p] * 3
-    await svc.terminate_session(sid)
-    assert sum(m["sessions"] for m in svc.metrics().values()) == 0
-
-
-async def test_new_sessions_go_to_the_least_loaded_replica():
-    svc = await Echo.options(num_replicas=2).as_service()
-    a = await svc.start_session()
-    busy = svc.slow_pid.route(1.0, sess_id=a).start()
-    await asyncio.sleep(0.2)
-    b = await svc.start_session()
-    assert await svc.pid.route(sess_id=b) != await busy
-    assert sorted(m["sessions"] for m in svc.metrics().values()) == [1, 1]
-
-
-async def test_least_loaded_router_avoids_a_busy_replica():
-    svc = await Echo.options(num_replicas=2, router="least_loaded").as_service()
-    slow = svc.slow_pid.route(1.0).start()
-    await asyncio.sleep(0.2)
-    others = {await svc.pid.route() for _ in range(4)}
-    assert len(others) == 1 and await slow not in others
-
-
-async def test_concurrency_cap_serialises_calls():
-    svc = await Echo.options(replica_max_concurrent_requests=1).as_service()
-    t0 = time.monotonic()
-    calls = [svc.slow_pid.route(0.3).start() for _ in range(3)]
-    await asyncio.sleep(0.1)
-    assert svc.metrics()[0]["in_flight"] == 3
-    await asyncio.gather(*calls)
-    assert time.monotonic() - t0 >= 0.85
-    free = await Echo.options(num_replicas=1).as_service()
-    t0 = time.monotonic()
-    await asyncio.gather(*(free.slow_pid.route(0.3) for _ in range(3)))
-    assert time.monotonic() - t0 < 0.8
-
-
-async def test_separate_options_calls_give_independent_configs():
-    a = Echo.options(num_replicas=2, max_retries=0, router="least_loaded")
-    b = Echo.options(num_replicas=1, replica_max_concurrent_requests=3)
-    svc_a, svc_b = await a.as_service("a"), await b.as_service("b")
-    assert (svc_a.config.num_replicas, svc_a.config.max_retries) == (2, 0)
-    assert svc_a.config.replica_max_concurrent_requests == 10
-    assert (svc_b.config.num_replicas, svc_b.config.replica_max_concurrent_requests) == (1, 3)
-    assert svc_b.config.router == "round_robin"
-    assert len(svc_a.metrics()) == 2 and len(svc_b.metrics()) == 1
-
-
-def test_bad_service_options_fail_before_spawning():
-    with pytest.raises(ValueError, match="unknown service option.*max_retry"):
-        Echo.options(num_replicas=2, max_retry=1).as_service()
-    with pytest.raises(ValueError, match="unknown router type: 'fastest'"):
-        Echo.options(router="fastest").as_service()
-    with pytest.raises(ValueError, match="replica_max_concurrent_requests"):
-        Echo.options(replica_max_concurrent_requests=0).as_service()
-
-
-async def test_actor_adverbs_on_a_service_say_route_or_fanout():
-    svc = await Echo.options(num_replicas=1).as_service()
-    for adverb in ("call", "call_one", "choose", "broadcast", "stream"):
-        with pytest.raises(TypeError, match=r"use `await svc.echo.route\(...\)`.*fanout"):
-            getattr(svc.echo, adverb)(1)
-    with pytest.raises(TypeError, match="route"):
-        svc.echo(1)
-    with pytest.raises(AttributeError, match="no endpoint 'nope'"):
-        _ = svc.nope
-
-
-async def test_user_exception_reaches_caller_and_replica_stays_healthy():
-    svc = await Echo.as_service()
-    pid = await svc.pid.route()
-    with pytest.raises(ActorError, match="boom"):
-        await svc.fail.route("boom")
-    m = svc.metrics()[0]
-    assert m["state"] == "healthy" and m["requests_failed"] == 1 and m["restarts"] == 0
-    assert await svc.pid.route() == pid
 
 
 async def test_replica_restarts_after_death_and_calls_on_recover():

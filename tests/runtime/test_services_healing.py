@@ -1,7 +1,7 @@
 """Services heal themselves: a replica whose event loop stops answering health checks is
 restarted and its requests re-sent elsewhere (long work in a ``def`` endpoint is not mistaken
-for a hang); a service passed to an actor routes and fans out from there, also after one of
-its replicas is killed. Each test runs on the local backend and on Monarch proc meshes."""
+for a hang); a service passed to an actor routes (with the service's router) and fans out
+from there, also after one of its replicas is killed. Each test runs on the local backend and on Monarch proc meshes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from controller import Service
 from tests.helpers import wait_dead
 from tests.runtime.conftest_backends import backend_fixture
-from tests.runtime.service_actors import Caller, Echo
+from tests.runtime.service_actors import Caller, Echo, HighestIndexRouter
 
 backend = backend_fixture
 
@@ -70,13 +70,6 @@ async def test_long_sync_endpoint_work_does_not_trip_health_checks():
     assert m["state"] == "healthy" and m["restarts"] == 0 and m["last_error"] is None
 
 
-def test_bad_health_check_options_fail_before_spawning():
-    with pytest.raises(ValueError, match="health_check_timeout_s"):
-        Echo.options(health_check_timeout_s=-1).as_service()
-    with pytest.raises(ValueError, match="health_check_interval_s"):
-        Echo.options(health_check_interval_s="5").as_service()
-
-
 async def test_an_actor_routes_and_fans_out_through_a_service_it_was_given():
     svc = await Echo.options(num_replicas=2, health_poll_rate=0.05).as_service()
     caller = await Caller.options().as_actor()
@@ -102,3 +95,13 @@ async def test_an_actor_routes_and_fans_out_through_a_service_it_was_given():
     await svc.shutdown()
     with pytest.raises(Exception, match="shut down|no healthy replica"):
         await caller.route_pids.call_one(1)
+
+
+async def test_an_actor_routes_with_the_services_router():
+    """The ``ServiceRef`` an actor gets routes with the service's configured router."""
+    svc = await Echo.options(num_replicas=2, router=HighestIndexRouter()).as_service()
+    caller = await Caller.options().as_actor()
+    await caller.keep.call_one(svc)
+    last = replica_pids(svc)[1]
+    assert {await svc.pid.route() for _ in range(3)} == {last}
+    assert set(await caller.route_pids.call_one(4)) == {last}

@@ -13,8 +13,7 @@ from forge.actors.reference_model import ReferenceModel
 from forge.actors.trainer import Trainer
 from forge.losses import LossConfig
 from forge.training import OptimizerConfig, ReferenceConfig, ReferenceCore, TrainerConfig
-from forge.weights import WeightStore, build_weight_transport
-from forge.weights.pull import run_weights_prefix
+from forge.weights import WeightStore, WeightTransportConfig, build_transport, run_weights_prefix
 from tests.training.conftest import make_batch
 
 
@@ -74,7 +73,8 @@ async def test_ema_and_reset_references_follow_the_pushed_policy(tiny_model):
 
 
 def test_core_update_rules_skips_and_errors_in_process(tiny_model, tmp_path):
-    store = WeightStore(build_weight_transport("safetensors_dir", root=str(tmp_path)))
+    on_disk = WeightTransportConfig(type="safetensors_dir", root=str(tmp_path))
+    store = WeightStore(build_transport(on_disk))
     initial = ReferenceCore(ReferenceConfig(model=tiny_model)).model.state_dict()
     policy = {n: t + 1.0 for n, t in initial.items()}
     handles = {v: store.push(policy, v) for v in (1, 2)}
@@ -86,7 +86,7 @@ def test_core_update_rules_skips_and_errors_in_process(tiny_model, tmp_path):
         ReferenceConfig(
             model=tiny_model,
             update={"type": "ema", "decay": 0.5, "every": 2},
-            weights={"transport": "safetensors_dir", "root": str(tmp_path)},
+            weights=on_disk,
         )
     )
     name = "model.norm.weight"
@@ -98,13 +98,8 @@ def test_core_update_rules_skips_and_errors_in_process(tiny_model, tmp_path):
         ref.update_weights(3, handles[1])
     with pytest.raises(ValueError, match="versions only move forward"):
         ref.update_weights(1, handles[1])
-    no_root = ReferenceCore(
-        ReferenceConfig(
-            model=tiny_model, update={"type": "reset"}, weights={"transport": "safetensors_dir"}
-        )
-    )
-    with pytest.raises(ValueError, match="names no root to look versions up by"):
-        no_root.update_weights(2)
+    with pytest.raises(ValueError, match="'safetensors_dir' needs root"):
+        ReferenceConfig(model=tiny_model, weights={"type": "safetensors_dir"})
     # No shm prefix: versions are looked up at the run's publication location.
     run_default = ReferenceCore(ReferenceConfig(model=tiny_model, update={"type": "reset"}))
     assert run_default._transport_or_raise().prefix == run_weights_prefix()

@@ -66,7 +66,7 @@ async def test_save_train_load_train_is_bitwise_identical(tiny_model, tmp_path):
         model=tiny_model,
         optimizer=OptimizerConfig(lr=1e-3),
         schedule={"warmup_steps": 3},
-        weights={"transport": "safetensors_dir", "root": str(tmp_path / "weights")},
+        weights={"type": "safetensors_dir", "root": str(tmp_path / "weights")},
     )
     trainer = await Trainer.as_actor(cfg)
     b1, b2, b3 = (make_batch(tiny_model, n=3, offset=k) for k in range(3))

@@ -15,7 +15,7 @@ from apps.calc.task import (
     tokenizer_corpus,
     tool_conversation,
 )
-from apps.grpo.envs import EnvConfig, build_tools
+from forge import EnvConfig, build_tools
 from forge.envs import HermesToolParser, ToolCall, ToolSet, run_episode
 from forge.envs.conversation import conversation_tokens
 from forge.models import load_tokenizer, make_tiny_model

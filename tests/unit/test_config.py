@@ -323,29 +323,19 @@ def test_top_level_must_be_a_mapping(tmp_path):
 
 
 def test_env_accessors(monkeypatch, tmp_path):
-    for name in ("FORGE_BACKEND", "FORGE_LOG_LEVEL", "FORGE_RUN_DIR", "FORGE_NUM_THREADS"):
+    for name in ("FORGE_LOG_LEVEL", "FORGE_RUN_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("FORGE_CACHE_DIR", raising=False)
-    assert env.get_backend() == "local"
     assert env.get_log_level() == "INFO"
     assert env.get_run_dir() == Path("runs")
     assert env.get_cache_dir() == tmp_path / ".cache" / "forge"
-    assert env.get_num_threads() is None
 
-    monkeypatch.setenv("FORGE_BACKEND", "Monarch")
     monkeypatch.setenv("FORGE_LOG_LEVEL", "debug")
-    monkeypatch.setenv("FORGE_NUM_THREADS", "2")
-    assert env.get_backend() == "monarch"
+    monkeypatch.setenv("FORGE_RUN_DIR", str(tmp_path / "r"))
     assert env.get_log_level() == "DEBUG"
-    assert env.get_num_threads() == 2
+    assert env.get_run_dir() == tmp_path / "r"
 
-    monkeypatch.setenv("FORGE_BACKEND", "slurm")
-    with pytest.raises(ValueError, match="FORGE_BACKEND='slurm'"):
-        env.get_backend()
-    monkeypatch.setenv("FORGE_NUM_THREADS", "0")
-    with pytest.raises(ValueError, match="FORGE_NUM_THREADS='0'"):
-        env.get_num_threads()
     monkeypatch.setenv("FORGE_LOG_LEVEL", "LOUD")
     with pytest.raises(ValueError, match="FORGE_LOG_LEVEL='LOUD'"):
         env.get_log_level()

@@ -24,7 +24,7 @@ from forge.envs import (
     run_episode,
     tool,
 )
-from forge.generation.backend import encode_prompt
+from forge.generation.prompts import encode_prompt
 from forge.models import load_tokenizer, make_tiny_model
 from forge.models.tiny import IM_END_TOKEN
 from forge.types import Completion

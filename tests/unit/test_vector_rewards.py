@@ -7,7 +7,6 @@ import pytest
 from forge.rewards.aggregate import RewardResult, evaluate_rewards
 from forge.rewards.vector import (
     AGGREGATORS,
-    aggregate_group,
     build_aggregator,
     component_means,
     minimum,
@@ -145,24 +144,6 @@ def test_build_aggregator():
         build_aggregator(first, weights={"a": 1.0})
     with pytest.raises(TypeError, match="name or a callable"):
         build_aggregator(3)
-
-
-def test_aggregate_group_checks_the_output():
-    group = [{"a": 1.0}, {"a": 2.0}]
-    assert aggregate_group(pareto_rank(), group) == [0.0, 1.0]
-
-    def too_few(components_g):
-        return [0.0]
-
-    def nan(components_g):
-        return [float("nan")] * len(components_g)
-
-    with pytest.raises(ValueError, match="too_few returned 1 values for a group of 2"):
-        aggregate_group(too_few, group)
-    with pytest.raises(ValueError, match=r"non-finite values for members \[0, 1\]"):
-        aggregate_group(nan, group)
-    with pytest.raises(TypeError, match="list of floats"):
-        aggregate_group(lambda g: ["x", "y"], group)
 
 
 def test_component_means():

@@ -21,8 +21,9 @@ from forge.weights import (
     SafetensorsDirTransport,
     SharedMemoryTransport,
     WeightStore,
+    WeightTransportConfig,
     WeightVersionError,
-    build_weight_transport,
+    build_transport,
     plan_buckets,
     pull_handle,
 )
@@ -402,12 +403,54 @@ def test_safetensors_dir_round_trip(tmp_path):
         transport.pull(2)
 
 
-def test_build_weight_transport(tmp_path, prefix):
-    assert isinstance(build_weight_transport("shm", prefix=prefix), SharedMemoryTransport)
-    built = build_weight_transport("safetensors_dir", root=tmp_path)
-    assert isinstance(built, SafetensorsDirTransport)
-    with pytest.raises(ValueError, match=r"unknown weight transport type: 'nccl'; choose one of"):
-        build_weight_transport("nccl")
+def test_build_transport_from_one_config(tmp_path, prefix):
+    shm = build_transport(WeightTransportConfig(prefix=prefix, spares=0, wait_s=1.5))
+    assert isinstance(shm, SharedMemoryTransport)
+    assert (shm.prefix, shm.spares, shm.wait_s) == (prefix, 0, 1.5)
+    on_disk = WeightTransportConfig(type="safetensors_dir", root=str(tmp_path), keep_last=3)
+    built = build_transport(on_disk)
+    assert isinstance(built, SafetensorsDirTransport) and built.root == tmp_path
+
+
+def test_weight_transport_config_is_checked_when_built():
+    with pytest.raises(
+        ValueError,
+        match=r"unknown weight transport type 'nccl'; choose one of \['safetensors_dir', 'shm'\]",
+    ):
+        WeightTransportConfig(type="nccl")
+    # A knob of the other transport would be silently ignored: an error instead.
+    with pytest.raises(ValueError, match=r"root='/x' applies to type 'safetensors_dir' only"):
+        WeightTransportConfig(type="shm", root="/x")
+    for knob in ({"prefix": "p"}, {"shm_dir": "/tmp"}, {"spares": 0}, {"share": False}):
+        with pytest.raises(ValueError, match="applies to type 'shm' only"):
+            WeightTransportConfig(type="safetensors_dir", root="/x", **knob)
+    with pytest.raises(ValueError, match="'safetensors_dir' needs root"):
+        WeightTransportConfig(type="safetensors_dir")
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        WeightTransportConfig(keep_last=0)
+    with pytest.raises(ValueError, match="spares must be >= 0"):
+        WeightTransportConfig(spares=-1)
+    with pytest.raises(ValueError, match="wait_s must be >= 0"):
+        WeightTransportConfig(wait_s=-1.0)
+
+
+def test_trainer_generator_and_reference_share_one_weights_type(tmp_path):
+    """One ``weights:`` section can flow to every role: the same dataclass on each side, and
+    YAML keys are checked where the config loads."""
+    from forge.config import config_from_dict
+    from forge.generation.backend import GeneratorConfig
+    from forge.training.config import ReferenceConfig, TrainerConfig
+
+    section = {"type": "safetensors_dir", "root": str(tmp_path), "keep_last": 3}
+    trainer = config_from_dict(TrainerConfig, {"model": "m", "weights": section})
+    gen = config_from_dict(GeneratorConfig, {"model": "m", "weights": section})
+    ref = config_from_dict(ReferenceConfig, {"model": "m", "weights": section})
+    assert trainer.weights == gen.weights == ref.weights
+    assert type(trainer.weights) is type(gen.weights) is WeightTransportConfig
+    with pytest.raises(ValueError, match=r"weights.transport: unknown key 'transport'"):
+        config_from_dict(GeneratorConfig, {"model": "m", "weights": {"transport": "shm"}})
+    with pytest.raises(ValueError, match=r"weights.*root='/x' applies to type 'safetensors_dir'"):
+        config_from_dict(TrainerConfig, {"model": "m", "weights": {"root": "/x"}})
 
 
 def test_plan_buckets_by_dtype_and_size():

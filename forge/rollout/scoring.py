@@ -1,8 +1,11 @@
-"""One GRPO group, end to end: prompt -> completions -> reward components -> scalar rewards
+"""One scored group, end to end: prompt -> completions -> reward components -> scalar rewards
 -> advantages -> episodes (with reference logprobs when a reference model is used).
 
 ``RolloutConfig`` holds the knobs of the rollout side; ``GroupScorer.produce`` is the
-``produce`` callable of ``forge.rollout.RolloutManager``.
+``produce`` callable of ``forge.rollout.RolloutManager``::
+
+    scorer = GroupScorer(cfg.rollout, temperature, data, generator, rewards, log=log)
+    manager = RolloutManager(scorer.produce, buffer.add.call_one, **scorer.manager_kwargs())
 """
 
 from __future__ import annotations
@@ -12,17 +15,21 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from forge.observability.names import M
 from forge.plugins import Spec
 from forge.rewards import length_penalty
 from forge.rewards.vector import component_means
-from forge.rollout import group_episodes
+from forge.rollout.groups import group_episodes
 from forge.slots import ADVANTAGE, GROUP_FILTER, REWARD_AGGREGATOR
 from forge.types import Episode
+
+__all__ = ["GroupScorer", "RolloutConfig", "check_rollout_overrides"]
 
 
 @dataclass
 class RolloutConfig:
-    """How groups are generated, scored and filtered.
+    """How groups are generated, scored and filtered (the sampling temperature is the
+    policy's: ``policy.temperature``).
 
     ``filter``: keep a group or try another prompt (``nonzero_variance``: DAPO's dynamic
     sampling; ``keep_all``), within ``over_sampling_factor`` times the groups a step needs.
@@ -35,7 +42,6 @@ class RolloutConfig:
     prompts_per_step: int = 16  # groups per training step
     group_size: int = 8
     max_tokens: int = 8
-    temperature: float = 1.0
     tasks: int = 4  # concurrent rollout loops
     filter: Spec = "keep_all"
     over_sampling_factor: float = 1.0
@@ -59,27 +65,89 @@ class RolloutConfig:
                 f"{self.overlong_buffer}"
             )
 
+    @property
+    def episodes_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+def check_rollout_overrides(phases) -> None:
+    """Every ``phases[i].rollout`` key must be a ``RolloutConfig`` field, with a valid value."""
+    names = [f.name for f in dataclasses.fields(RolloutConfig)]
+    cfg = RolloutConfig()
+    for i, phase in enumerate(phases):
+        unknown = sorted(set(phase.rollout) - set(names))
+        if unknown:
+            raise ValueError(
+                f"phases[{i}].rollout: unknown key(s) {unknown}; RolloutConfig has {names}"
+            )
+        try:
+            cfg = dataclasses.replace(cfg, **phase.rollout)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"phases[{i}].rollout: {e}") from None
+
 
 class GroupScorer:
-    """Makes one scored group per ``produce()`` call from the run's services."""
+    """Makes one scored group per ``produce()`` call from the run's services: ``data``
+    (a ``DatasetActor``), ``generator`` and ``rewards`` (services; ``rewards`` may be
+    ``None`` when an environment gives every reward), and optionally a ``reference`` model
+    service (logprobs for the KL term) and a learned ``reward_model`` service (one more
+    reward component). ``log``: a ``MetricLog`` (per-step reward means)."""
 
     def __init__(
-        self, cfg: RolloutConfig, data, generator, rewards, reference, log, reward_model=None
+        self,
+        cfg: RolloutConfig,
+        temperature: float,
+        data,
+        generator,
+        rewards,
+        *,
+        log,
+        reference=None,
+        reward_model=None,
     ) -> None:
-        self.cfg, self.data, self.generator = cfg, data, generator
-        self.rewards, self.reference, self.log = rewards, reference, log
-        self.reward_model = reward_model  # a learned scorer: one more reward component
+        self.temperature = temperature
+        self.data, self.generator, self.rewards = data, generator, rewards
+        self.reference, self.reward_model, self.log = reference, reward_model, log
+        self.reconfigure(cfg)
+
+    def reconfigure(self, cfg: RolloutConfig) -> None:
+        """Use ``cfg`` from the next group on (a phase switch)."""
+        self.cfg = cfg
         self.aggregate = REWARD_AGGREGATOR.resolve(cfg.reward_aggregator)
         self.advantage = ADVANTAGE.resolve(cfg.advantage)
+
+    def switch(self, overrides: dict[str, Any], manager) -> None:
+        """A phase's rollout settings (``RolloutConfig`` fields), applied to this scorer and
+        to the running ``RolloutManager``."""
+        cfg = dataclasses.replace(self.cfg, **overrides)
+        self.reconfigure(cfg)
+        manager.reconfigure(
+            filter_fn=GROUP_FILTER.resolve(cfg.filter, key="rollout.filter"),
+            over_sampling_factor=cfg.over_sampling_factor,
+            partial=cfg.partial,
+        )
+
+    def manager_kwargs(self, max_policy_age: int) -> dict[str, Any]:
+        """The ``RolloutManager`` settings this config implies."""
+        c = self.cfg
+        return {
+            "groups_per_step": c.prompts_per_step,
+            "max_policy_age": max_policy_age,
+            "concurrency": c.tasks,
+            "filter_fn": GROUP_FILTER.resolve(c.filter, key="rollout.filter"),
+            "over_sampling_factor": c.over_sampling_factor,
+            "partial": c.partial,
+            "record": self.log.add,
+        }
 
     async def produce(self) -> list[Episode]:
         c = self.cfg
         item = await self.data.sample.call_one()
         completions = await self.generator.generate.route(
-            item["prompt"], n=c.group_size, max_tokens=c.max_tokens, temperature=c.temperature
+            item["prompt"], n=c.group_size, max_tokens=c.max_tokens, temperature=self.temperature
         )
         items = [(item["prompt"], x.text, item["target"]) for x in completions]
-        sources = [self.rewards] + ([self.reward_model] if self.reward_model else [])
+        sources = [s for s in (self.rewards, self.reward_model) if s is not None]
         results = await asyncio.gather(*(src.evaluate_batch.route(items) for src in sources))
         components = [{} for _ in completions]
         for scored in results:
@@ -99,10 +167,10 @@ class GroupScorer:
 
     def log_group(self, totals: list[float], components: list[dict[str, float]]) -> None:
         """Per-step means: the scalar reward, each named component, zero-variance groups."""
-        self.log.add("rollout/reward", totals)
+        self.log.add(M.REWARD, totals)
         for key, value in component_means(components).items():
-            self.log.add(f"rollout/reward/{key}", [value])
-        self.log.add("rollout/zero_variance_groups", [float(len(set(totals)) == 1)])
+            self.log.add(M.reward(key), [value])
+        self.log.add(M.ZERO_VARIANCE_GROUPS, [float(len(set(totals)) == 1)])
 
     async def add_reference(self, group: list[Episode]) -> None:
         """The reference model's logprobs of each episode's response (for the KL term)."""
@@ -110,33 +178,3 @@ class GroupScorer:
             refs = await self.reference.forward.route(group)
             for e, r in zip(group, refs):
                 e.ref_logprobs = r
-
-
-def check_rollout_overrides(phases) -> None:
-    """Every ``phases[i].rollout`` key must be a ``RolloutConfig`` field, with a valid value."""
-    names = [f.name for f in dataclasses.fields(RolloutConfig)]
-    cfg = RolloutConfig()
-    for i, phase in enumerate(phases):
-        unknown = sorted(set(phase.rollout) - set(names))
-        if unknown:
-            raise ValueError(
-                f"phases[{i}].rollout: unknown key(s) {unknown}; RolloutConfig has {names}"
-            )
-        try:
-            cfg = dataclasses.replace(cfg, **phase.rollout)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"phases[{i}].rollout: {e}") from None
-
-
-def apply_rollout_overrides(
-    base: RolloutConfig, overrides: dict[str, Any], scorer: GroupScorer, manager
-) -> RolloutConfig:
-    """A phase's rollout settings, applied to the running scorer and rollout manager."""
-    cfg = dataclasses.replace(base, **overrides)
-    scorer.cfg = cfg
-    scorer.aggregate = REWARD_AGGREGATOR.resolve(cfg.reward_aggregator)
-    scorer.advantage = ADVANTAGE.resolve(cfg.advantage)
-    manager.filter_fn = GROUP_FILTER.resolve(cfg.filter)
-    manager.partial = cfg.partial
-    manager.budget = int(cfg.over_sampling_factor * manager.groups_per_step + 0.999999)
-    return cfg

@@ -1,9 +1,9 @@
-"""Multi-turn groups for the GRPO app: G episodes of one task in an environment.
+"""Multi-turn groups: G episodes of one task in an environment.
 
-With an ``env`` section the app's rollouts are episodes (``forge.envs.run_episode``): each
+With an ``env`` section a run's rollouts are episodes (``forge.envs.run_episode``): each
 turn generated on the generator service inside one session (so a replica keeps the
 conversation), each action answered by the environment (in this process, or by an
-``EnvActor`` service with ``env.replicas`` replicas), tools executed when the model calls
+``EnvActor`` service with ``replicas.env`` replicas), tools executed when the model calls
 them. A group is ``group_size`` episodes of one task; their rewards (or named reward
 components) are aggregated and turned into advantages like single-turn completions, and the
 loss counts only the tokens the policy sampled.
@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 
 from forge.envs import Tool, ToolSet, Trajectory, run_episode, tool
 from forge.envs.sandbox import python_tool
+from forge.observability.names import M
 from forge.plugins import Spec, import_string
-from forge.rollout import group_episodes
+from forge.rollout.groups import group_episodes
 from forge.slots import ENVIRONMENT
 from forge.types import Completion, Episode
+
+__all__ = ["EnvConfig", "EpisodeScorer", "build_tools", "episode_components", "heldout_success"]
 
 
 @dataclass
@@ -32,8 +35,9 @@ class EnvConfig:
     """The environment of a multi-turn run.
 
     ``fn``: the environment (``forge.slots.ENVIRONMENT``: a class or factory, built fresh
-    per episode). ``replicas``: 0 runs environments in the rollout loop's own process (cheap
-    ones); N > 0 runs them in an ``EnvActor`` service of N replicas, one episode per session.
+    per episode). Where it runs is the run's ``replicas.env``: 0 in the rollout loop's own
+    process (cheap environments), N > 0 in an ``EnvActor`` service of N replicas, one
+    episode per session.
     ``tools``: callables the model may call (import strings of plain functions, which become
     tools with a schema from their type hints, or of ``forge.envs.Tool`` objects; ``python``
     is the sandboxed Python tool). ``advertise_tools: false`` leaves them out of the prompt
@@ -43,7 +47,6 @@ class EnvConfig:
     """
 
     fn: Spec
-    replicas: int = 0
     tools: list[Spec] = field(default_factory=list)
     advertise_tools: bool = True
     max_turns: int = 8
@@ -54,10 +57,10 @@ class EnvConfig:
     def __post_init__(self) -> None:
         ENVIRONMENT.validate(self.fn, key="env.fn")
         build_tools(self.tools)
-        if self.replicas < 0 or self.retries < 0 or self.max_turns < 1:
+        if self.retries < 0 or self.max_turns < 1:
             raise ValueError(
-                f"env: replicas and retries must be >= 0 and max_turns >= 1, got "
-                f"{self.replicas}, {self.retries}, {self.max_turns}"
+                f"env: retries must be >= 0 and max_turns >= 1, got {self.retries}, "
+                f"{self.max_turns}"
             )
 
 
@@ -92,13 +95,23 @@ def build_tools(specs: list[Spec], advertise: bool = True) -> ToolSet | None:
 
 
 class EpisodeScorer:
-    """Makes one scored group of episodes per ``produce()`` call."""
+    """Makes one scored group of episodes per ``produce()`` call. ``scorer``: the run's
+    single-turn ``GroupScorer`` (its config, services, aggregation and advantages);
+    ``envs``: an ``EnvActor`` service, or ``None`` to run environments in this process."""
 
     def __init__(self, scorer, env_cfg: EnvConfig, envs, tokenizer) -> None:
-        self.base = scorer  # the single-turn GroupScorer: config, services, aggregation
+        self.base = scorer
         self.env_cfg, self.envs, self.tokenizer = env_cfg, envs, tokenizer
         self.make_env = ENVIRONMENT.resolve(env_cfg.fn)
         self.tools = build_tools(env_cfg.tools, env_cfg.advertise_tools)
+
+    def switch(self, overrides: dict, manager) -> None:
+        """A phase's rollout settings (see ``GroupScorer.switch``)."""
+        self.base.switch(overrides, manager)
+
+    def manager_kwargs(self, max_policy_age: int) -> dict:
+        """The ``RolloutManager`` settings of the run's rollout config."""
+        return self.base.manager_kwargs(max_policy_age)
 
     async def episode(self, task, *, temperature: float, max_tokens: int) -> Trajectory | None:
         """One episode (replayed on environment failure); ``None`` once retries are spent."""
@@ -117,19 +130,19 @@ class EpisodeScorer:
                 )  # fmt: skip
             if traj.finish_reason != "env_error" and traj.turn_versions:
                 return traj
-            log.add("env/retried_episodes", [1.0])
-        log.add("env/dropped_episodes", [1.0])
+            log.add(M.RETRIED_EPISODES, [1.0])
+        log.add(M.DROPPED_EPISODES, [1.0])
         return None
 
     async def produce(self) -> list[Episode] | None:
-        r = self.base.cfg
+        r, temperature = self.base.cfg, self.base.temperature
         task = await self.base.data.sample.call_one()
         trajs = await asyncio.gather(
-            *(self.episode(task, temperature=r.temperature, max_tokens=r.max_tokens)
+            *(self.episode(task, temperature=temperature, max_tokens=r.max_tokens)
               for _ in range(r.group_size))
         )  # fmt: skip
         if any(t is None for t in trajs):
-            self.base.log.add("env/dropped_groups", [1.0])
+            self.base.log.add(M.DROPPED_GROUPS, [1.0])
             return None  # the manager gives the credit back and tries another task
         components = episode_components(trajs)
         totals = [float(t) for t in self.base.aggregate(components)]
@@ -142,7 +155,7 @@ class EpisodeScorer:
             e.loss_mask = t.loss_mask[t.prompt_length :]
             e.stop_reason = t.finish_reason
         self.base.log_group(totals, components)
-        self.base.log.add("env/turns", [float(t.num_turns) for t in trajs])
+        self.base.log.add(M.TURNS, [float(t.num_turns) for t in trajs])
         await self.base.add_reference(group)
         return group
 

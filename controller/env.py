@@ -1,0 +1,238 @@
+"""The one module that reads Forge's ``FORGE_*`` environment variables.
+
+Every accessor reads ``os.environ`` when called, never at import time, so a test can set a
+variable with ``monkeypatch.setenv`` and see the effect at once. ``forge.env`` builds Forge's
+own accessors on these (``controller`` cannot import ``forge``); other modules call them and
+never read ``os.environ`` for a ``FORGE_*`` name themselves (``tests/unit/test_env_vars.py``
+checks this, and that every variable below is in ``docs/configuration.md``). Writing these
+names into a child process's environment dict is fine: that is how the launch protocol works.
+
+Set by the user:
+
+========================  =================  ===============================================
+Variable                  Default            Meaning
+========================  =================  ===============================================
+``FORGE_BACKEND``         ``local``          Where actor processes come from: ``local``
+                                             (this host), ``monarch`` (needs
+                                             ``forge[monarch]``) or ``hosts`` (Forge host
+                                             agents, below).
+``FORGE_HOSTS``           unset              ``hosts`` backend: the agents,
+                                             ``host:port[,host:port...]``.
+``FORGE_HOSTS_KEY_FILE``  unset              ``hosts`` backend: the shared secret (mode 0600).
+``FORGE_LOG_LEVEL``       ``WARNING`` /      Logging level name of actor processes and host
+                          ``INFO``           agents (``WARNING``); ``forge.env.get_log_level``
+                                             defaults to ``INFO``.
+``FORGE_RUN_DIR``         ``runs``           Parent folder of run directories (``forge run``,
+                                             ``forge top``).
+``FORGE_CACHE_DIR``       ``~/.cache/forge`` Where tiny models and other derived artefacts are
+                                             built and kept.
+``FORGE_SHM_POOL_BYTES``  ``1073741824``     Most bytes of warm shared-memory message segments
+                                             a process keeps for reuse.
+``FORGE_THREAD_BUDGET``   ``1``              ``0``/``false``/``off`` turns the per-host
+                                             compute-thread budget off (``controller.threads``).
+``FORGE_HOST_CORES``      unset              Cores the thread budget shares (default: this
+                                             process's CPU affinity, capped by a cgroup quota).
+``FORGE_UVLOOP``          ``1``              ``0`` runs every process on asyncio's own event
+                                             loop instead of uvloop.
+``FORGE_VISIBLE_GPUS``    unset              GPUs the provisioner hands out (comma-separated;
+                                             wins over ``CUDA_VISIBLE_DEVICES``).
+========================  =================  ===============================================
+
+Set by the process that spawns an actor process (the launch protocol; never set by hand):
+
+========================  ==================================================================
+Variable                  Meaning (who sets it)
+========================  ==================================================================
+``FORGE_MESH``            The process mesh's name (``controller.mesh``, ``_monarch``,
+                          ``_hosts``).
+``FORGE_RANK``            This process's linear rank in its mesh (same).
+``FORGE_SIZE``            The mesh's number of processes (same).
+``FORGE_SHAPE``           The mesh's sizes by dimension, as JSON (same).
+``FORGE_ADDRESS``         Address the worker serves on, ``unix:<path>`` or ``tcp:<ip>:<port>``
+                          (port 0: the worker reports the one it got) (same).
+``FORGE_READY_FD``        Pipe the worker writes ``<pid> <address>`` to once it serves
+                          (``controller._local``).
+``FORGE_LIFELINE_FD``     Pipe whose end-of-file tells the worker its parent died
+                          (``controller._local``).
+``FORGE_SYS_PATH``        The parent's ``sys.path``, as JSON (``controller._local``).
+``FORGE_SESSION_DIR``     The session's private socket directory (``controller._runtime``).
+``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``).
+``FORGE_SHM_PREFIX``      Name prefix of the session's shared-memory files
+                          (``controller._runtime``).
+========================  ==================================================================
+
+``get(name)`` reads any other variable, for ``${env:VAR}`` in config files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "BACKENDS",
+    "SESSION_DIR",
+    "SESSION_KEY",
+    "SHM_PREFIX",
+    "InheritedSession",
+    "WorkerPlace",
+    "backend",
+    "cache_dir",
+    "get",
+    "host_cores",
+    "hosts",
+    "hosts_key_file",
+    "inherited_session",
+    "lifeline_fd",
+    "log_level",
+    "ready_fd",
+    "run_dir",
+    "shm_pool_bytes",
+    "sys_path",
+    "thread_budget",
+    "uvloop",
+    "visible_gpus",
+    "worker_place",
+]
+
+BACKENDS = ("local", "monarch", "hosts")
+# Launch-protocol names that spawners also write into a child's environment.
+SESSION_DIR = "FORGE_SESSION_DIR"
+SESSION_KEY = "FORGE_SESSION_KEY"
+SHM_PREFIX = "FORGE_SHM_PREFIX"
+
+
+def get(name: str) -> str | None:
+    """The raw value of ``name`` (any variable), ``None`` when unset."""
+    return os.environ.get(name)
+
+
+# -- set by the user -------------------------------------------------------------------------
+def backend() -> str:
+    """``FORGE_BACKEND``: ``local`` (default), ``monarch`` or ``hosts``."""
+    name = os.environ.get("FORGE_BACKEND", "local").strip().lower() or "local"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown FORGE_BACKEND {name!r}; choose one of {list(BACKENDS)}")
+    return name
+
+
+def hosts() -> str:
+    """``FORGE_HOSTS``, raw (``""`` when unset); ``controller._hosts`` parses it."""
+    return os.environ.get("FORGE_HOSTS", "")
+
+
+def hosts_key_file() -> str:
+    """``FORGE_HOSTS_KEY_FILE`` (``""`` when unset)."""
+    return os.environ.get("FORGE_HOSTS_KEY_FILE", "")
+
+
+def log_level(default: str = "WARNING") -> str:
+    """``FORGE_LOG_LEVEL`` upper-cased (``default`` when unset or empty); ``ValueError`` for a
+    name that is not a logging level."""
+    import logging
+
+    value = os.environ.get("FORGE_LOG_LEVEL", "").strip().upper() or default
+    # getLevelName maps a known name to its int and an unknown one to the string "Level X".
+    if not isinstance(logging.getLevelName(value), int):
+        raise ValueError(
+            f"FORGE_LOG_LEVEL={value!r} is not a logging level; "
+            "choose one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+        )
+    return value
+
+
+def run_dir() -> Path:
+    """``FORGE_RUN_DIR`` (default ``runs``), user-expanded."""
+    return Path(os.environ.get("FORGE_RUN_DIR") or "runs").expanduser()
+
+
+def cache_dir() -> Path:
+    """``FORGE_CACHE_DIR`` (default ``~/.cache/forge``), user-expanded."""
+    return Path(os.environ.get("FORGE_CACHE_DIR") or "~/.cache/forge").expanduser()
+
+
+def shm_pool_bytes() -> int:
+    """``FORGE_SHM_POOL_BYTES`` (default 1 GiB)."""
+    return int(os.environ.get("FORGE_SHM_POOL_BYTES") or 1 << 30)
+
+
+def thread_budget() -> bool:
+    """Whether the compute-thread budget is on: ``FORGE_THREAD_BUDGET`` not ``0``/``false``/
+    ``off`` (default on)."""
+    return os.environ.get("FORGE_THREAD_BUDGET", "1").strip() not in ("0", "false", "off")
+
+
+def host_cores() -> int | None:
+    """``FORGE_HOST_CORES`` (at least 1), ``None`` when unset or empty."""
+    forced = os.environ.get("FORGE_HOST_CORES")
+    return max(1, int(forced)) if forced else None
+
+
+def uvloop() -> bool:
+    """Whether uvloop may be used: ``FORGE_UVLOOP`` is not ``0`` (default on)."""
+    return os.environ.get("FORGE_UVLOOP", "1") != "0"
+
+
+def visible_gpus() -> str | None:
+    """``FORGE_VISIBLE_GPUS``, raw (comma-separated), ``None`` when unset."""
+    return os.environ.get("FORGE_VISIBLE_GPUS")
+
+
+# -- set by the spawner (the launch protocol) ------------------------------------------------
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where an actor process sits: its mesh, rank, the mesh's size and shape, its address."""
+
+    mesh: str
+    rank: int
+    size: int
+    shape: dict[str, int]
+    address: str
+
+
+def worker_place() -> WorkerPlace:
+    """``FORGE_MESH``, ``FORGE_RANK``, ``FORGE_SIZE``, ``FORGE_SHAPE`` and ``FORGE_ADDRESS``
+    of an actor process (``KeyError`` outside one)."""
+    e = os.environ
+    return WorkerPlace(
+        mesh=e["FORGE_MESH"],
+        rank=int(e["FORGE_RANK"]),
+        size=int(e["FORGE_SIZE"]),
+        shape=json.loads(e["FORGE_SHAPE"]),
+        address=e["FORGE_ADDRESS"],
+    )
+
+
+def ready_fd() -> int:
+    """``FORGE_READY_FD``: the pipe an actor process reports ``<pid> <address>`` on."""
+    return int(os.environ["FORGE_READY_FD"])
+
+
+def lifeline_fd() -> int:
+    """``FORGE_LIFELINE_FD``: the pipe whose end-of-file means the parent died."""
+    return int(os.environ["FORGE_LIFELINE_FD"])
+
+
+def sys_path() -> list[str]:
+    """``FORGE_SYS_PATH``: the parent's ``sys.path`` (``[]`` when unset)."""
+    return json.loads(os.environ.get("FORGE_SYS_PATH", "[]"))
+
+
+@dataclass(frozen=True)
+class InheritedSession:
+    """A session passed down by the root controller: socket dir, secret, shm name prefix."""
+
+    dir: str
+    authkey: bytes
+    shm_prefix: str | None
+
+
+def inherited_session() -> InheritedSession | None:
+    """The session in ``FORGE_SESSION_DIR``/``FORGE_SESSION_KEY``/``FORGE_SHM_PREFIX``, or
+    ``None`` in a root controller (no directory or key set)."""
+    d, key = os.environ.get(SESSION_DIR), os.environ.get(SESSION_KEY)
+    if not (d and key):
+        return None
+    return InheritedSession(d, bytes.fromhex(key), os.environ.get(SHM_PREFIX))

@@ -1,0 +1,56 @@
+"""The run's machinery: what every RL program needs around its loop.
+
+An app (``apps/grpo/main.py``) spawns actors and services, then wires these into its loop:
+
+=======================  ==============================================================
+``RLConfig``             the run's config: policy, roles, rollout, replicas, evaluation
+``MetricLog``, ``M``     step metrics to backends and ``forge top``; their names
+``Checkpointer``         checkpoints for ``forge run --resume``
+``Supervisor``, ``Roles`` restarts from the last checkpoint when a watched actor dies
+``WeightSync``           push a version, load it on the generators (beside training)
+``ActorMetrics``         actors' metrics flushed off the critical path
+``train_next``           wait for a batch (bounded), then a training step (PPO: critic)
+``train_streamed``       trajectory streaming: train on episodes as they arrive
+``Evaluator``            greedy held-out accuracy or episode success, logged
+``sft_then_rl``          a pipeline of apps (SFT, then RL) in one run directory
+=======================  ==============================================================
+"""
+
+from forge.run.actors import actor_env
+from forge.run.batches import next_batch, train_next, train_streamed
+from forge.run.checkpoint import Checkpointer
+from forge.run.config import EvalConfig, ReplicasConfig, RLConfig
+from forge.run.critic import GAECritic, check_ppo, train_step
+from forge.run.evaluate import Evaluator, evaluate_policy
+from forge.run.flush import ActorMetrics
+from forge.run.metrics import MetricLog, progress, step_row
+from forge.run.policy import PolicyConfig, retarget
+from forge.run.supervise import Roles, Supervisor, TrainerDiedError, check_restarts
+from forge.run.weights import WeightSync
+
+__all__ = [
+    "ActorMetrics",
+    "Checkpointer",
+    "EvalConfig",
+    "Evaluator",
+    "GAECritic",
+    "MetricLog",
+    "PolicyConfig",
+    "RLConfig",
+    "ReplicasConfig",
+    "Roles",
+    "Supervisor",
+    "TrainerDiedError",
+    "WeightSync",
+    "actor_env",
+    "check_ppo",
+    "check_restarts",
+    "evaluate_policy",
+    "next_batch",
+    "progress",
+    "retarget",
+    "step_row",
+    "train_next",
+    "train_step",
+    "train_streamed",
+]

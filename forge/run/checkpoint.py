@@ -1,0 +1,80 @@
+"""Run checkpoints for ``forge run --resume``: the trainer (model, optimizer, schedule, RNG),
+the replay buffer and the data source's position, published atomically.
+
+    ckpt = Checkpointer(run_dir, every=10)
+    version = await ckpt.restore(trainer, buffer, data) if resume else 0
+    ...
+    await ckpt.maybe_save(version, trainer, buffer, data)   # every ``every`` steps
+
+Layout: ``<run_dir>/checkpoints/step_NNNNNN/{trainer/, state.pt}`` and ``latest`` (JSON
+naming the last complete one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["Checkpointer"]
+
+
+class Checkpointer:
+    """Every ``every`` steps: trainer (model, optimizer, schedule, RNG), replay buffer and
+    dataset position, written to ``<run_dir>/checkpoints/step_N`` then published atomically
+    by renaming and pointing ``latest`` at it."""
+
+    def __init__(self, run_dir: Path, every: int):
+        self.root = Path(run_dir) / "checkpoints"
+        self.every = every
+
+    async def maybe_save(self, step: int, trainer, buffer, data) -> Path | None:
+        if not self.every or step % self.every:
+            return None
+        final = self.root / f"step_{step:06d}"
+        tmp = self.root / f".tmp_step_{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        await trainer.save.call(str(tmp / "trainer"))
+        state = {
+            "step": step,
+            "buffer": await buffer.state_dict.call_one(),
+            "data": await data.state_dict.call_one(),
+        }
+        import torch  # pickles python RNG tuples and tensors alike
+
+        torch.save(state, tmp / "state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        (self.root / "latest.tmp").write_text(json.dumps({"step": step, "dir": final.name}))
+        os.replace(self.root / "latest.tmp", self.root / "latest")
+        return final
+
+    def latest(self) -> Path | None:
+        """The directory of the last published checkpoint (``None``: none yet)."""
+        marker = self.root / "latest"
+        if not marker.is_file():
+            return None
+        return self.root / json.loads(marker.read_text())["dir"]
+
+    def latest_step(self) -> int | None:
+        """The step of the last published checkpoint (``None``: none yet)."""
+        marker = self.root / "latest"
+        if not marker.is_file():
+            return None
+        return int(json.loads(marker.read_text())["step"])
+
+    async def restore(self, trainer, buffer, data) -> int:
+        """Load the latest checkpoint into the actors; returns its step (0 if none)."""
+        path = self.latest()
+        if path is None:
+            return 0
+        import torch
+
+        state = torch.load(path / "state.pt", weights_only=False)
+        await trainer.load.call(str(path / "trainer"))
+        await buffer.load_state_dict.call_one(state["buffer"])
+        await data.load_state_dict.call_one(state["data"])
+        print(f"[forge] resumed from {path} (step {state['step']})", flush=True)
+        return int(state["step"])

@@ -1,0 +1,191 @@
+"""The config of an RL run: what every RL app's loop needs, each fact stated once.
+
+An app's ``Config`` is (or extends) ``RLConfig``; YAML is its surface (``forge run --config
+X.yaml a.b=c``). The policy's facts (``policy:``, see ``forge.run.policy``) flow to the
+generator, trainer, reference, critic and evaluation; replica counts are one section
+(``replicas:``); every choice is resolved when the config loads, and knobs the run would
+ignore are errors, never silent no-ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge.generation.backend import GeneratorConfig
+from forge.models.reward_model import RewardModelConfig
+from forge.plugins import Spec
+from forge.rollout.episodes import EnvConfig
+from forge.rollout.scoring import RolloutConfig, check_rollout_overrides
+from forge.run.critic import check_ppo
+from forge.run.policy import PolicyConfig, check_policy, policy_defaults
+from forge.run.supervise import check_restarts
+from forge.slots import DATA_SOURCE, REWARD
+from forge.training.config import ReferenceConfig, TrainerConfig
+from forge.training.critic import CriticConfig
+from forge.training.phases import PhaseConfig, validate_phases
+from forge.weights.config import WeightTransportConfig
+
+__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig"]
+
+# Keys of earlier versions, and where their fact lives now.
+RENAMED = {
+    "model": "policy.model",
+    "rollout.temperature": "policy.temperature",
+    "num_generators": "replicas.generator",
+    "reward_replicas": "replicas.rewards",
+    "reward_model_replicas": "replicas.reward_model",
+    "env.replicas": "replicas.env",
+}
+
+
+@dataclass
+class EvalConfig:
+    """Greedy evaluation on the data source's held-out items: before training (``at_start``),
+    after it (``at_end``) and every ``every`` steps (0: never). ``reward`` scores held-out
+    answers (default: the first of ``rewards``); with an environment, its success decides."""
+
+    at_start: bool = True
+    at_end: bool = True
+    every: int = 0
+    max_tokens: int = 8
+    reward: Spec | None = None
+
+
+@dataclass
+class ReplicasConfig:
+    """How many replicas each service runs. ``env: 0`` runs environments in the rollout
+    loop's own process; N > 0 runs them in an ``EnvActor`` service."""
+
+    generator: int = 1
+    rewards: int = 1
+    reward_model: int = 1
+    env: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("generator", "rewards", "reward_model"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"replicas.{name} must be >= 1, got {getattr(self, name)}")
+        if self.env < 0:
+            raise ValueError(f"replicas.env must be >= 0 (0: in-process), got {self.env}")
+
+
+@dataclass
+class RLConfig:
+    """See the module docstring; fields are documented where they are less than obvious."""
+
+    app: str
+    policy: PolicyConfig
+    generator: GeneratorConfig
+    trainer: TrainerConfig
+    data: Spec
+    rewards: list[Spec] = field(default_factory=list)  # (an env gives its own rewards)
+    steps: int = 100
+    max_policy_age: int = 1  # rollouts run at most this many versions ahead of training
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    trainer_procs: int = 1
+    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)  # all roles
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reference: ReferenceConfig | None = None  # a KL term's reference policy
+    env: EnvConfig | None = None  # multi-turn: rollouts are episodes in this environment
+    reward_model: RewardModelConfig | None = None  # a learned reward: its score is a component
+    critic: CriticConfig | None = None  # PPO: a value model, GAE advantages per token
+    whiten_advantages: bool = True  # with a critic: normalise GAE advantages per batch
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    phases: list[PhaseConfig] = field(default_factory=list)  # loss/rollout switches by step
+    metrics: list[str] = field(default_factory=lambda: ["jsonl"])
+    checkpoint_every: int = 0
+    restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
+    stream: bool = False  # trajectory streaming: train on a step's first groups early
+    batch_timeout_s: float = 600.0  # no usable batch for this long: stop with a named error
+    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
+    seed: int = 0
+
+    @classmethod
+    def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
+        for old, new in RENAMED.items():
+            section, _, key = old.rpartition(".")
+            holder = data.get(section) if section else data
+            if isinstance(holder, dict) and key in holder:
+                raise ValueError(f"{old} is now {new} (each fact is stated once); rename it")
+        data = policy_defaults(data, ("generator", "trainer", "reference", "critic"))
+        if isinstance(data.get("weights"), dict):  # one transport: the pusher's and pullers'
+            for role in ("generator", "trainer", "reference"):
+                if isinstance(data.get(role), dict):
+                    data[role] = {"weights": data["weights"], **data[role]}
+        return data
+
+    def __post_init__(self) -> None:
+        # Resolve every user-supplied part now: a typo fails before anything spawns.
+        DATA_SOURCE.validate(self.data, key="data")
+        for i, spec in enumerate(self.rewards):
+            REWARD.validate(spec, key=f"rewards[{i}]")
+        if self.eval.reward is not None:
+            REWARD.validate(self.eval.reward, key="eval.reward")
+        check_policy(self.policy, generator=self.generator, trainer=self.trainer,
+                     reference=self.reference)  # fmt: skip
+        for name, role in (("generator", self.generator), ("reference", self.reference)):
+            if role is not None and _where(role.weights) != _where(self.trainer.weights):
+                raise ValueError(
+                    f"{name}.weights pulls from {_where(role.weights)} but trainer.weights "
+                    f"pushes to {_where(self.trainer.weights)}; state the transport once in "
+                    "the run's weights: section"
+                )
+        check_ppo(self.critic, self.trainer.loss.type)
+        validate_phases(self.phases, self.trainer.loss)
+        check_rollout_overrides(self.phases)
+        check_restarts(self.restart_on_failure, self.checkpoint_every)
+        self._check_env()
+        if self.stream and (self.trainer_procs != 1 or self.critic is not None):
+            raise ValueError(
+                "stream: trajectory streaming needs trainer_procs=1 and no critic (PPO values "
+                f"need the whole batch); got trainer_procs={self.trainer_procs}, "
+                f"critic={'set' if self.critic else 'none'}; set stream=false"
+            )
+        if self.rollout.episodes_per_step % self.trainer_procs:
+            raise ValueError(
+                f"rollout.prompts_per_step*group_size={self.rollout.episodes_per_step} must "
+                f"divide by trainer_procs={self.trainer_procs}"
+            )
+
+    def _check_env(self) -> None:
+        """Without an environment, rewards score completions; with one, the environment
+        scores episodes, and the knobs of single-turn scoring would be ignored: errors."""
+        if self.env is None:
+            if not self.rewards:
+                raise ValueError(
+                    f"rewards: give at least one reward function (or an env); built-ins: "
+                    f"{', '.join(REWARD.names())}"
+                )
+            if self.replicas.env:
+                raise ValueError(f"replicas.env={self.replicas.env} but there is no env section")
+            return
+        ignored = {
+            "rewards": bool(self.rewards),
+            "reward_model": self.reward_model is not None,
+            "eval.reward": self.eval.reward is not None,
+            "rollout.overlong_buffer": bool(self.rollout.overlong_buffer),
+        }
+        named = [k for k, v in ignored.items() if v]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)}: set together with env, but the environment gives every "
+                "reward of an episode (its named components are the reward components); "
+                "score inside the environment's step() instead, or remove them"
+            )
+
+    def reward_fns(self) -> list[Callable]:
+        """The resolved reward functions."""
+        return [REWARD.resolve(s) for s in self.rewards]
+
+    def eval_reward_fn(self) -> Callable | None:
+        """The reward that scores held-out answers (``None`` with an environment)."""
+        if self.env is not None:
+            return None
+        return REWARD.resolve(self.eval.reward or self.rewards[0])
+
+
+def _where(w: WeightTransportConfig) -> tuple[str, str, str]:
+    """Where a transport's versions live (what pusher and pullers must agree on)."""
+    return (w.type, w.prefix, w.root)

@@ -1,0 +1,72 @@
+"""PPO's value side: a critic gives per-token values, GAE turns the batch's terminal rewards
+into per-token advantages, and the critic trains on the returns, beside the policy update.
+
+    values -> GAE(gamma, lambda) -> batch.advantages_b = A[B, T] -> trainer (loss type ppo)
+                                 -> critic.train_step(batch, returns, old values)
+
+Enabled by a ``critic`` section in a run's config (``forge.training.critic.CriticConfig``);
+the trainer's loss must then take per-token advantages (``ppo`` or ``reinforce``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from forge.losses.value import ppo_advantages_for_batch
+from forge.training.critic import CriticConfig
+from forge.types import TrainBatch
+
+__all__ = ["PPO_LOSSES", "GAECritic", "check_ppo", "train_step"]
+
+PPO_LOSSES = ("ppo", "reinforce")
+
+
+def check_ppo(critic: CriticConfig | None, loss_type: str) -> None:
+    """Config check: a critic needs a loss that takes per-token advantages."""
+    if critic is not None and loss_type not in PPO_LOSSES and ":" not in loss_type:
+        raise ValueError(
+            f"critic is set, so the advantages are per token (GAE), but trainer.loss.type="
+            f"{loss_type!r} takes one advantage per sequence; use one of {PPO_LOSSES}"
+        )
+
+
+@dataclass
+class GAECritic:
+    """A running critic actor (``forge.actors.Critic``) with its config: GAE advantages for
+    a batch, then the critic's update."""
+
+    actor: Any
+    cfg: CriticConfig
+    whiten: bool = True  # normalise GAE advantages per batch
+
+    async def advantages(self, batches: list[TrainBatch]) -> list[tuple[Any, Any]]:
+        """Set GAE advantages on each rank's batch; returns ``[(returns_bt, values_bt)]``."""
+        values = await asyncio.gather(*(self.actor.values.call_one(b) for b in batches))
+        targets = []
+        for b, values_bt in zip(batches, values):
+            adv_bt, returns_bt = ppo_advantages_for_batch(
+                b, b.rewards_b, values_bt, self.cfg.gamma, self.cfg.lam,
+                whiten_advantages=self.whiten,
+            )  # fmt: skip
+            b.advantages_b = adv_bt
+            targets.append((returns_bt, values_bt))
+        return targets
+
+    async def train(self, batches: list[TrainBatch], targets) -> dict[str, float]:
+        """One critic update per rank batch; returns the last update's metrics, prefixed."""
+        m: dict[str, float] = {}
+        for b, (returns_bt, values_bt) in zip(batches, targets):
+            m = await self.actor.train_step.call_one(b, returns_bt, values_bt)
+        return {f"critic/{k}": v for k, v in m.items()}
+
+
+async def train_step(trainer, batch, critic: GAECritic | None = None) -> dict:
+    """One training step on ``batch`` (a list of per-rank batches); with a critic (PPO):
+    values -> GAE -> the policy and critic updates side by side."""
+    if critic is None:
+        return (await trainer.train_step.call(batch)).item(procs=0)
+    targets = await critic.advantages(batch)
+    trained, cm = await asyncio.gather(trainer.train_step.call(batch), critic.train(batch, targets))
+    return {**trained.item(procs=0), **cm}

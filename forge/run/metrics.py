@@ -1,0 +1,102 @@
+"""A run's step metrics: collected between steps, reduced per step, written to the metric
+backends (``metrics: [jsonl, tensorboard, wandb, console]``) and to the live status that
+``forge top`` shows.
+
+    log = MetricLog(run_dir, ["jsonl"], steps=cfg.steps)
+    log.add(M.REWARD, [0.5, 1.0])                # any number of values between steps
+    row = log.step(version, {M.TRAIN_S: 0.12})  # the step's row: means of what was added,
+                                                # this process's and the actors' metrics
+    log.record(version, {M.HELDOUT_ACCURACY: 0.9})  # an extra row (an evaluation)
+    log.close()
+
+Metric names with a meaning Forge reads are ``forge.observability.names.M``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from forge.observability import build_backends, get_collector, merge_states
+from forge.observability.names import M
+from forge.observability.status import StepStatus
+
+__all__ = ["MetricLog", "progress", "step_row"]
+
+
+class MetricLog:
+    """Collects metrics between steps, reduces them per step, writes them to backends and
+    to the run's live status (``forge top``; ``steps``: the run's length, if known)."""
+
+    def __init__(self, run_dir: Path, backends: list[str], steps: int | None = None):
+        self.backends = build_backends(backends, run_dir)
+        self.status = StepStatus(Path(run_dir).name, steps)
+        self.history: list[dict[str, float]] = []
+        self._pending: dict[str, list[float]] = {}
+        self._remote: list[dict] = []
+        self._t = time.perf_counter()
+
+    def merge(self, states: list[dict]) -> None:
+        """Metric states flushed by actor processes (reduced with the local ones at step)."""
+        self._remote.extend(states)
+
+    def add(self, key: str, values: list[float]) -> None:
+        """Values of ``key`` for the next step's row (which logs their mean)."""
+        self._pending.setdefault(key, []).extend(values)
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Write ``metrics`` as a row of its own for ``step`` (an evaluation, a summary)."""
+        self.history.append({"step": step, **metrics})
+        for b in self.backends:
+            b.log(step, metrics)
+        self.status.eval(step, metrics)
+
+    def record_remote(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` plus the actor states merged since the last step as an extra
+        row for ``step`` (the run's last flush, which arrives after its last step)."""
+        self.record(step, {**metrics, **merge_states(self._remote)})
+        self._remote = []
+
+    def step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Log ``metrics`` plus the means of what was ``add``ed since the last step and of
+        anything recorded with ``record_metric`` in this process; returns the row."""
+        out = dict(metrics)
+        for key, values in self._pending.items():
+            if values:
+                out[key] = statistics.fmean(values)
+        self._pending = {}
+        out.update(merge_states([get_collector().flush(), *self._remote]))
+        self._remote = []
+        out[M.ELAPSED_S] = time.perf_counter() - self._t
+        self.record(step, out)
+        self.status.step(step, out)
+        return out
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+
+
+def progress(steps: Iterable, desc: str) -> tqdm:
+    """A run's progress bar on stdout (steps, rate, and the postfix the loop sets)."""
+    return tqdm(steps, desc=desc, file=sys.stdout, dynamic_ncols=True)
+
+
+def step_row(
+    train_metrics: dict[str, float], wait_s: float, train_s: float, sync_s: float
+) -> dict[str, float]:
+    """A training step's row: the trainer's metrics (``train/<key>``), its tokens per second
+    and where the step's time went (waiting for episodes, training, the weight push)."""
+    return {
+        **{M.train(k): v for k, v in train_metrics.items()},
+        M.TOKENS_PER_S: train_metrics.get("tokens", 0.0) / max(train_s, 1e-9),
+        M.WAIT_BATCH_S: wait_s,
+        M.TRAIN_S: train_s,
+        M.WEIGHT_SYNC_S: sync_s,
+        M.STEP_S: wait_s + train_s + sync_s,
+    }

@@ -1,0 +1,74 @@
+"""Weight sync of a run: the trainer publishes version ``v``, every generator replica (and a
+reference model that follows the policy) loads it, then the rollout manager hands out the
+next step's credits so new rollouts run on it.
+
+    sync = WeightSync(trainer, generator, reference, log=log, on_served=manager.advance,
+                      overlap=cfg.max_policy_age > 0)
+    await sync.push(version)     # after each training step
+    ...
+    await sync.wait()            # before an evaluation, and at the end
+
+With ``overlap`` (rollouts may be a version old) the replicas load the weights beside the
+trainer's next step: its next batch is (mostly) already in the buffer. The previous load is
+always finished before the next push, which may reuse its files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["WeightSync"]
+
+
+class WeightSync:
+    """Pushes the trainer's weights and loads them on the generators (see the module)."""
+
+    def __init__(
+        self,
+        trainer,
+        generator,
+        reference=None,
+        *,
+        log=None,
+        on_served: Callable[[int], Any] | None = None,
+        overlap: bool = True,
+    ) -> None:
+        self.trainer, self.generator, self.reference = trainer, generator, reference
+        self.log, self.on_served, self.overlap = log, on_served, overlap
+        self._pending: asyncio.Future | None = None
+
+    async def push(self, version: int) -> None:
+        """Publish ``version`` from the trainer and start loading it on the replicas
+        (awaited here unless ``overlap``)."""
+        await self.wait()  # the last version's pull ends before the next push reuses it
+        handle = (await self.trainer.push_weights.call(version)).item(procs=0)
+        self._pending = asyncio.ensure_future(self._load(version, handle))
+        if not self.overlap:
+            await self.wait()
+
+    async def resume(self, version: int) -> None:
+        """A resumed run: the replicas start on the restored trainer's ``version``."""
+        handle = (await self.trainer.push_weights.call(version)).item(procs=0)
+        await self.generator.update_weights.fanout(version, handle)
+
+    async def wait(self) -> None:
+        """The load in flight (if any) is done."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            await pending
+
+    def cancel(self) -> None:
+        """Drop the load in flight (the run is failing)."""
+        if self._pending is not None:
+            self._pending.cancel()
+
+    async def _load(self, version: int, handle) -> None:
+        served = await self.generator.update_weights.fanout_by_replica(version, handle)
+        if self.log is not None:
+            self.log.status.served(served)
+        if self.reference is not None:  # a moving reference (EMA / reset) pulls it too
+            await self.reference.update_weights.fanout(version, handle)
+        if self.on_served is not None:
+            self.on_served(version)

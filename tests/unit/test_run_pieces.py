@@ -1,0 +1,122 @@
+"""Unit tests of the run's machinery in ``forge.run`` that need no process: which deaths a
+checkpoint can undo, the policy's facts flowing to its roles, the step row, the rollout
+manager's reconfiguration."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller import ActorDiedError
+from forge import M, PolicyConfig, RolloutManager, step_row
+from forge.config import config_from_dict
+from forge.run.policy import check_policy, policy_defaults, retarget
+from forge.run.supervise import Roles, TrainerDiedError
+
+
+class _Mesh:
+    def __init__(self, *pids: int):
+        self.pids = list(pids)
+
+
+def test_roles_name_the_deaths_a_checkpoint_can_undo():
+    """Watched actors (by their processes), not mesh names: a service replica's death or a
+    critic's is not the run's to undo."""
+    roles = Roles()
+    roles.watch(_Mesh(4242, 4243), "trainer")
+    roles.watch(_Mesh(7), "replay buffer")
+    died = ActorDiedError("Trainer-2", 1, 4243, -9)
+    assert roles.died(died) == ("trainer", died)
+    try:  # a rollout loop's failure wraps the death as its cause
+        raise RuntimeError("a rollout loop failed") from ActorDiedError("ReplayBuffer-5", 0, 7)
+    except RuntimeError as e:
+        assert roles.died(e)[0] == "replay buffer"
+    assert roles.died(ActorDiedError("Trainer-9", 0, 99, -9)) is None  # not watched
+    assert roles.died(ValueError("x")) is None
+
+
+def test_trainer_died_error_names_role_process_and_checkpoint(tmp_path):
+    died = ActorDiedError("Trainer-2", 0, 4242, -9)
+    e = TrainerDiedError("trainer", died, 6, tmp_path / "step_000006", 0, 0)
+    assert str(e).startswith("the run's trainer died: process for mesh 'Trainer-2'")
+    assert "last checkpoint: step 6" in str(e) and "restart_on_failure=0" in str(e)
+    import pickle
+
+    assert str(pickle.loads(pickle.dumps(e))) == str(e)
+
+
+def test_policy_facts_flow_to_roles_that_do_not_state_them():
+    data = {
+        "policy": {"model": "/m", "temperature": 0.5},
+        "trainer": {"loss": {"type": "grpo"}},
+        "reference": {"model": "/other"},  # a reference from another checkpoint, on purpose
+    }
+    out = policy_defaults(data, ("generator", "trainer", "reference", "critic"))
+    assert out["generator"] == {"model": "/m"}
+    assert out["trainer"]["model"] == "/m" and out["trainer"]["temperature"] == 0.5
+    assert out["reference"] == {"model": "/other", "temperature": 0.5}
+    assert "critic" not in out  # a role the config leaves out stays out
+
+
+def test_a_role_that_contradicts_the_policy_is_an_error():
+    from forge import GeneratorConfig, ReferenceConfig, TrainerConfig
+
+    policy = PolicyConfig(model="/m", temperature=0.7)
+    with pytest.raises(ValueError, match=r"trainer.temperature=1.0 but policy.temperature=0.7"):
+        check_policy(policy, trainer=TrainerConfig(model="/m"))
+    with pytest.raises(ValueError, match=r"generator.model='/x' but policy.model='/m'"):
+        check_policy(policy, generator=GeneratorConfig(model="/x"))
+    # a reference may use another model, but never another temperature
+    check_policy(policy, reference=ReferenceConfig(model="/x", temperature=0.7))
+    with pytest.raises(ValueError, match="reference.temperature"):
+        check_policy(policy, reference=ReferenceConfig(model="/m"))
+
+
+def test_retarget_moves_the_policy_and_the_roles_that_followed_it():
+    from forge import RLConfig
+
+    cfg = config_from_dict(
+        RLConfig,
+        {
+            "app": "x",
+            "policy": {"model": "from-run"},
+            "data": "jsonl",
+            "rewards": ["exact_match"],
+            "reference": {},
+            "critic": {"model": "/value-model"},
+            "trainer": {"loss": {"type": "ppo"}},
+        },
+    )
+    retarget(cfg, "/sft")
+    assert cfg.policy.model == cfg.generator.model == cfg.trainer.model == "/sft"
+    assert cfg.reference.model == "/sft" and cfg.critic.model == "/value-model"
+
+
+def test_renamed_keys_say_where_their_fact_lives_now():
+    from forge import RLConfig
+
+    for key, new in (("num_generators", "replicas.generator"), ("model", "policy.model")):
+        with pytest.raises(ValueError, match=rf"{key} is now {new}"):
+            config_from_dict(
+                RLConfig, {"app": "x", "policy": {"model": "/m"}, "data": "jsonl", key: 2}
+            )
+
+
+def test_step_row_names_the_metrics_forge_top_reads():
+    row = step_row({"loss": 0.5, "tokens": 100.0}, wait_s=0.1, train_s=0.5, sync_s=0.05)
+    assert row[M.LOSS] == 0.5 and row[M.TOKENS_PER_S] == pytest.approx(200.0)
+    assert row[M.STEP_S] == pytest.approx(0.65) and row[M.WAIT_BATCH_S] == 0.1
+
+
+async def test_rollout_manager_reconfigure_sets_the_budget_as_init_does():
+    async def nothing():
+        return None
+
+    async def consume(group):
+        return None
+
+    m = RolloutManager(nothing, consume, groups_per_step=3, over_sampling_factor=1.5)
+    assert m.budget == 5  # ceil(4.5)
+    m.reconfigure(filter_fn=None, over_sampling_factor=2.0, partial=False)
+    assert (m.budget, m.partial, m.filter_fn) == (6, False, None)
+    with pytest.raises(ValueError, match="over_sampling_factor"):
+        m.reconfigure(filter_fn=None, over_sampling_factor=0.5, partial=True)
