@@ -41,7 +41,7 @@ UPDATE_MODES = ("in_flight", "drain")
 # The GeneratorConfig fields only one backend reads; setting one for the other backend is an
 # error (it would be silently ignored).
 BACKEND_KNOBS: dict[str, tuple[str, ...]] = {
-    "hf": ("attn_implementation", "prefix_cache_tokens"),
+    "hf": ("device", "attn_implementation", "prefix_cache_tokens"),
     "vllm": ("engine_kwargs",),
 }
 
