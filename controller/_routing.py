@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from controller._service_types import HEALTHY, Replica, ServiceConfig, Stale
+from controller._service_types import HEALTHY, UNHEALTHY, Replica, ServiceConfig, Stale
 from controller.endpoint import EndpointProperty
 from controller.errors import ActorDiedError, ServiceUnavailable
 from controller.future import Future
@@ -103,6 +103,17 @@ class Routing:
         self._sessions[sid] = r
         if r is not None:
             r.sessions += 1
+
+    def _mark_down(self, r: Replica, gen: int, reason: str) -> bool:
+        """Take generation ``gen`` of ``r`` out of rotation and re-home its sessions (call
+        with the lock); ``False`` if that generation was already down or replaced."""
+        if r.gen != gen or r.state != HEALTHY:
+            return False
+        r.state = UNHEALTHY
+        r.last_error = reason
+        r.down_since = time.monotonic()
+        self._rehome(r)
+        return True
 
     def _rehome(self, r: Replica) -> None:
         """Move ``r``'s sessions to the least-loaded healthy replicas (call with the lock)."""

@@ -34,6 +34,8 @@ Variable                  Default            Meaning
                                              process's CPU affinity, capped by a cgroup quota).
 ``FORGE_UVLOOP``          ``1``              ``0`` runs every process on asyncio's own event
                                              loop instead of uvloop.
+``FORGE_DETERMINISTIC``   unset              ``1`` (set by a run with ``deterministic: true``):
+                                             torch's deterministic kernels in actor processes.
 ``FORGE_VISIBLE_GPUS``    unset              GPUs the provisioner hands out (comma-separated;
                                              wins over ``CUDA_VISIBLE_DEVICES``).
 ========================  =================  ===============================================
@@ -173,6 +175,11 @@ def host_cores() -> int | None:
 def uvloop() -> bool:
     """Whether uvloop may be used: ``FORGE_UVLOOP`` is not ``0`` (default on)."""
     return os.environ.get("FORGE_UVLOOP", "1") != "0"
+
+
+def deterministic() -> bool:
+    """Whether this process runs torch's deterministic kernels: ``FORGE_DETERMINISTIC=1``."""
+    return os.environ.get("FORGE_DETERMINISTIC", "") == "1"
 
 
 def visible_gpus() -> str | None:

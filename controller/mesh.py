@@ -273,16 +273,17 @@ class ActorMesh:
 
     def slice(self, **dims: int | slice) -> ActorMesh:
         """The same actor on a subset of ranks, e.g. ``mesh.slice(procs=0)``."""
-        sub = ActorMesh(
-            self._actor_name,
-            self._display,
-            self._cls,
-            self._infos,
-            self._shape.slice(**dims),
-            self._mesh_name,
+        sub = object.__new__(type(self))
+        shape = self._shape.slice(**dims)
+        ActorMesh.__init__(
+            sub, self._actor_name, self._display, self._cls, self._infos, shape, self._mesh_name
         )
-        sub._ready = self._ready
+        self._init_slice(sub)
         return sub
+
+    def _init_slice(self, sub: ActorMesh) -> None:
+        """What a slice shares with the mesh it was cut from (subclasses add theirs)."""
+        sub._ready = self._ready
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("__"):

@@ -36,7 +36,6 @@ from controller._service_types import (
     MAX_RESTART_DELAY_S,
     RECOVERING,
     STOPPED,
-    UNHEALTHY,
     Replica,
     ServiceConfig,
 )
@@ -140,12 +139,8 @@ class Service(Routing):
     def _replica_died(self, r: Replica, gen: int, reason: str) -> None:
         """Take ``r`` out of rotation, re-home its sessions, restart it (any thread)."""
         with self._lock:
-            if r.gen != gen or r.state != HEALTHY:
+            if not self._mark_down(r, gen, reason):
                 return
-            r.state = UNHEALTHY
-            r.last_error = reason
-            r.down_since = time.monotonic()
-            self._rehome(r)
             self._publish()
             if self._stopped or not r.wanted:
                 return

@@ -78,7 +78,7 @@ from typing import Any
 from controller import _context
 from controller import _serialization as ser
 from controller._routing import Routing
-from controller._service_types import HEALTHY, STOPPED, UNHEALTHY, Replica, ServiceConfig
+from controller._service_types import HEALTHY, STOPPED, Replica, ServiceConfig
 from controller.actor import Actor
 from controller.errors import ActorDiedError, ActorError, CallTimeoutError
 from controller.future import Future
@@ -217,21 +217,10 @@ class FakeActorMesh(ActorMesh):
         """The actor instance of every rank of this mesh (or slice), in rank order."""
         return [self._ranks.instances[r] for r in self._shape.ranks]
 
-    def slice(self, **dims: int | slice) -> FakeActorMesh:
-        """The same actor on a subset of ranks, e.g. ``mesh.slice(procs=0)``."""
-        sub = object.__new__(FakeActorMesh)
-        ActorMesh.__init__(
-            sub,
-            self._actor_name,
-            self._display,
-            self._cls,
-            self._infos,
-            self._shape.slice(**dims),
-            self._mesh_name,
-        )
+    def _init_slice(self, sub: ActorMesh) -> None:
+        super()._init_slice(sub)
         sub._ranks = self._ranks
         sub._key = _register(sub)
-        return sub
 
     # -- faults ----------------------------------------------------------------------------
     def fail_next(self, n: int = 1) -> None:
@@ -382,12 +371,8 @@ class FakeService(Routing):
 
     def _replica_died(self, r: Replica, gen: int, reason: str) -> None:
         with self._lock:
-            if r.gen != gen or r.state != HEALTHY:
+            if not self._mark_down(r, gen, reason):
                 return
-            r.state = UNHEALTHY
-            r.last_error = reason
-            r.down_since = time.monotonic()
-            self._rehome(r)
             if not getattr(r, "down", False) and not self._stopped:
                 self._back(r)  # fail_next(): back at once, as after an instant restart
 

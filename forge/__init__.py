@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
         )
     },  # fmt: skip
     "policy_defaults": "forge.run.policy",
+    "make_deterministic": "forge.run.config",
     "PipelineConfig": "forge.run.pipeline",
     "Stage": "forge.run.pipeline",
     "base_model": "forge.run.pipeline",

@@ -21,6 +21,19 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 EXTRAS=${FORGE_EXTRAS:-dev}
+# The titan extra goes in without torchtitan's own dependencies: they pull `datasets` and
+# downgrade huggingface_hub, and Forge needs only torchtitan's model code (plus triton, which
+# its model packages import, and tyro, which its configs import).
+TITAN=0
+if [[ ",$EXTRAS," == *,titan,* ]]; then
+  TITAN=1
+  EXTRAS=$(echo ",$EXTRAS," | sed -e 's/,titan,/,/g' -e 's/^,//' -e 's/,$//')
+fi
 echo "[setup] installing forge (editable) with extras [$EXTRAS]"
-"${PIP[@]}" -e ".[$EXTRAS]"
+"${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
+if [[ $TITAN == 1 ]]; then
+  echo "[setup] installing torchtitan (no dependencies), spmd_types, tyro, triton"
+  "${PIP[@]}" --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3"
+  "${PIP[@]}" tyro "triton==3.8.0"
+fi
 "$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"

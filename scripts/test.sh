@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite: the fast tests, then the slow ones (real models,
 # end-to-end runs) as a separate step. Extra arguments go to both pytest runs.
+#
+# Every optional part that runs on a CPU is installed, so its tests run rather than skip:
+# monarch (the service suite also runs on Monarch proc meshes), the titan trainer backend,
+# and the tensorboard and wandb metric backends. The vLLM generator tests need a virtual
+# environment of their own (scripts/test_vllm.sh); FORGE_CI_VLLM=1 adds them as a last step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# The service suite also runs on Monarch proc meshes, so the tests install that extra too.
-FORGE_EXTRAS=${FORGE_EXTRAS:-dev,monarch} bash scripts/setup.sh
+start=$SECONDS
+FORGE_EXTRAS=${FORGE_EXTRAS:-dev,monarch,titan,tensorboard,wandb} bash scripts/setup.sh
+echo "[test] setup took $((SECONDS - start)) s"
+
 echo "[test] fast tests"
+start=$SECONDS
 "$PY" -m pytest -q -m "not slow" "$@"
+echo "[test] fast tests took $((SECONDS - start)) s"
+
 echo "[test] slow tests"
+start=$SECONDS
 set +e
 "$PY" -m pytest -q -m slow "$@"
 rc=$?
@@ -16,5 +27,13 @@ set -e
 if [[ $rc -eq 5 ]]; then  # pytest: no slow tests collected
   echo "[test] no slow tests"
   rc=0
+fi
+echo "[test] slow tests took $((SECONDS - start)) s"
+
+if [[ $rc -eq 0 && "${FORGE_CI_VLLM:-0}" == 1 ]]; then
+  echo "[test] vllm tests (own venv)"
+  start=$SECONDS
+  bash scripts/test_vllm.sh "$@"
+  echo "[test] vllm tests took $((SECONDS - start)) s"
 fi
 exit $rc

@@ -68,7 +68,7 @@ class Config(RLConfig):
 
 async def spawn(cfg: Config, roles) -> dict:
     """The run's actors and services (``None`` for a part the config leaves out)."""
-    env, n = actor_env(cfg.threads_per_actor), cfg.replicas
+    env, n = actor_env(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
     buffer_cfg = ReplayBufferConfig(
         batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs, dp_size=cfg.trainer_procs,
         max_policy_age=cfg.max_policy_age, seed=cfg.seed,

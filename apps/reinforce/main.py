@@ -55,7 +55,7 @@ class Config(RLConfig):
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:
     """Run REINFORCE; returns ``{"history", "eval", "version"}`` like the GRPO app."""
-    env = actor_env(cfg.threads_per_actor)
+    env = actor_env(cfg.threads_per_actor, cfg.deterministic)
     data, generator, rewards, trainer = await asyncio.gather(
         DatasetActor.options(env=env).as_actor(cfg.data),
         Generator.options(num_replicas=cfg.replicas.generator, env=env).as_service(cfg.generator),

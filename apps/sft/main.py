@@ -27,6 +27,7 @@ from forge import (
     TrainerConfig,
     actor_env,
     load_tokenizer,
+    make_deterministic,
     policy_defaults,
     progress,
     sft_batch,
@@ -44,12 +45,15 @@ class Config:
     output: str = ""  # HF directory for the result; default <run_dir>/model
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
+    deterministic: bool = False  # same config, same numbers (fixed threads; slower)
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
         return policy_defaults(data, ("trainer",))
 
     def __post_init__(self) -> None:
+        if self.deterministic:
+            make_deterministic(self)
         DATA_SOURCE.validate(self.data, key="data")
         if self.trainer.loss.type != "reinforce":
             raise ValueError(
@@ -62,7 +66,9 @@ async def train(cfg: Config, run_dir: Path) -> Path:
     """Fine-tune and export; returns the HF directory of the result."""
     source = DATA_SOURCE.resolve(cfg.data)()
     tokenizer = load_tokenizer(cfg.policy.model)
-    trainer = await Trainer.options(env=actor_env(cfg.threads_per_actor)).as_actor(cfg.trainer)
+    trainer = await Trainer.options(
+        env=actor_env(cfg.threads_per_actor, cfg.deterministic)
+    ).as_actor(cfg.trainer)
     log = MetricLog(run_dir, cfg.metrics)
     bar = progress(range(cfg.steps), "sft")
     for step in bar:

@@ -13,7 +13,18 @@ import contextlib
 import time
 
 from controller import Actor, endpoint
+from controller import env as controller_env
 from forge.observability import Reduce, get_collector, record_metric
+
+
+def use_deterministic_kernels() -> None:
+    """In an actor process of a deterministic run (``FORGE_DETERMINISTIC=1``, set by
+    ``forge.run.actor_env``): torch's deterministic algorithms; an op without one raises.
+    Components that compute with torch call this first thing in ``setup``."""
+    if controller_env.deterministic():
+        import torch
+
+        torch.use_deterministic_algorithms(True)
 
 
 class ForgeActor(Actor):

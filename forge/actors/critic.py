@@ -40,7 +40,7 @@ import os
 import torch
 
 from controller import current_size, endpoint, threads
-from forge.actors.base import ForgeActor
+from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.training.config import resolve_device
 from forge.training.critic import CriticConfig
 from forge.types import TrainBatch
@@ -77,6 +77,7 @@ class Critic(ForgeActor):
 
     @endpoint
     def setup(self) -> None:
+        use_deterministic_kernels()
         procs = math.prod(current_size().values()) if current_size() else 1
         if procs != 1:
             raise ValueError(

@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor
+from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.generation.backend import (
     UPDATE_MODES,
     GeneratorBackend,
@@ -83,6 +83,7 @@ class Generator(ForgeActor):
 
     @endpoint
     async def setup(self) -> None:
+        use_deterministic_kernels()
         backend = build_generator_backend(self.config)
         await backend.start()
         self.backend = backend

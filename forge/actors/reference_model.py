@@ -50,7 +50,7 @@ from collections.abc import Sequence
 import torch
 
 from controller import endpoint, threads
-from forge.actors.base import ForgeActor
+from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.training.config import ReferenceConfig
 from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle
@@ -78,6 +78,7 @@ class ReferenceModel(ForgeActor):
 
     @endpoint
     def setup(self) -> None:
+        use_deterministic_kernels()
         from forge.training.reference import ReferenceCore
 
         self.core = ReferenceCore(self.cfg)

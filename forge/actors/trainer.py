@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from controller import current_rank, current_size, endpoint, threads
-from forge.actors.base import ForgeActor
+from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.losses import LossConfig
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
@@ -108,6 +108,7 @@ class Trainer(ForgeActor):
 
     @endpoint
     def setup(self) -> None:
+        use_deterministic_kernels()
         device = resolve_device(self.cfg.device)
         if device.startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -88,15 +88,22 @@ class TensorBoardBackend(MetricBackend):
                 "pip install forge[tensorboard]"
             ) from e
         self.log_dir = Path(run_dir) / subdir
-        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        # A closed SummaryWriter would quietly open a second event file: refuse instead.
+        if self._writer is None:
+            raise ValueError(
+                f"TensorBoardBackend for {self.log_dir} is closed; cannot log step {step}"
+            )
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, global_step=step)
         self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 class WandbBackend(MetricBackend):
@@ -117,8 +124,9 @@ class WandbBackend(MetricBackend):
             raise ImportError(
                 "the 'wandb' metric backend needs the wandb package: pip install forge[wandb]"
             ) from e
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._run: Any = wandb.init(
             project=project,
             name=name,
             mode=mode,
@@ -127,6 +135,8 @@ class WandbBackend(MetricBackend):
         )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self._run is None:
+            raise ValueError(f"WandbBackend for {self.run_dir} is closed; cannot log step {step}")
         self._run.log(dict(metrics), step=step)
 
     def close(self) -> None:

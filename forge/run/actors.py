@@ -1,19 +1,29 @@
 """How a run's actor processes are started: their environment (torch threads, quiet
-downloads)."""
+downloads, deterministic kernels)."""
 
 from __future__ import annotations
 
 __all__ = ["actor_env"]
 
 
-def actor_env(threads: int) -> dict[str, str]:
+def actor_env(threads: int, deterministic: bool = False) -> dict[str, str]:
     """Environment for a run's actor processes: no download progress bars, and their torch
     threads. ``threads=0`` (the default of the apps' ``threads_per_actor``): the host's thread
     budget (``controller.threads``) hands cores to whichever components are computing, one
-    thread at rest. ``threads=N``: a fixed N threads per process, budget off."""
+    thread at rest. ``threads=N``: a fixed N threads per process, budget off.
+    ``deterministic``: fixed threads (``threads`` must be > 0), torch's deterministic kernels
+    (``forge.actors.base.use_deterministic_kernels``) and a fixed hash seed in every actor process."""
     if threads < 0:
         raise ValueError(f"threads_per_actor must be >= 0 (0: thread budget), got {threads}")
+    if deterministic and not threads:
+        raise ValueError("deterministic runs need a fixed thread count: threads_per_actor > 0")
+    extra = (
+        {"FORGE_DETERMINISTIC": "1", "PYTHONHASHSEED": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        if deterministic
+        else {}
+    )
     return {
+        **extra,
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "TRANSFORMERS_VERBOSITY": "error",
         "OMP_NUM_THREADS": str(threads or 1),

@@ -27,7 +27,7 @@ from forge.training.critic import CriticConfig
 from forge.training.phases import PhaseConfig, validate_phases
 from forge.weights.config import WeightTransportConfig
 
-__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig"]
+__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig", "make_deterministic"]
 
 # Keys of earlier versions, and where their fact lives now.
 RENAMED = {
@@ -101,6 +101,7 @@ class RLConfig:
     batch_timeout_s: float = 600.0  # no usable batch for this long: stop with a named error
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     seed: int = 0
+    deterministic: bool = False  # same config and seed, same numbers (slower; see below)
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +118,8 @@ class RLConfig:
         return data
 
     def __post_init__(self) -> None:
+        if self.deterministic:
+            make_deterministic(self)
         # Resolve every user-supplied part now: a typo fails before anything spawns.
         DATA_SOURCE.validate(self.data, key="data")
         for i, spec in enumerate(self.rewards):
@@ -184,6 +187,35 @@ class RLConfig:
         if self.env is not None:
             return None
         return REWARD.resolve(self.eval.reward or self.rewards[0])
+
+
+DETERMINISTIC = {  # what a deterministic run changes, and why
+    "threads_per_actor": (lambda v: v or 1, "fixed thread counts: float sums in one order"),
+    "max_policy_age": (lambda v: 0, "on-policy: no race between rollouts and weight pushes"),
+    "rollout.tasks": (lambda v: 1, "one rollout loop: requests reach the generator in order"),
+    "stream": (lambda v: False, "whole batches: parts do not depend on arrival times"),
+}
+
+
+def make_deterministic(cfg: Any) -> list[str]:
+    """Set what ``deterministic: true`` needs (``DETERMINISTIC``) on a run config and say
+    what changed on stdout; returns the changes. Actors then run with torch's deterministic
+    kernels and a fixed hash seed (``forge.run.actor_env``). The same config and seed on the
+    same machine then give the same metrics (times aside); it is slower."""
+    changes = []
+    for key, (rule, why) in DETERMINISTIC.items():
+        holder, _, name = key.rpartition(".")
+        obj = getattr(cfg, holder, None) if holder else cfg
+        if not hasattr(obj, name):
+            continue
+        old = getattr(obj, name)
+        new = rule(old)
+        if new != old:
+            setattr(obj, name, new)
+            changes.append(f"{key}: {old} -> {new} ({why})")
+    if changes:
+        print(f"[forge] deterministic: {'; '.join(changes)}", flush=True)
+    return changes
 
 
 def _where(w: WeightTransportConfig) -> tuple[str, str, str]:

@@ -52,6 +52,22 @@ class PipelineConfig:
     preset: str = "mini"
     seed: int = 0
     base_model: str = ""
+    deterministic: bool = False  # every stage deterministic (forge.run.config)
+
+    @classmethod
+    def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return with_stage_defaults(data)
+
+
+def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline's plain data with its ``deterministic`` flag handed to every stage (a
+    section with an ``app`` key) that does not set its own."""
+    if not data.get("deterministic"):
+        return data
+    return {
+        k: {"deterministic": True, **v} if isinstance(v, dict) and "app" in v else v
+        for k, v in data.items()
+    }
 
 
 async def run_stage(cfg: Any, run_dir: Path, resume: bool) -> dict:

@@ -120,3 +120,38 @@ async def test_rollout_manager_reconfigure_sets_the_budget_as_init_does():
     assert (m.budget, m.partial, m.filter_fn) == (6, False, None)
     with pytest.raises(ValueError, match="over_sampling_factor"):
         m.reconfigure(filter_fn=None, over_sampling_factor=0.5, partial=True)
+
+
+def test_deterministic_says_what_it_changes(capsys):
+    from forge import RLConfig
+
+    cfg = config_from_dict(
+        RLConfig,
+        {"app": "x", "policy": {"model": "/m"}, "data": "jsonl", "rewards": ["exact_match"],
+         "rollout": {"tasks": 8}, "deterministic": True},
+    )  # fmt: skip
+    assert (cfg.threads_per_actor, cfg.max_policy_age, cfg.rollout.tasks) == (1, 0, 1)
+    out = capsys.readouterr().out
+    assert "max_policy_age: 1 -> 0" in out and "rollout.tasks: 8 -> 1" in out
+
+
+def test_a_pipeline_hands_deterministic_to_its_stages():
+    from forge.run.pipeline import with_stage_defaults
+
+    data = {
+        "deterministic": True,
+        "sft": {"app": "a"},
+        "grpo": {"app": "b", "deterministic": False},
+    }
+    out = with_stage_defaults(data)
+    assert out["sft"]["deterministic"] is True and out["grpo"]["deterministic"] is False
+
+
+def test_deterministic_actors_need_fixed_threads():
+    from forge import actor_env
+
+    env = actor_env(2, deterministic=True)
+    assert env["FORGE_DETERMINISTIC"] == "1" and env["OMP_NUM_THREADS"] == "2"
+    assert env["FORGE_THREAD_BUDGET"] == "0" and env["PYTHONHASHSEED"] == "0"
+    with pytest.raises(ValueError, match="fixed thread count"):
+        actor_env(0, deterministic=True)

@@ -1,5 +1,5 @@
-"""The status file behind ``forge top``: atomic writes, final states, the RL fields, the
-rendered frame and the command line (``--once``)."""
+"""The status file behind ``forge top``: atomic writes, final states, the RL fields and the
+rendered frame (the command line, ``forge top --once``: tests/apps/test_top_once.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,7 +16,6 @@ from rich.console import Console
 from controller.status import StatusWriter, set_status_field
 from forge.observability.status import StepStatus, run_status
 from forge.top import find_status_file, load_status, render
-from tests.helpers import REPO, script_env
 
 
 def _text(renderable, width: int = 160) -> str:
@@ -27,10 +24,8 @@ def _text(renderable, width: int = 160) -> str:
     return console.export_text()
 
 
-def _dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
+# Above Linux's PID_MAX_LIMIT (2**22): no process ever has this pid.
+NO_SUCH_PID = 2**22 + 1
 
 
 def test_readers_never_see_half_a_file(tmp_path):
@@ -129,7 +124,8 @@ def test_step_status_picks_the_rl_fields():
     assert f["reward_history"] == [0.5, 0.75]
 
 
-def _snapshot(**over) -> dict:
+def status_snapshot(**over) -> dict:
+    """A running GRPO run's ``status.json`` (tests/apps/test_top_once.py uses it too)."""
     now = time.time()
     snap = {
         "format": 1,
@@ -184,7 +180,7 @@ def _snapshot(**over) -> dict:
 
 
 def test_frame_shows_progress_versions_services_and_meshes():
-    text = _text(render(_snapshot(), "runs/demo/status.json"))
+    text = _text(render(status_snapshot(), "runs/demo/status.json"))
     for want in (
         "apps.sumdigits.main", "RUNNING", "up 2m05s", "step 45/500", "9%", "0.50 steps/s",
         "ETA 15m10s", "trainer v45", "generator r1 v43 (2 behind)", "mean 0.531",
@@ -195,13 +191,13 @@ def test_frame_shows_progress_versions_services_and_meshes():
 
 
 def test_frame_says_when_a_run_crashed_or_stopped_updating():
-    crashed = _snapshot(state="crashed", error="ActorDiedError: trainer died", traceback="tb")
+    crashed = status_snapshot(state="crashed", error="ActorDiedError: trainer died", traceback="tb")
     text = _text(render(crashed, "r/status.json"))
     assert "CRASHED" in text and "ActorDiedError: trainer died" in text
-    stale = _snapshot(updated_at=time.time() - 60, pid=_dead_pid())
+    stale = status_snapshot(updated_at=time.time() - 60, pid=NO_SUCH_PID)
     text = _text(render(stale, "r/status.json"))
     assert "NOT UPDATING" in text and "is gone" in text and "updated 1m00s ago" in text
-    fresh = _text(render(_snapshot(), "r/status.json"))
+    fresh = _text(render(status_snapshot(), "r/status.json"))
     assert "NOT UPDATING" not in fresh
 
 
@@ -221,28 +217,3 @@ def test_find_status_file(tmp_path, monkeypatch):
         find_status_file(tmp_path / "missing")
     with pytest.raises(ValueError, match="not a status snapshot"):
         load_status(tmp_path / "runs" / "a-new" / "status.json")
-
-
-def _forge_top(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "forge.cli", "top", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=script_env(COLUMNS="160"),
-        timeout=60,
-    )
-
-
-def test_forge_top_once_prints_a_frame_and_errors_plainly(tmp_path):
-    (tmp_path / "status.json").write_text(json.dumps(_snapshot(state="finished")))
-    out = _forge_top(str(tmp_path), "--once")
-    assert out.returncode == 0, out.stderr
-    assert "FINISHED" in out.stdout and "generator r1 v43" in out.stdout
-    bad = _forge_top(str(tmp_path / "nope"), "--once")
-    assert bad.returncode == 2 and "forge top: error:" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    out = _forge_top(str(empty), "--once")
-    assert out.returncode == 2 and "no status file yet" in out.stderr

@@ -1,5 +1,7 @@
-"""Versioned weights: shm and safetensors transports, the store's retention and errors, and the
-torch.distributed bucketed broadcast (a real 2-process gloo group)."""
+"""Versioned weights in one process: shm and safetensors transports, the store's retention
+and errors, tied weights, leases, bucket planning. Across real processes (another reader,
+concurrent readers, a 2-process gloo broadcast): tests/components/test_weights_processes.py,
+which imports ``mixed_state_dict`` and ``assert_same`` from here."""
 
 from __future__ import annotations
 
@@ -7,12 +9,8 @@ import fcntl
 import os
 import pickle
 import stat
-import subprocess
-import sys
-import textwrap
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +27,6 @@ from forge.weights import (
 )
 from forge.weights.shm import close_mappings, lease_shm_file, read_shm_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM = "/dev/shm"
 
 
@@ -96,31 +93,6 @@ def test_shm_pull_into_existing_tensors_without_allocation(prefix):
         transport.pull(3, into=wrong)
     with pytest.raises(ValueError, match=r"has no parameter\(s\) \['lm_head.weight'\]"):
         transport.pull(3, into=dict(into, **{"lm_head.weight": torch.zeros(2)}))
-    transport.close()
-
-
-def test_shm_pull_from_another_process_sees_same_bytes(prefix, tmp_path):
-    transport = SharedMemoryTransport(prefix)
-    sd = mixed_state_dict(seed=4)
-    handle = transport.push(sd, version=5)
-    (tmp_path / "handle.pkl").write_bytes(pickle.dumps(handle))
-    code = textwrap.dedent(
-        f"""
-        import pickle, sys, torch
-        from forge.weights import SharedMemoryTransport, pull_handle
-        handle = pickle.load(open({str(tmp_path / "handle.pkl")!r}, "rb"))
-        by_handle = pull_handle(handle)
-        by_version = SharedMemoryTransport({prefix!r}).pull(5)
-        torch.save({{"by_handle": by_handle, "by_version": by_version}}, {str(tmp_path / "out.pt")!r})
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = torch.load(tmp_path / "out.pt")
-    assert_same(out["by_handle"], sd)
-    assert_same(out["by_version"], sd)
     transport.close()
 
 
@@ -265,26 +237,6 @@ def test_shm_lease_shares_one_copy_and_blocks_recycling_until_released(prefix):
     assert shm_files(prefix) == []
 
 
-def test_shm_lease_views_are_read_only(prefix, tmp_path):
-    transport = SharedMemoryTransport(prefix)
-    h = transport.push({"w": torch.ones(8)}, version=1)
-    script = textwrap.dedent(
-        f"""
-        from forge.weights.shm import lease_shm_file
-        views, lease = lease_shm_file({h.location!r}, 1)
-        print(float(views["w"].sum()), flush=True)
-        views["w"].add_(1)  # the mapping is read-only: the kernel refuses the write
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
-    )
-    assert out.stdout.strip() == "8.0"
-    assert out.returncode == -11, out.stderr[-2000:]  # SIGSEGV, and the file is untouched
-    assert transport.pull(1)["w"].eq(1.0).all()
-    transport.close()
-
-
 def test_shm_tied_weights_stored_once_and_pulled_tied(prefix):
     transport = SharedMemoryTransport(prefix)
     sd = mixed_state_dict()
@@ -325,59 +277,6 @@ def test_shm_kept_mappings_release_unlinked_files(prefix):
     assert mapped() == []  # ...until the next pull sees it was unlinked
     close_mappings()
     other.close()
-
-
-_RECYCLE_READER = """
-import sys, time, torch
-from forge.weights import SharedMemoryTransport
-transport = SharedMemoryTransport({prefix!r})
-ok = gone = 0
-deadline = time.monotonic() + {seconds}
-while time.monotonic() < deadline:
-    versions = transport.versions()
-    if not versions:
-        continue
-    try:
-        sd = transport.pull(versions[-1])
-    except FileNotFoundError:
-        gone += 1
-        continue
-    for name, t in sd.items():
-        assert bool((t == versions[-1]).all()), (name, versions[-1], t.min(), t.max())
-    ok += 1
-print("OK", ok, gone)
-"""
-
-
-@pytest.mark.timeout(120)
-def test_shm_recycling_under_concurrent_readers_never_mixes_versions(prefix):
-    code = _RECYCLE_READER.format(prefix=prefix, seconds=2.0)
-    readers = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    store = WeightStore(SharedMemoryTransport(prefix, spares=1), keep_last=1)
-    version = 0
-    try:
-        while any(r.poll() is None for r in readers):
-            version += 1
-            store.push({f"t{i}": torch.full((1 << 20,), float(version)) for i in range(8)}, version)
-        outputs = [r.communicate(timeout=60) for r in readers]
-    finally:
-        for r in readers:
-            if r.poll() is None:
-                r.kill()
-        store.close()
-    for r, (out, err) in zip(readers, outputs):
-        assert r.returncode == 0, err
-        assert out.startswith("OK") and int(out.split()[1]) > 0, out
-    assert version > 10
 
 
 def test_safetensors_dir_round_trip(tmp_path):
@@ -469,58 +368,3 @@ def test_plan_buckets_by_dtype_and_size():
         (torch.bfloat16, ("b",)),
     ]
     assert plan[0].numels == [4, 4]
-
-
-_BROADCAST_WORKER = """
-import sys
-from datetime import timedelta
-import torch
-import torch.distributed as dist
-sys.path.insert(0, {tests_dir!r})
-from test_weights import assert_same, mixed_state_dict
-from forge.weights import broadcast_state_dict
-
-rank = int(sys.argv[1])
-dist.init_process_group(
-    "gloo", init_method={init!r}, rank=rank, world_size=2, timeout=timedelta(seconds=60)
-)
-expected = mixed_state_dict(seed=9)
-if rank == 0:
-    assert broadcast_state_dict(expected, src=0, bucket_mb=0.0002) is expected
-    broadcast_state_dict(expected, src=0, bucket_mb=64)
-else:
-    fresh = broadcast_state_dict(None, src=0, bucket_mb=0.0002)
-    assert_same(fresh, expected)
-    into = {{name: torch.zeros_like(t) for name, t in expected.items()}}
-    assert broadcast_state_dict(None, src=0, bucket_mb=64, into=into, timeout=30) is into
-    assert_same(into, expected)
-    print("RECEIVED OK")
-dist.destroy_process_group()
-"""
-
-
-def test_broadcast_state_dict_over_two_process_gloo_group(tmp_path):
-    code = _BROADCAST_WORKER.format(
-        tests_dir=str(Path(__file__).parent), init=f"file://{tmp_path / 'pg_init'}"
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(rank)],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=90))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for proc, (_out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err
-    assert "RECEIVED OK" in outputs[1][0]

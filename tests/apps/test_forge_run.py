@@ -11,7 +11,7 @@ import yaml
 
 from tests.helpers import REPO, script_env, wait_dead
 
-APP = "tests.unit.sample_app"
+APP = "tests.apps.sample_app"
 
 
 def _forge(args, **kw):
