@@ -17,7 +17,9 @@ STEPS = [
     "grpo.eval.at_end=false",
     "grpo.eval.every=0",
 ]
-VARYING = ("time/", "tokens_per_s", "busy_fraction")  # wall-clock measurements
+# Wall-clock measurements, and the buffer's size at the moment its metrics are flushed (the
+# rollout loop is already filling the next step by then, as far as it got).
+VARYING = ("time/", "seconds", "tokens_per_s", "busy_fraction", "replay/size")
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -25,7 +27,9 @@ def _metrics(run: Path) -> list[dict]:
     for stage in ("sft", "grpo"):
         for line in (run / stage / "metrics.jsonl").read_text().splitlines():
             row = json.loads(line)
-            rows.append({k: v for k, v in row.items() if not any(p in k for p in VARYING)})
+            rows.append(
+                {k: v for k, v in row.items() if k != "time" and not any(p in k for p in VARYING)}
+            )
     return rows
 
 
