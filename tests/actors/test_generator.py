@@ -252,6 +252,7 @@ def _locked_by_a_reader(path: str) -> bool:
         os.close(fd)
 
 
+@pytest.mark.slow  # 10-18 s: slow tier, to keep the fast tier under 6 minutes
 async def test_shared_weights_no_copy_same_tokens_and_leases_follow_lanes(tiny_model_dir):
     prefix = f"gentest-{uuid.uuid4().hex[:8]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 import torch
 
 from controller import session_tag
@@ -25,6 +26,7 @@ class EchoEnv:
         return StepResult("go on", reward=0.0)
 
 
+@pytest.mark.slow  # 10-18 s: slow tier, to keep the fast tier under 6 minutes
 async def test_sessions_reuse_prefixes_until_a_weight_update(tiny_model_dir):
     prefix = f"{session_tag()}-gen-prefix-{uuid.uuid4().hex[:6]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=2)

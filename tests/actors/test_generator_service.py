@@ -9,6 +9,7 @@ import signal
 import time
 import uuid
 
+import pytest
 import torch
 
 from controller import session_tag
@@ -18,6 +19,7 @@ from forge.models import load_model
 from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
 
 
+@pytest.mark.slow  # 10-18 s: slow tier, to keep the fast tier under 6 minutes
 async def test_killed_replica_recovers_with_the_latest_version(tiny_model_dir):
     prefix = f"{session_tag()}-gen-svc-{uuid.uuid4().hex[:6]}"
     store = WeightStore(SharedMemoryTransport(prefix), keep_last=2)

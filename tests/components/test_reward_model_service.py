@@ -25,6 +25,7 @@ def rm_dir(tmp_path_factory) -> str:
     return str(make_tiny_reward_model(tmp_path_factory.mktemp("rm") / "rm", preset="tiny"))
 
 
+@pytest.mark.slow  # 10-18 s: slow tier, to keep the fast tier under 6 minutes
 async def test_service_scores_match_the_in_process_core(rm_dir):
     cfg = RewardModelConfig(model=rm_dir, device="cpu", micro_batch_size=2, name="rm")
     expected = RewardModelCore(cfg).score(PAIRS)

@@ -91,6 +91,7 @@ print("OK", ok, gone)
 """
 
 
+@pytest.mark.slow  # 10-18 s: slow tier, to keep the fast tier under 6 minutes
 @pytest.mark.timeout(120)
 def test_shm_recycling_under_concurrent_readers_never_mixes_versions(prefix):
     code = _RECYCLE_READER.format(prefix=prefix, seconds=2.0)

@@ -21,6 +21,7 @@ def _response(lp_bt: torch.Tensor, batch) -> torch.Tensor:
     return lp_bt[batch.response_mask_bt.bool()]
 
 
+@pytest.mark.slow  # 10-18 s: slow tier, to keep the fast tier under 6 minutes
 async def test_ema_and_reset_references_follow_the_pushed_policy(tiny_model):
     prefix = f"refupd{os.getpid()}"
     cfg = TrainerConfig(model=tiny_model, optimizer=OptimizerConfig(lr=1e-2))

@@ -8,6 +8,7 @@ every variable, and ``docs/configuration.md`` names each of them.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -22,11 +23,13 @@ VAR = re.compile(r"\bFORGE_[A-Z0-9_]+\b")
 
 
 def _py_files() -> list[Path]:
-    return [
-        p
-        for p in Path(REPO).rglob("*.py")
-        if not SKIP_DIRS & set(p.relative_to(REPO).parts) and p != ENV_MODULE
-    ]
+    """The repository's Python files. Hidden directories (``.git``, virtual environments such
+    as ``.venv-vllm``, which a script may be building or deleting meanwhile) are not walked."""
+    out = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
+        out += [Path(root, f) for f in files if f.endswith(".py")]
+    return [p for p in out if p != ENV_MODULE]
 
 
 def _is_environ(node: ast.AST) -> bool:

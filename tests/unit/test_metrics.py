@@ -1,4 +1,5 @@
-"""forge.observability: per-process partial states, cross-process merge, backends."""
+"""forge.observability: per-process partial states, cross-process merge, backends (wandb,
+which runs its own ``wandb-core`` process: tests/components/test_wandb_backend.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from forge.observability import (
     Reduce,
     StdState,
     TensorBoardBackend,
-    WandbBackend,
     build_backends,
     get_collector,
     merge_states,
@@ -216,16 +216,3 @@ def test_tensorboard_backend_writes_events_or_names_the_extra(tmp_path):
     backend.log(1, {"loss": 0.5})
     backend.close()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-
-
-def test_wandb_backend_offline_or_names_the_extra(tmp_path):
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match=r"pip install forge\[wandb\]"):
-            WandbBackend(tmp_path, mode="offline")
-        return
-    backend = WandbBackend(tmp_path, mode="offline")
-    backend.log(1, {"loss": 0.5})
-    backend.close()
-    assert list((tmp_path / "wandb").glob("offline-run-*"))
