@@ -32,8 +32,8 @@ fi
 echo "[setup] installing forge (editable) with extras [$EXTRAS]"
 "${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
 if [[ $TITAN == 1 ]]; then
-  echo "[setup] installing torchtitan (no dependencies), spmd_types, tyro, triton"
-  "${PIP[@]}" --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3"
+  echo "[setup] installing tyro, triton, then torchtitan and spmd_types without dependencies"
   "${PIP[@]}" tyro "triton==3.8.0"
+  "${PIP[@]}" --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3"
 fi
 "$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"

@@ -107,7 +107,12 @@ class TensorBoardBackend(MetricBackend):
 
 
 class WandbBackend(MetricBackend):
-    """A Weights & Biases run; ``mode="offline"`` writes under ``run_dir`` without a login."""
+    """A Weights & Biases run; ``mode="offline"`` writes under ``run_dir`` without a login.
+
+    ``mode=None`` leaves the choice to wandb (``WANDB_MODE``, else online). Each backend owns
+    its own run, also when several are open in one process. wandb starts a service process
+    (``wandb-core``) on the first run and keeps it until the process exits.
+    """
 
     def __init__(
         self,
@@ -132,6 +137,9 @@ class WandbBackend(MetricBackend):
             mode=mode,
             dir=str(run_dir),
             config=dict(config) if config else None,
+            # By default a second init() in a process returns the run already open: a second
+            # backend would log into (and finish) the first one's run.
+            reinit="create_new",
         )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
