@@ -96,3 +96,22 @@ eval: {{at_start: false, at_end: false}}
 """
     )
     return path
+
+
+def actor_processes(root_pid: int, prefix: str = "") -> dict[int, str]:
+    """The actor worker processes below ``root_pid`` whose mesh name starts with ``prefix``:
+    ``{pid: mesh}``. Only workers themselves (``python -m controller._worker``): a helper
+    process a worker starts (multiprocessing's resource tracker, ...) inherits its
+    ``FORGE_MESH`` but is not the actor."""
+    import psutil
+
+    found = {}
+    for child in psutil.Process(root_pid).children(recursive=True):
+        try:
+            mesh = child.environ().get("FORGE_MESH", "")
+            worker = "controller._worker" in child.cmdline()
+        except psutil.Error:
+            continue
+        if worker and mesh.startswith(prefix):
+            found[child.pid] = mesh
+    return found

@@ -9,12 +9,10 @@ import json
 import os
 import signal
 
-import psutil
-
 from apps.grpo.main import Config, train
 from forge.config.schema import config_from_dict
 from forge.models import make_tiny_model
-from tests.helpers import wait_dead
+from tests.helpers import actor_processes, wait_dead
 
 
 def _config(model, env: dict, steps: int = 3, env_replicas: int = 0) -> Config:
@@ -67,17 +65,12 @@ def test_an_env_replica_killed_mid_run(tmp_path):
     killed: list[int] = []
 
     async def kill_one_env_replica():
-        me = psutil.Process()
         while not killed:
             await asyncio.sleep(0.5)
-            for child in me.children(recursive=True):
-                try:
-                    mesh = child.environ().get("FORGE_MESH", "")
-                except psutil.Error:
-                    continue
-                if mesh.startswith("EnvActor") and (tmp_path / "metrics.jsonl").exists():
-                    os.kill(child.pid, signal.SIGKILL)
-                    killed.append(child.pid)
+            for pid in actor_processes(os.getpid(), "EnvActor"):
+                if (tmp_path / "metrics.jsonl").exists():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
                     break
 
     async def main():

@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.helpers import REPO, script_env, tiny_grpo_config, wait_dead
+from tests.helpers import REPO, actor_processes, script_env, tiny_grpo_config, wait_dead
 
 STEPS = 400
 KILL_AT = 4  # trained steps (so pushed versions) before the kill
@@ -35,16 +34,8 @@ def _rows(run: Path) -> list[dict]:
 
 
 def _generator_pids(proc: subprocess.Popen) -> dict[int, str]:
-    """This run's generator replica processes (found by FORGE_MESH): pid -> mesh name."""
-    found = {}
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        try:
-            mesh = child.environ().get("FORGE_MESH", "")
-        except psutil.Error:
-            continue
-        if mesh.startswith("Generator-r"):
-            found[child.pid] = mesh
-    return found
+    """This run's generator replica processes: pid -> mesh name."""
+    return actor_processes(proc.pid, "Generator-r")
 
 
 @pytest.mark.slow

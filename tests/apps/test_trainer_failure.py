@@ -16,7 +16,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import REPO, forge_run, script_env, tiny_grpo_config, wait_dead
+from tests.helpers import (
+    REPO,
+    actor_processes,
+    forge_run,
+    script_env,
+    tiny_grpo_config,
+    wait_dead,
+)
 
 STEPS = 60
 
@@ -46,16 +53,10 @@ def _kill_trainer_after_checkpoint(proc: subprocess.Popen, run: Path) -> tuple[i
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
-    pids = []
-    trainer = None
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        pids.append(child.pid)
-        try:
-            if child.environ().get("FORGE_MESH", "").startswith("Trainer"):
-                trainer = child.pid
-        except psutil.Error:
-            continue
-    assert trainer is not None, f"no Trainer process among {pids}"
+    pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    trainers = list(actor_processes(proc.pid, "Trainer"))
+    trainer = trainers[0] if len(trainers) == 1 else None
+    assert trainer is not None, f"not one Trainer worker among {pids}: {trainers}"
     assert proc.poll() is None, "the run ended before its trainer could be killed"
     os.kill(trainer, signal.SIGKILL)
     return trainer, pids
