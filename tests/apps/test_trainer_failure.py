@@ -110,7 +110,8 @@ def test_restart_on_failure_restarts_from_the_checkpoint_by_itself(tmp_path):
         r"\(restart 1 of 1\)",
         out,
     )
-    assert m and int(m.group(1)) == trainer, out[-3000:]
+    said = [ln for ln in out.splitlines() if "died" in ln or "restart" in ln or "resumed" in ln]
+    assert m and int(m.group(1)) == trainer, (trainer, said, out[-1500:], err[-1500:])
     step = int(m.group(2))
     assert f"resumed from {run / 'checkpoints' / f'step_{step:06d}'} (step {step})" in out
     steps = _trained_steps(run)
