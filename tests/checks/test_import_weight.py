@@ -11,52 +11,29 @@ import time
 from tests.helpers import REPO, script_env
 
 
+def _python(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=script_env(), cwd=REPO,
+        timeout=60,
+    )  # fmt: skip
+
+
 def test_help_is_fast_and_light():
     t = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "forge.cli", "--help"],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-        timeout=60,
-    )
+    out = _python("-m", "forge.cli", "--help")
     assert out.returncode == 0 and "make-tiny-model" in out.stdout
     assert time.monotonic() - t < 5
-    code = "import sys, forge.cli; print('torch' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-        timeout=60,
-    )
-    assert out.stdout.strip() == "False"
+    out = _python("-c", "import sys, forge.cli; print('torch' in sys.modules)")
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_import_forge_is_light():
-    code = "import sys, forge; print('torch' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-        timeout=60,
-    )
+    out = _python("-c", "import sys, forge; print('torch' in sys.modules)")
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_import_controller_does_not_import_torch():
     code = "import sys, controller; print('torch' in sys.modules, 'numpy' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-        timeout=60,
-    )
+    out = _python("-c", code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
