@@ -87,14 +87,19 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
 
         wants = ("RUNNING", "Generator", "RewardActor", "healthy", "Trainer", "reward")
 
+        weights = r"trainer v\d+\s+generator r0 v\d+"
+
         def full_screen() -> tuple[str, int] | None:
             # The reward row appears with the first step whose metrics carry the rollouts'
-            # rewards (they are flushed off the critical path, a step or so late).
+            # rewards (they are flushed off the critical path, a step or so late); the
+            # generator's version once its load of the pushed weights ends (it overlaps the
+            # next step, so a frame may show the trainer's version alone).
             got = screen_step()
-            return got if got and all(w in got[0] for w in wants) else None
+            ok = got and all(w in got[0] for w in wants) and re.search(weights, got[0])
+            return got if ok else None
 
-        screen, first = _wait(full_screen, 90, f"forge top to draw a step count and {wants}", show)
-        assert re.search(r"trainer v\d+\s+generator r0 v\d+", screen), show()
+        what = f"forge top to draw a step count, {wants} and the served versions"
+        screen, first = _wait(full_screen, 90, what, show)
         _, later = _wait(
             lambda: (s := screen_step()) and s[1] > first and s, 120, "the step to advance", show
         )
