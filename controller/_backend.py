@@ -1,40 +1,71 @@
-"""Choosing where processes come from: the local backend (default) or Monarch.
+"""Choosing where processes come from: ``FORGE_BACKEND`` names the launcher.
 
-``FORGE_BACKEND=local`` starts actor processes on this host (``controller._local``);
-``FORGE_BACKEND=monarch`` asks Monarch for them (``controller._monarch``: this host, or the
-hosts of a Monarch job registered with ``use_host_mesh``); ``FORGE_BACKEND=hosts`` asks Forge
-host agents on other hosts (``controller._hosts``, ``FORGE_HOSTS``). Either way the result is an
-ordinary ``ProcMesh``, so actors, adverbs and services run unchanged.
+``local`` (default) starts actor processes on this host (below); ``ray`` asks a Ray cluster
+for them (``controller._ray``: the cluster in ``RAY_ADDRESS``, or a Ray instance of its own on
+this host); ``monarch`` asks Monarch (``controller._monarch``: this host, or the hosts of a
+Monarch job registered with ``use_host_mesh``); ``hosts`` asks Forge host agents
+(``controller._hosts``, ``FORGE_HOSTS``). Each is a module with the launcher interface of
+``controller._launch``; the result is an ordinary ``ProcMesh``, so actors, adverbs and
+services run unchanged.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from controller import env
 from controller.mesh import HostMesh, ProcMesh
 
+LAUNCHERS = {  # FORGE_BACKEND -> the module whose ``launch(opts, name)`` starts a mesh
+    "local": "controller._backend",
+    "ray": "controller._ray",  # imports ray: only when chosen
+    "monarch": "controller._monarch",  # imports monarch: only when chosen
+    "hosts": "controller._hosts",
+}
+
 
 def backend_name() -> str:
-    """``FORGE_BACKEND``: ``local`` (default), ``monarch`` or ``hosts``."""
+    """``FORGE_BACKEND``: ``local`` (default), ``ray``, ``monarch`` or ``hosts``."""
     return env.backend()
 
 
 async def spawn_procs_for(opts, name: str) -> ProcMesh:
-    """A process mesh as ``opts`` (an ``ActorOptions``) describes it."""
-    if opts.with_gpus:
-        return await _spawn_with_gpus(opts, name)
-    if backend_name() == "monarch":
-        from controller._monarch import spawn_monarch  # imports monarch: only when chosen
+    """A process mesh as ``opts`` (an ``ActorOptions``) describes it, from the chosen backend."""
+    module = importlib.import_module(LAUNCHERS[backend_name()])
+    return await module.launch(opts, name)
 
-        return await spawn_monarch(opts.hosts or 1, {"procs": opts.procs}, dict(opts.env), name)
-    if backend_name() == "hosts":
-        from controller._hosts import spawn_on_hosts
 
-        return await spawn_on_hosts(opts, name)
-    return await HostMesh(opts.hosts or 1).spawn_procs(
-        per_host={"procs": opts.procs}, env=dict(opts.env), name=name
-    )
+async def launch(opts, name: str) -> ProcMesh:
+    """The local launcher: ``opts.procs`` processes on this host (one GPU each, disjoint from
+    every other mesh's, with ``with_gpus``)."""
+    if not opts.with_gpus:
+        return await HostMesh(opts.hosts or 1).spawn_procs(
+            per_host={"procs": opts.procs}, env=dict(opts.env), name=name
+        )
+    from controller._gpus import get_allocator
+
+    if (opts.hosts or 1) > 1:
+        raise ValueError(
+            "with_gpus=True on the local backend provisions this host's GPUs; for several "
+            "hosts use FORGE_BACKEND=ray"
+        )
+    alloc = get_allocator()
+    owner = f"mesh {name!r} ({name}-{id(opts)}-{os.getpid()})"
+    gpus = alloc.allocate(opts.procs, owner)
+    try:
+        pm = await HostMesh(1).spawn_procs(
+            per_host={"procs": opts.procs},
+            env=dict(opts.env),
+            name=name,
+            rank_env=lambda r: {"CUDA_VISIBLE_DEVICES": gpus[r]},
+        )
+    except BaseException:
+        alloc.release(owner)
+        raise
+    pm.gpus = gpus
+    pm.on_stop(lambda: alloc.release(owner))
+    return pm
 
 
 def use_host_mesh(host_mesh) -> None:
@@ -43,30 +74,3 @@ def use_host_mesh(host_mesh) -> None:
     from controller._monarch import use_host_mesh as _use  # imports monarch: only when used
 
     _use(host_mesh)
-
-
-async def _spawn_with_gpus(opts, name: str) -> ProcMesh:
-    """One GPU per process, disjoint from every other mesh's, released when the mesh stops."""
-    from controller._gpus import get_allocator
-
-    if backend_name() != "local" or (opts.hosts or 1) > 1:
-        raise ValueError(
-            "with_gpus=True is provisioned on the local backend (one host); on Monarch the "
-            "allocator's hosts own their GPUs"
-        )
-    alloc = get_allocator()
-    owner = f"{name}-{id(opts)}-{os.getpid()}"
-    gpus = alloc.allocate(opts.procs, f"mesh {name!r} ({owner})")
-    try:
-        pm = await HostMesh(1).spawn_procs(
-            per_host={"procs": opts.procs},
-            env=dict(opts.env),
-            name=name,
-            rank_env=[{"CUDA_VISIBLE_DEVICES": g} for g in gpus],
-        )
-    except BaseException:
-        alloc.release(f"mesh {name!r} ({owner})")
-        raise
-    pm.gpus = gpus
-    pm.on_stop(lambda: alloc.release(f"mesh {name!r} ({owner})"))
-    return pm

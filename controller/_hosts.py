@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
 import os
 import re
@@ -47,6 +46,7 @@ import threading
 from controller import _serialization as ser
 from controller import _wire, loops
 from controller import env as forge_env
+from controller._launch import mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
 from controller.errors import SpawnError, describe_exit
@@ -367,13 +367,16 @@ def reset_host_pool() -> None:
 _REPLICA = re.compile(r"-r\d+$")
 
 
-async def spawn_on_hosts(opts, name: str) -> ProcMesh:
-    """Start ``opts.hosts`` x ``opts.procs`` workers on the agents' hosts (see module doc)."""
+async def launch(opts, name: str) -> ProcMesh:
+    """Start ``opts.hosts`` x ``opts.procs`` workers on the agents' hosts (see module doc);
+    the launcher interface (``controller._launch``)."""
+    if opts.with_gpus:
+        raise ValueError("with_gpus=True is provisioned by the local and ray backends")
     rt = get_runtime()
     install_signal_handlers()
     pool = host_pool()
     n_hosts, per_host = opts.hosts or 1, opts.procs
-    sizes = ({"hosts": n_hosts} if n_hosts > 1 else {}) | {"procs": per_host}
+    sizes = mesh_sizes(n_hosts, {"procs": per_host})
     spread_key = _REPLICA.sub("", name) if opts.num_replicas > 1 else None
     mesh_name = rt.unique_name(name)
     bg = rt.background_loop()
@@ -422,23 +425,7 @@ async def _start_workers(rt, hosts, mesh_name, sizes, per_host, env) -> list[tup
     master_ip = _wire.parse_address(hosts[0].address)[1][0]
     master_port = await hosts[0].request("free_port")
     sys_path = [p for p in sys.path if p]
-    envs = [
-        {
-            **rt.session.env(),
-            "FORGE_MESH": mesh_name,
-            "FORGE_RANK": str(rank),
-            "FORGE_SIZE": str(n),
-            "FORGE_SHAPE": json.dumps(sizes),
-            "MASTER_ADDR": master_ip,
-            "MASTER_PORT": str(master_port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank % per_host),
-            "WORLD_SIZE": str(n),
-            "LOCAL_WORLD_SIZE": str(per_host),
-            **env,
-        }
-        for rank in range(n)
-    ]
+    envs = rank_envs(rt.session.env(), mesh_name, sizes, (master_ip, master_port), env)
     reqs = [
         hosts[rank // per_host].request(
             "start", mesh_name, rank, n, envs[rank], sys_path, timeout=START_TIMEOUT_S + 5

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ import tempfile
 import threading
 
 from controller import _runtime
+from controller._launch import mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
 from controller.endpoint import Future
@@ -242,27 +242,6 @@ def _host_mesh_for(hosts: int):
     return _host_mesh.slice(hosts=slice(0, hosts)), False
 
 
-def _rank_envs(rt, mesh_name, sizes, per_host_n, master, env) -> list[dict[str, str]]:
-    n = len(Shape.full(sizes))
-    return [
-        {
-            **rt.session.env(),
-            "FORGE_MESH": mesh_name,
-            "FORGE_RANK": str(rank),
-            "FORGE_SIZE": str(n),
-            "FORGE_SHAPE": json.dumps(sizes),
-            "MASTER_ADDR": master[0],
-            "MASTER_PORT": str(master[1]),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank % per_host_n),
-            "WORLD_SIZE": str(n),
-            "LOCAL_WORLD_SIZE": str(per_host_n),
-            **env,
-        }
-        for rank in range(n)
-    ]
-
-
 async def spawn_monarch(
     hosts: int, per_host: dict[str, int], env: dict[str, str], name: str
 ) -> MonarchProcMesh:
@@ -276,15 +255,14 @@ async def spawn_monarch(
         # its processes down, and the workers' deaths are expected, not failures to report.
         atexit.register(_mark_all_stopping)
         _exit_hook_installed = True
-    sizes = ({"hosts": hosts} if hosts > 1 else {}) | per_host
+    sizes = mesh_sizes(hosts, per_host)
     mesh_name = rt.unique_name(name)
-    per_host_n = len(Shape.full(per_host))
     peer = "127.0.0.1" if local else _ip_towards("10.255.255.255")
     mpm = host_mesh.spawn_procs(per_host=per_host, name=mesh_name)
     try:
         boot = mpm.spawn("forge_bootstrap", _Bootstrap).flatten("rank")
         master = await boot.slice(rank=0).pick_master.call_one(peer)
-        envs = _rank_envs(rt, mesh_name, sizes, per_host_n, master, env)
+        envs = rank_envs(rt.session.env(), mesh_name, sizes, tuple(master), env)
         sys_path = [p for p in sys.path if p]
         try:
             started = (await boot.start.call(mesh_name, envs, sys_path, peer)).values()
@@ -328,3 +306,13 @@ async def _stop_quietly(mpm) -> None:
         await mpm.stop()
     except Exception as e:  # noqa: BLE001 - the original error matters more
         logger.warning("stopping a Monarch proc mesh after a failed start: %s", e)
+
+
+async def launch(opts, name: str) -> MonarchProcMesh:
+    """The launcher interface (``controller._launch``)."""
+    if opts.with_gpus:
+        raise ValueError(
+            "with_gpus=True is provisioned by the local and ray backends; on Monarch the "
+            "allocator's hosts own their GPUs"
+        )
+    return await spawn_monarch(opts.hosts or 1, {"procs": opts.procs}, dict(opts.env), name)

@@ -180,6 +180,15 @@ class Client:
                 detail = "the mesh was stopped"
         return ActorDiedError(self.mesh, self.rank, self.pid, returncode, detail)
 
+    def fail(self) -> None:
+        """The process is known to be dead (its backend said so): fail the calls in flight
+        and every later one now, without waiting for the connection to drop."""
+        if self.dead is not None:
+            return
+        if self.proto is not None and self.proto.transport is not None:
+            self.proto.transport.abort()
+        asyncio.ensure_future(self._fail_pending())
+
     def abort(self) -> None:
         """Close the socket of a client whose event loop is already closed."""
         if self.proto is not None and self.proto.transport is not None:
@@ -239,6 +248,18 @@ class Runtime:
 
     def clients_for(self, address: str) -> list[Client]:
         return [cs[address] for cs in self._clients.values() if address in cs]
+
+    def fail_calls(self, address: str) -> None:
+        """The process at ``address`` died: fail its calls in flight from every loop of this
+        process at once (thread-safe; a backend that learns of a death calls this)."""
+        for loop, clients in list(self._clients.items()):
+            client = clients.get(address)
+            if client is None or loop.is_closed():
+                continue
+            try:
+                loop.call_soon_threadsafe(client.fail)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
 
     # -- shutdown --------------------------------------------------------------------------
     def close(self) -> None:

@@ -13,9 +13,13 @@ Set by the user:
 Variable                  Default            Meaning
 ========================  =================  ===============================================
 ``FORGE_BACKEND``         ``local``          Where actor processes come from: ``local``
-                                             (this host), ``monarch`` (needs
+                                             (this host), ``ray`` (a Ray cluster: the one in
+                                             ``RAY_ADDRESS``, else a local Ray instance; needs
+                                             ``forge[ray]``), ``monarch`` (needs
                                              ``forge[monarch]``) or ``hosts`` (Forge host
                                              agents, below).
+``FORGE_RAY_CPUS``        ``1``              ``ray`` backend: logical CPUs each rank reserves
+                                             in its placement group bundle.
 ``FORGE_HOSTS``           unset              ``hosts`` backend: the agents,
                                              ``host:port[,host:port...]``.
 ``FORGE_HOSTS_KEY_FILE``  unset              ``hosts`` backend: the shared secret (mode 0600).
@@ -99,7 +103,7 @@ __all__ = [
     "worker_place",
 ]
 
-BACKENDS = ("local", "monarch", "hosts")
+BACKENDS = ("local", "ray", "monarch", "hosts")
 # Launch-protocol names that spawners also write into a child's environment.
 SESSION_DIR = "FORGE_SESSION_DIR"
 SESSION_KEY = "FORGE_SESSION_KEY"
@@ -113,11 +117,29 @@ def get(name: str) -> str | None:
 
 # -- set by the user -------------------------------------------------------------------------
 def backend() -> str:
-    """``FORGE_BACKEND``: ``local`` (default), ``monarch`` or ``hosts``."""
+    """``FORGE_BACKEND``: ``local`` (default), ``ray``, ``monarch`` or ``hosts``."""
     name = os.environ.get("FORGE_BACKEND", "local").strip().lower() or "local"
     if name not in BACKENDS:
         raise ValueError(f"unknown FORGE_BACKEND {name!r}; choose one of {list(BACKENDS)}")
     return name
+
+
+def ray_cpus() -> float:
+    """``FORGE_RAY_CPUS``: logical CPUs a rank reserves on the ``ray`` backend (default 1)."""
+    raw = os.environ.get("FORGE_RAY_CPUS", "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"FORGE_RAY_CPUS must be a positive number of CPUs, got {raw!r}")
+    return value
+
+
+def ray_address() -> str | None:
+    """``RAY_ADDRESS`` (Ray's own variable): the cluster the ``ray`` backend joins; ``None``
+    starts a Ray instance on this host."""
+    return os.environ.get("RAY_ADDRESS") or None
 
 
 def hosts() -> str:

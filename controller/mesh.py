@@ -18,6 +18,7 @@ from typing import Any
 
 from controller import _context, _wire
 from controller import _serialization as ser
+from controller._launch import mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port, kill_all
 from controller._runtime import get_runtime, install_signal_handlers
 from controller.endpoint import Endpoint, EndpointProperty
@@ -112,6 +113,7 @@ class ProcMesh:
         self._death_callbacks.append(cb)
 
     def _on_proc_exit(self, proc: LocalProc) -> None:
+        get_runtime().fail_calls(proc.address)  # a lost host's sockets may never close
         if proc.stopping or self._stopped:
             return
         failure = MeshFailure(
@@ -490,15 +492,15 @@ class HostMesh:
         per_host: dict[str, int] | None = None,
         env: dict[str, str] | None = None,
         name: str | None = None,
-        rank_env: list[dict[str, str]] | None = None,
+        rank_env: Callable[[int], dict[str, str]] | None = None,
     ) -> Future[ProcMesh]:
         """Start ``per_host`` processes (e.g. ``{"procs": 4}``) with extra ``env`` (and
-        ``rank_env[r]`` for rank r only, e.g. its GPU)."""
+        ``rank_env(r)`` for rank r only, e.g. its GPU)."""
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"per_host[{k!r}] must be a positive int, got {v!r}")
-        sizes = ({"hosts": self.hosts} if self.hosts > 1 else {}) | per_host
+        sizes = mesh_sizes(self.hosts, per_host)
         if self.hosts > 1:
             raise ValueError(
                 f"the local backend runs on one host, but {self.hosts} hosts were asked for; "
@@ -515,7 +517,10 @@ def this_host() -> HostMesh:
 
 
 async def spawn_local(
-    sizes: dict[str, int], env: dict[str, str], name: str, rank_env: list | None = None
+    sizes: dict[str, int],
+    env: dict[str, str],
+    name: str,
+    rank_env: Callable[[int], dict[str, str]] | None = None,
 ) -> ProcMesh:
     rt = get_runtime()
     install_signal_handlers()
@@ -530,25 +535,11 @@ async def spawn_local(
         if holder:
             holder[0]._on_proc_exit(p)
 
+    envs = rank_envs(rt.session.env(), mesh_name, sizes, ("127.0.0.1", port), env, rank_env)
     try:
-        for rank in range(n):
+        for rank, penv in enumerate(envs):
             address = f"unix:{os.path.join(rt.session.dir, f'{mesh_name}-{rank}.sock')}"
-            penv = {
-                **rt.session.env(),
-                "FORGE_MESH": mesh_name,
-                "FORGE_RANK": str(rank),
-                "FORGE_SIZE": str(n),
-                "FORGE_ADDRESS": address,
-                "FORGE_SHAPE": _json(sizes),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(n),
-                "LOCAL_WORLD_SIZE": str(n),
-                **env,
-                **(rank_env[rank] if rank_env else {}),
-            }
+            penv["FORGE_ADDRESS"] = address
             p = LocalProc(mesh_name, rank, n, address, penv, on_exit)
             procs.append(p)
             rt.local_procs[address] = p
@@ -566,9 +557,3 @@ async def spawn_local(
             pm._on_proc_exit(p)
     rt.proc_meshes.append(pm)
     return pm
-
-
-def _json(obj) -> str:
-    import json
-
-    return json.dumps(obj)

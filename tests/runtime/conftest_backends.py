@@ -1,4 +1,5 @@
-"""The ``backend`` fixture: run a test once per process backend (``local``, ``monarch``).
+"""The ``backend`` fixture: run a test once per process backend (``local``, ``ray``,
+``monarch``).
 
 Bind it in a test module to use it (it is not a conftest, so it is not applied
 everywhere)::
@@ -10,7 +11,8 @@ everywhere)::
     async def test_something(backend):
         mesh = await MyActor.options(procs=2).as_actor()   # placed by ``backend``
 
-The monarch case skips when torchmonarch is not installed and carries the ``monarch`` mark.
+The ray and monarch cases skip when their package is not installed and carry the ``ray`` or
+``monarch`` mark (the ray case starts one Ray instance on this host per test process).
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ import importlib.util
 import pytest
 
 _HAVE_MONARCH = importlib.util.find_spec("monarch") is not None
+_HAVE_RAY = importlib.util.find_spec("ray") is not None
 
 
 @pytest.fixture(
     name="backend",
     params=[
         "local",
+        pytest.param(
+            "ray",
+            marks=[pytest.mark.ray, pytest.mark.skipif(not _HAVE_RAY, reason="needs ray")],
+        ),
         pytest.param(
             "monarch",
             marks=[

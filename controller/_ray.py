@@ -1,0 +1,398 @@
+"""The Ray backend (``FORGE_BACKEND=ray``): Forge workers placed and watched by Ray.
+
+Ray decides *where* ranks run and tells when a node or process is gone; Forge's own protocol
+still carries every call::
+
+    controller ──Ray──> placement group (a bundle per host of the mesh)
+                           └─ Ray actor ``_RankHost`` (one per rank, in its bundle)
+                                └─ child: python -m controller._worker   (tcp:<node ip>:<port>)
+    controller ──Forge TCP (HMAC-authenticated)──> worker
+
+- **Cluster.** With ``RAY_ADDRESS`` set (Ray's own convention) the controller joins that
+  cluster; without it, it starts a Ray instance on this host (``HEALTH``: a node that stops
+  answering is declared dead within about 6 s). Every node needs the same Python environment
+  and code at the same paths (the controller's ``sys.path`` is handed to the workers).
+- **Placement.** A mesh is one placement group: ``hosts=1`` is one bundle on one node,
+  ``hosts=N`` N bundles on N distinct nodes (``STRICT_SPREAD``); each rank reserves
+  ``FORGE_RAY_CPUS`` logical CPUs (and one GPU with ``with_gpus``; Ray sets the rank's
+  ``CUDA_VISIBLE_DEVICES``). Replicas of a service are spread: each goes to the live node with
+  the fewest live replicas of that service (one per node, round robin), pinned by Ray's
+  ``ray.io/node-id`` label.
+- **Death.** A worker that exits is reported with its exit status by its ``_RankHost``; a
+  ``_RankHost`` whose node died (Ray's health check) is reported as lost. Either way the mesh's
+  death callbacks run and the calls in flight to that worker fail at once (``ActorDiedError``,
+  re-sent elsewhere by services), without waiting for TCP.
+- **Lifetime.** The Ray actors and placement groups belong to the controller's Ray job: when
+  the controller exits (or is killed) Ray stops them, and each worker follows its
+  ``_RankHost`` through the lifeline pipe of ``controller._local``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import re
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from controller import _reaper, _runtime
+from controller import env as forge_env
+from controller._launch import mesh_sizes, rank_envs
+from controller._local import LocalProc, free_port
+from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
+from controller.endpoint import Future
+from controller.errors import SpawnError, describe_exit
+from controller.mesh import ProcMesh
+from controller.shape import Shape
+
+try:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError as e:  # pragma: no cover - exercised only without ray
+    raise ImportError(
+        "FORGE_BACKEND=ray needs Ray: pip install 'forge[ray]' (or pip install 'ray==2.60.*'), "
+        "or unset FORGE_BACKEND to use the local backend"
+    ) from e
+
+logger = logging.getLogger("controller")
+
+# Ray's node failure detector, for the Ray instance the controller starts itself: a node whose
+# raylet misses 5 checks 1 s apart is dead. A cluster started by hand takes the same values
+# from ``ray start --head --system-config='<json>'`` (docs/multihost.md).
+HEALTH = {
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 5,
+}
+LOCAL_CPUS = 64  # logical CPU slots of a local instance: ranks mostly wait (threads: budget)
+PLACE_TIMEOUT_S = 120.0  # a placement group's resources, then a worker's start-up
+NODE_LABEL = "ray.io/node-id"
+_reaper_proc = None  # the reaper of a Ray instance this process started
+
+
+def connect() -> None:
+    """Join the cluster in ``RAY_ADDRESS``, or start a Ray instance on this host."""
+    if ray.is_initialized():
+        return
+    address = forge_env.ray_address()
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    common = dict(
+        namespace="forge",
+        log_to_driver=True,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
+    )
+    if address:
+        ray.init(address=address, **common)
+    else:
+        before = set(_reaper.descendants(os.getpid()))
+        ray.init(
+            address="local",
+            num_cpus=max(LOCAL_CPUS, os.cpu_count() or 1),
+            include_dashboard=False,
+            _system_config=HEALTH,
+            **common,
+        )
+        # Ray's agents outlive a SIGKILLed driver: a reaper takes the instance down with us
+        global _reaper_proc
+        _reaper_proc = _reaper.watch(sorted(set(_reaper.descendants(os.getpid())) - before))
+    atexit.register(_mark_all_stopping)  # runs before Ray's own exit hook stops our actors
+
+
+class _RankHost:
+    """Runs in a Ray actor process, one per rank: starts that rank's Forge worker and reports
+    its exit. Every method is async (one event loop: ``wait_exit`` long-polls beside them)."""
+
+    def __init__(self):
+        self._proc: LocalProc | None = None
+        self._done: asyncio.Future | None = None
+
+    async def place(self) -> tuple[str, int, str]:
+        """This node's IP (as Ray knows it), a free port on it, and its host name."""
+        return ray.util.get_node_ip_address(), free_port(), socket.gethostname()
+
+    async def start(self, mesh: str, rank: int, size: int, env: dict) -> tuple:
+        """Start the worker; returns (address, pid, host name, Ray node id, our own pid)."""
+        env = dict(env)
+        if not os.path.isdir(env[ENV_DIR]):  # another host: a private session dir of our own
+            env[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")
+        gpus = ray.get_gpu_ids()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+
+        def on_exit(p: LocalProc) -> None:
+            loop.call_soon_threadsafe(
+                lambda: self._done.done() or self._done.set_result(p.returncode)
+            )
+
+        env["FORGE_ADDRESS"] = f"tcp:{ray.util.get_node_ip_address()}:0"  # port: the worker's
+        self._proc = LocalProc(mesh, rank, size, env["FORGE_ADDRESS"], env, on_exit)
+        await self._proc.wait_ready()
+        node_id = ray.get_runtime_context().get_node_id()
+        return self._proc.address, self._proc.pid, socket.gethostname(), node_id, os.getpid()
+
+    async def wait_exit(self) -> int | None:
+        """Answers when the worker exits, with its returncode (negative: killed by signal)."""
+        return await asyncio.shield(self._done)
+
+    async def signal(self, sig: int) -> None:
+        if self._proc is not None:
+            self._proc.signal(sig)
+
+
+_remote_host = None
+
+
+def _rank_host_class():
+    global _remote_host
+    if _remote_host is None:
+        _remote_host = ray.remote(max_restarts=0, max_task_retries=0)(_RankHost)
+    return _remote_host
+
+
+class RayProc:
+    """Controller-side handle of one worker started by a ``_RankHost``. Offers what
+    ``ProcMesh`` and the runtime use of a ``LocalProc``: address, pid, rank, stopping,
+    returncode, ``wait``, ``signal``, ``describe``."""
+
+    def __init__(self, mesh, rank, size, started, actor, on_exit):
+        self.mesh, self.rank, self.size = mesh, rank, size
+        self.address, self.pid, self.host, self.node_id, self.host_pid = started
+        self.stopping = False
+        self.returncode: int | None = None
+        self.lost = ""  # why the exit status is unknown (its node or Ray actor died)
+        self.actor = actor
+        self._on_exit = on_exit
+        self._exited = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name=f"watch-{mesh}-{rank}").start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                self.returncode = ray.get(self.actor.wait_exit.remote())
+                break
+            except ray.exceptions.ActorUnavailableError:  # a blip; Ray decides if it is dead
+                time.sleep(0.2)
+            except Exception as e:  # noqa: BLE001 - Ray says the actor or its node is gone
+                self.lost = f"its Ray actor is gone ({_first_line(e)})"
+                break
+        self._exited.set()
+        self._on_exit(self)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._exited.wait(timeout)
+        return self.returncode
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    def signal(self, sig: int) -> None:
+        if not self._exited.is_set():
+            self.actor.signal.remote(sig)  # fire and forget: the exit is reported by _watch
+
+    def describe(self) -> str:
+        state = "alive" if not self.exited else (self.lost or describe_exit(self.returncode))
+        return f"mesh {self.mesh!r} rank {self.rank} pid {self.pid} on {self.host} ({state})"
+
+
+class RayProcMesh(ProcMesh):
+    """A ``ProcMesh`` whose ranks Ray placed; ``stop()`` also removes the Ray actors and the
+    placement group."""
+
+    def __init__(self, name: str, shape: Shape, procs: list[RayProc], pg, spread_key):
+        super().__init__(name, shape, procs)
+        self._pg = pg
+        self.spread_key = spread_key
+
+    @property
+    def node_ids(self) -> list[str]:
+        """The Ray node of each rank."""
+        return [p.node_id for p in self._procs]
+
+    @property
+    def host_pids(self) -> list[int]:
+        """Pids of the Ray actor processes hosting the workers (on their own nodes)."""
+        return [p.host_pid for p in self._procs]
+
+    def stop(self) -> Future[None]:
+        """Ask every worker to exit, then kill the Ray actors (any worker still running
+        follows through its lifeline) and free the placement group."""
+
+        async def run():
+            if self._stopped:
+                return
+            self._stopped = True
+            for p in self._procs:
+                p.stopping = True
+            await asyncio.gather(*(self._ask_exit(r) for r in range(len(self._procs))))
+            _release(self._pg, [p.actor for p in self._procs])
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(None, p.wait, 5.0) for p in self._procs))
+            rt = get_runtime()
+            for p in self._procs:
+                rt.local_procs.pop(p.address, None)
+            if self in rt.proc_meshes:
+                rt.proc_meshes.remove(self)
+            for cb in self._stop_callbacks:
+                cb()
+
+        return Future(run, f"stop {self.name}")
+
+
+def _release(pg, actors) -> None:
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception as e:  # noqa: BLE001 - already gone
+            logger.debug("ray.kill: %s", e)
+    try:
+        remove_placement_group(pg)
+    except Exception as e:  # noqa: BLE001 - already removed, or Ray is shutting down
+        logger.debug("remove_placement_group: %s", e)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+_REPLICA = re.compile(r"-r\d+$")
+
+
+def live_nodes() -> list[dict]:
+    """The cluster's live nodes that offer CPUs, in a stable order (by IP, then node id)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    return sorted(nodes, key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+
+
+def pick_node(spread_key: str, meshes: list, placing: dict[str, int]) -> str:
+    """The live node with the fewest live replicas of ``spread_key`` (ties: node order)."""
+    nodes = live_nodes()
+    if not nodes:
+        raise SpawnError("the Ray cluster has no live node with CPUs to place a replica on")
+    load = {n["NodeID"]: placing.get(f"{spread_key}@{n['NodeID']}", 0) for n in nodes}
+    for pm in meshes:
+        if getattr(pm, "spread_key", None) == spread_key and not pm._stopped:
+            for p in pm._procs:
+                if p.node_id in load and not p.exited:
+                    load[p.node_id] += 1
+    order = sorted(range(len(nodes)), key=lambda i: (load[nodes[i]["NodeID"]], i))
+    return nodes[order[0]]["NodeID"]
+
+
+_placing: dict[str, int] = {}  # "<spread key>@<node id>" -> replicas being placed there now
+
+
+async def launch(opts, name: str) -> RayProcMesh:
+    """Start ``opts.hosts`` x ``opts.procs`` workers on the Ray cluster (the launcher
+    interface of ``controller._launch``)."""
+    rt = get_runtime()
+    install_signal_handlers()
+    connect()  # blocks this loop for Ray's start-up, once
+    hosts, per_host = opts.hosts or 1, opts.procs
+    sizes = mesh_sizes(hosts, {"procs": per_host})
+    mesh_name = rt.unique_name(name)
+    cpus, gpus = forge_env.ray_cpus(), (1 if opts.with_gpus else 0)
+    bundle = {"CPU": cpus * per_host} | ({"GPU": gpus * per_host} if gpus else {})
+    spread_key = _REPLICA.sub("", name) if opts.num_replicas > 1 and hosts == 1 else None
+    node = pick_node(spread_key, rt.proc_meshes, _placing) if spread_key else None
+    held = f"{spread_key}@{node}"
+    if node:
+        _placing[held] = _placing.get(held, 0) + 1
+    try:
+        pg = placement_group(
+            [dict(bundle) for _ in range(hosts)],
+            strategy="STRICT_SPREAD" if hosts > 1 else "STRICT_PACK",
+            name=f"forge-{mesh_name}-{os.getpid()}",
+            bundle_label_selector=[{NODE_LABEL: node}] if node else None,
+        )
+        actors = []
+        try:
+            await _await_ref(pg.ready(), PLACE_TIMEOUT_S, _no_room(mesh_name, hosts, bundle))
+            cls = _rank_host_class()
+            actors = [
+                cls.options(
+                    num_cpus=cpus,
+                    num_gpus=gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=r // per_host
+                    ),
+                ).remote()
+                for r in range(hosts * per_host)
+            ]
+            started = await _start_ranks(rt, actors, mesh_name, sizes, dict(opts.env))
+        except BaseException:
+            _release(pg, actors)
+            raise
+    finally:
+        if node:
+            _placing[held] -= 1
+    holder: list[RayProcMesh] = []
+
+    def on_exit(p: RayProc) -> None:
+        if holder:
+            holder[0]._on_proc_exit(p)
+
+    n = len(actors)
+    procs = [
+        RayProc(mesh_name, r, n, tuple(info), actors[r], on_exit) for r, info in enumerate(started)
+    ]
+    for p in procs:
+        rt.local_procs[p.address] = p  # Client._death_error asks it for the exit status
+    pm = RayProcMesh(mesh_name, Shape.full(sizes), procs, pg, spread_key)
+    holder.append(pm)
+    for p in procs:  # a worker that died between ready and now
+        if p.exited:
+            pm._on_proc_exit(p)
+    rt.proc_meshes.append(pm)
+    return pm
+
+
+async def _start_ranks(rt, actors, mesh_name, sizes, env) -> list[tuple]:
+    """Start each rank's worker; (address, pid, host name, node id, host pid) per rank."""
+    ip, port, _ = await _await_ref(actors[0].place.remote(), PLACE_TIMEOUT_S, "")
+    envs = rank_envs(rt.session.env(), mesh_name, sizes, (ip, port), env)
+    n = len(actors)
+    refs = [a.start.remote(mesh_name, r, n, envs[r]) for r, a in enumerate(actors)]
+    what = f"mesh {mesh_name!r}: a worker did not start within {PLACE_TIMEOUT_S:.0f} s"
+    try:
+        started = await asyncio.gather(*(_await_ref(ref, PLACE_TIMEOUT_S, what) for ref in refs))
+    except SpawnError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a start-up failure inside the Ray actor
+        raise SpawnError(f"Ray mesh {mesh_name!r} failed to start its workers: {e}") from e
+    return list(started)
+
+
+def _no_room(mesh: str, hosts: int, bundle: dict) -> str:
+    avail = ray.available_resources()
+    return (
+        f"the Ray cluster has no room for mesh {mesh!r}: it needs {hosts} node(s) with "
+        f"{bundle} free each (available now: "
+        f"{ {k: v for k, v in avail.items() if k in ('CPU', 'GPU')} }); add nodes, or "
+        "lower FORGE_RAY_CPUS"
+    )
+
+
+async def _await_ref(ref, timeout: float, what: str):
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+    except asyncio.TimeoutError:
+        raise SpawnError(what or f"Ray did not answer within {timeout:.0f} s") from None
+
+
+def _mark_all_stopping() -> None:
+    rt = _runtime._runtime  # not get_runtime(): never start a runtime at exit
+    if rt is None:
+        return
+    for p in list(rt.local_procs.values()):
+        if isinstance(p, RayProc):
+            p.stopping = True
