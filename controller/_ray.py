@@ -42,6 +42,7 @@ import time
 
 from controller import _reaper, _runtime
 from controller import env as forge_env
+from controller._home import start_home
 from controller._launch import mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
@@ -102,6 +103,7 @@ def connect() -> None:
         global _reaper_proc
         _reaper_proc = _reaper.watch(sorted(set(_reaper.descendants(os.getpid())) - before))
     atexit.register(_mark_all_stopping)  # runs before Ray's own exit hook stops our actors
+    start_home(ray.util.get_node_ip_address())  # workers elsewhere reach this host through it
 
 
 class _RankHost:

@@ -38,9 +38,11 @@ class Session:
     authkey: bytes
     shm_prefix: str
     is_root: bool
+    home: str = ""  # the controller's home address (controller._home), where one is served
 
     def env(self) -> dict[str, str]:
-        return {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
+        out = {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
+        return out | ({env.HOME: self.home} if self.home else {})
 
 
 def pid_alive(pid: int) -> bool:
@@ -268,6 +270,8 @@ class Runtime:
         if self.closed:
             return
         self.closed = True
+        if getattr(self, "home_server", None) is not None and self._bg_loop is not None:
+            self._bg_loop.call_soon_threadsafe(self.home_server.close)
         procs = [p for p in self.local_procs.values() if p.returncode is None]
         for p in procs:
             p.stopping = True

@@ -19,7 +19,9 @@ actor mesh of every replica) in a file in the session directory, replaced atomic
 change (``write_table``). The ref re-reads it after a replica dies under one of its requests,
 while waiting up to ``unavailable_timeout`` for a healthy replica, and before a ``fanout``
 when its copy is older than ``health_poll_rate``. Where the session directory is not visible
-(a Monarch worker on another host), the ref routes over the replicas it was sent with.
+(a worker on a host that shares nothing with the controller) it asks the controller's home
+(``controller._home``) for the file instead; without a home (a Monarch worker on another
+host) the ref routes over the replicas it was sent with.
 
 Not supported through a ref: sessions, ``scale``, ``shutdown`` and metrics; those stay with
 the controller's ``Service``.
@@ -27,6 +29,8 @@ the controller's ``Service``.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import pickle
 import threading
@@ -37,7 +41,10 @@ from controller._routing import Routing, ServiceEndpoint
 from controller._service_types import HEALTHY, STOPPED, UNHEALTHY, Replica, ServiceConfig
 from controller.future import Future
 
+logger = logging.getLogger("controller")
+
 Row = tuple  # (replica index, generation, state, ActorMesh or None)
+TABLE_TIMEOUT_S = 10.0
 
 
 def write_table(path: str, stopped: bool, rows: list[Row]) -> None:
@@ -72,6 +79,7 @@ class ServiceRef(Routing):
         self._table_path = table_path
         self._dead: set[tuple[int, int]] = set()  # (index, gen) a request of ours died on
         self._read_at = 0.0
+        self._fetching = None  # the fetch of the table from the controller's home in flight
         self._refresh()
 
     def __reduce__(self):
@@ -90,7 +98,36 @@ class ServiceRef(Routing):
             return
         table = read_table(self._table_path)
         if table is None:
+            self._fetch_remote()
             return
+        self._apply(table)
+
+    def _fetch_remote(self) -> None:
+        """Where the table file is not visible (another host), ask the controller's home for
+        it; the answer is applied when it comes (calls meanwhile use what we know)."""
+        from controller._home import home
+
+        h = home()
+        if h is None or self._fetching is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        async def fetch() -> None:
+            try:
+                raw = await h.small.call_one(self._table_path, timeout=TABLE_TIMEOUT_S)
+                if raw is not None:
+                    self._apply(pickle.loads(raw))
+            except Exception as e:  # noqa: BLE001 - keep what we know; a later refresh retries
+                logger.debug("service %s: could not fetch the replica table: %s", self.name, e)
+            finally:
+                self._fetching = None
+
+        self._fetching = loop.create_task(fetch())
+
+    def _apply(self, table: dict[str, Any]) -> None:
         with self._lock:
             known = {(r.index, r.gen): r for r in self.replicas}
             fresh: list[Replica] = []

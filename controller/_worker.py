@@ -62,8 +62,23 @@ class Worker:
             self.loop.create_task(self._stop_actor(proto, cid, ser.loads(body)))
         elif kind == _wire.PING:
             self._reply(proto, _wire.OK, cid, os.getpid())
+        elif kind == _wire.READ:
+            self.loop.create_task(self._read(proto, cid, body))
         elif kind == _wire.EXIT:
             self.loop.create_task(self._exit(proto, cid))
+
+    async def _read(self, proto, cid: int, body) -> None:
+        """Bytes of a file this process published (``controller.files.publish``)."""
+        from controller import files
+
+        try:
+            path, offset, size = ser.loads(body)
+            data = await self.loop.run_in_executor(None, files.read_published, path, offset, size)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self._reply(proto, _wire.ERR, cid, e)
+            return
+        if not proto.closed:  # file bytes go raw, not pickled: one copy less
+            proto.send(_wire.OK, cid, data if isinstance(data, bytes) else ser.dumps(data)[0])
 
     async def _stop_actor(self, proto, cid: int, name: str) -> None:
         inst = self.actors.pop(name, None)
@@ -267,9 +282,10 @@ async def _main() -> None:
     worker = Worker(mesh, rank, size, address)
     server = await _wire.serve(address, rt.session.authkey, worker.on_frame, None)
     if address.startswith("tcp:") and address.endswith(":0"):
-        # Monarch backend: the OS chose the port; report the address callers must use.
+        # TCP backends: the OS chose the port; report the address callers must use.
         address = f"{address[:-2]}:{server.sockets[0].getsockname()[1]}"
         worker.address = address
+        os.environ["FORGE_ADDRESS"] = address  # controller.files.own_address() reads it
     ready = env.ready_fd()
     os.write(ready, f"{os.getpid()} {address}\n".encode())
     os.close(ready)

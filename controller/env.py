@@ -62,6 +62,9 @@ Variable                  Meaning (who sets it)
                           (``controller._local``).
 ``FORGE_SYS_PATH``        The parent's ``sys.path``, as JSON (``controller._local``).
 ``FORGE_SESSION_DIR``     The session's private socket directory (``controller._runtime``).
+``FORGE_HOME``            Address of the controller's home, where workers on other hosts read
+                          service tables and files of the controller's host
+                          (``controller._home``; ``ray`` backend).
 ``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``).
 ``FORGE_SHM_PREFIX``      Name prefix of the session's shared-memory files
                           (``controller._runtime``).
@@ -108,6 +111,7 @@ BACKENDS = ("local", "ray", "monarch", "hosts")
 SESSION_DIR = "FORGE_SESSION_DIR"
 SESSION_KEY = "FORGE_SESSION_KEY"
 SHM_PREFIX = "FORGE_SHM_PREFIX"
+HOME = "FORGE_HOME"
 
 
 def get(name: str) -> str | None:
@@ -232,6 +236,11 @@ def worker_place() -> WorkerPlace:
         shape=json.loads(e["FORGE_SHAPE"]),
         address=e["FORGE_ADDRESS"],
     )
+
+
+def home_address() -> str:
+    """``FORGE_HOME``: the controller's home (``controller._home``); ``""`` when unset."""
+    return os.environ.get(HOME, "")
 
 
 def ready_fd() -> int:

@@ -53,6 +53,7 @@ from forge.generation.prompts import Prompt, make_sampling_params
 from forge.types import Completion
 from forge.weights import WeightHandle, build_transport, lease_shm_file, pull_handle
 from forge.weights.pull import latest_pushed_version, requested_version
+from forge.weights.relay import localize, recall_latest
 
 logger = logging.getLogger("forge.generator")
 
@@ -140,6 +141,8 @@ class Generator(ForgeActor):
                 f"weight version {version} is older than the version in use "
                 f"({backend.version}); versions only move forward"
             )
+        if handle is not None:
+            handle = await localize(handle)  # pushed on another host: copy it here first
         if handle is not None and self._matches_model(handle):
             if self._can_share(handle):
                 views, lease = await asyncio.to_thread(
@@ -209,8 +212,12 @@ class Generator(ForgeActor):
 
     async def _load_latest(self) -> int:
         before = self._backend().version
-        if self._transport_or_raise().versions():
-            version = await self.update_weights()
+        transport = self._transport_or_raise()
+        handle = None
+        if not transport.versions():  # another host than the trainer's: ask the controller
+            handle = await recall_latest(getattr(transport, "prefix", ""))
+        if handle is not None or transport.versions():
+            version = await self.update_weights(handle=handle)
             if version > before:
                 self._recovered_version = version
         return self._backend().version

@@ -58,13 +58,14 @@ from pathlib import Path
 
 import torch
 
-from controller import current_rank, current_size, endpoint, threads
+from controller import current_rank, current_size, endpoint, files, threads
 from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.losses import LossConfig
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
 from forge.weights import WeightHandle, WeightStore, build_transport
+from forge.weights.relay import remember_latest
 
 __all__ = ["Trainer"]
 
@@ -177,15 +178,24 @@ class Trainer(ForgeActor):
         state_dict = self.core.hf_state_dict()  # a collective under FSDP: every rank calls it
         if self.store is None:
             return None
-        return self.store.push(state_dict, int(version))
+        handle = self.store.push(state_dict, int(version))
+        prefix = getattr(self.store.transport, "prefix", None)
+        if prefix is not None and handle.source:  # for a replica restarted on another host
+            remember_latest(prefix, handle)
+        return handle
 
     @endpoint
     def save(self, path: str) -> str:
-        return str(checkpoint.save_checkpoint(Path(path), self.core))
+        """Write a checkpoint to ``path`` on the controller's host (every rank its part)."""
+        with files.writing(path) as out:
+            checkpoint.save_checkpoint(Path(out), self.core)
+        return path
 
     @endpoint
     def load(self, path: str) -> int:
-        checkpoint.load_checkpoint(Path(path), self.core)
+        """Restore the checkpoint at ``path`` on the controller's host."""
+        with files.staged(path) as local:
+            checkpoint.load_checkpoint(Path(local), self.core)
         return self.core.step
 
     @endpoint
@@ -194,12 +204,13 @@ class Trainer(ForgeActor):
         rank 0, e.g. to hand an SFT result to an RL run. Returns the path (``None`` elsewhere)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from forge.models import load_tokenizer
+        from forge.models import load_tokenizer, local_source
 
         state = self.core.hf_state_dict()
         if current_rank().rank != 0:
             return None
-        config = AutoConfig.from_pretrained(self.cfg.model)
+        source = local_source(self.cfg.model)
+        config = AutoConfig.from_pretrained(source)
         model = AutoModelForCausalLM.from_config(config)
         result = model.load_state_dict(
             {k: v.detach().cpu() for k, v in state.items()}, strict=False
@@ -210,8 +221,9 @@ class Trainer(ForgeActor):
                 f"export_hf: weights do not match {self.cfg.model}'s architecture: missing "
                 f"{result.missing_keys}, unexpected {result.unexpected_keys}"
             )
-        model.save_pretrained(path)
-        load_tokenizer(self.cfg.model).save_pretrained(path)
+        with files.writing(path) as out:  # on the controller's host, wherever we run
+            model.save_pretrained(out)
+            load_tokenizer(source).save_pretrained(out)
         return path
 
     @endpoint

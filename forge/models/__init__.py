@@ -1,6 +1,6 @@
 """Model building, loading and logprob computation."""
 
-from forge.models.loading import load_model, load_tokenizer, resolve_dtype
+from forge.models.loading import load_model, load_tokenizer, local_source, resolve_dtype
 from forge.models.logprobs import (
     gather_logprobs,
     pad_and_stack,
@@ -16,6 +16,7 @@ __all__ = [
     "gather_logprobs",
     "load_model",
     "load_tokenizer",
+    "local_source",
     "make_tiny_model",
     "pad_and_stack",
     "pad_response_values",

@@ -43,13 +43,24 @@ def _missing_model_error(path_or_id: str) -> FileNotFoundError:
     )
 
 
-def _check_source(path_or_id: str | os.PathLike) -> str:
-    """Return ``path_or_id`` as a string, raising early if it is a path that does not exist."""
+def local_source(path_or_id: str | os.PathLike) -> str:
+    """``path_or_id`` as a string to load from on this host: a hub id as is; a path that
+    exists here as is; a path of the controller's host that does not exist here (a worker on
+    another host) staged from there (``controller.files``). Raises ``FileNotFoundError`` for a
+    path found nowhere."""
     s = os.fspath(path_or_id)
     if Path(s).expanduser().exists():
         return str(Path(s).expanduser())
     if isinstance(path_or_id, Path) or _looks_like_path(s):
-        raise _missing_model_error(s)
+        from controller import files
+
+        try:
+            staged = files.stage_sync(str(Path(s).expanduser().absolute()))
+        except FileNotFoundError:
+            staged = ""
+        if not staged or not os.path.exists(staged):
+            raise _missing_model_error(s)
+        return staged
     return s
 
 
@@ -69,7 +80,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)
-    source = _check_source(path_or_id)
+    source = local_source(path_or_id)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, attn_implementation=attn_implementation
@@ -83,7 +94,7 @@ def load_tokenizer(path_or_id: str | os.PathLike):
     """Load the ``AutoTokenizer`` saved with a model; errors as in ``load_model``."""
     from transformers import AutoTokenizer
 
-    source = _check_source(path_or_id)
+    source = local_source(path_or_id)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as e:

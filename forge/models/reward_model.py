@@ -31,9 +31,9 @@ import torch
 
 from forge.models.loading import (
     DTYPES,
-    _check_source,
     _missing_model_error,
     load_tokenizer,
+    local_source,
     resolve_dtype,
 )
 from forge.models.tiny import make_tiny_model
@@ -119,7 +119,7 @@ class RewardModelCore:
         self.device = cfg.device
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        source = _check_source(cfg.model)
+        source = local_source(cfg.model)
         self.tokenizer = load_tokenizer(source)  # pad falls back to eos
         # Right padding keeps positions 0..n-1 for every row (no position ids needed), and
         # left truncation keeps the end of the response, where the score is read.

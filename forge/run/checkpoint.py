@@ -26,7 +26,7 @@ class Checkpointer:
     by renaming and pointing ``latest`` at it."""
 
     def __init__(self, run_dir: Path, every: int):
-        self.root = Path(run_dir) / "checkpoints"
+        self.root = Path(run_dir).absolute() / "checkpoints"  # sent to actors elsewhere
         self.every = every
 
     async def maybe_save(self, step: int, trainer, buffer, data) -> Path | None:

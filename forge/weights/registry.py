@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from forge.weights.pull import run_weights_prefix
+from forge.weights.relay import localize_sync
 from forge.weights.safetensors_dir import SafetensorsDirTransport, read_safetensors_dir
 from forge.weights.shm import SharedMemoryTransport, read_shm_file
 from forge.weights.store import WeightHandle, WeightTransport
@@ -46,6 +47,7 @@ def _build_shm(cfg: TransportConfig) -> WeightTransport:
 
 
 def _read_shm(handle: WeightHandle, into: StateDict | None) -> StateDict:
+    handle = localize_sync(handle)  # pushed on another host: copied to this one first
     return read_shm_file(handle.location, handle.version, handle.manifest, into)
 
 

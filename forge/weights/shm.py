@@ -45,6 +45,7 @@ import re
 import struct
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections import OrderedDict
@@ -52,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from controller import files
 from forge.weights.store import (
     TensorMeta,
     WeightHandle,
@@ -507,7 +509,9 @@ class SharedMemoryTransport(WeightTransport):
         os.unlink(seg.path)
         seg.path = final
         self._live[int(version)] = seg
-        return WeightHandle(version, self.name, final, manifest)
+        files.publish(final)  # pullers on other hosts copy it through this process
+        source = files.own_address()
+        return WeightHandle(version, self.name, final, manifest, source, uuid.uuid4().hex[:12])
 
     def _unique_name(self, kind: str) -> str:
         self._renames += 1
@@ -540,6 +544,7 @@ class SharedMemoryTransport(WeightTransport):
         """Remove ``version``'s name; a file this instance pushed becomes a spare (while
         fewer than ``spares`` are kept), else it is unlinked."""
         seg = self._live.pop(int(version), None)
+        files.unpublish(self.path(version))
         if seg is None:
             try:
                 os.unlink(self.path(version))

@@ -48,13 +48,19 @@ class WeightHandle:
 
     ``transport`` is a ``forge.weights.registry.TRANSPORTS`` name; ``location`` is
     transport-specific (the shm file path, the version directory); ``manifest`` maps each HF
-    parameter name to its :class:`TensorMeta`, in push order.
+    parameter name to its :class:`TensorMeta`, in push order. ``source`` and ``uid`` let a
+    puller on another host copy the version to its own host (``forge.weights.relay``).
     """
 
     version: int
     transport: str
     location: str
     manifest: dict[str, TensorMeta] = field(default_factory=dict)
+    # Where a puller on another host fetches ``location`` from: the pushing worker's TCP
+    # address ("" when it is only reachable on its host), and an id of this push (a version
+    # number is pushed again after a restart from a checkpoint, with other bytes).
+    source: str = ""
+    uid: str = ""
 
     @property
     def nbytes(self) -> int:

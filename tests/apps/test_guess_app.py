@@ -23,7 +23,10 @@ def test_guess_demo_learns(tmp_path):
     line = [x for x in out.stdout.splitlines() if x.startswith("success_rate=")][-1]
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
     assert s["optimal"] == 1.0
-    # measured: 0.875 -> 1.0 (one run; 8 held-out games, greedy)
+    # Measured spread (benchmarks/learning_spread.py, this command at seeds 0-2, 2026-11-24;
+    # 8 held-out games, greedy): baseline (SFT) 0.875 at every seed, after GRPO 0.875, 1.0,
+    # 1.0. The held-out set is too small to show more than one game's gain, so the test
+    # asks for no loss against the SFT start and the 0.875 every seed reached.
     assert s["success_rate"] >= max(s["baseline"], 0.875), s
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]

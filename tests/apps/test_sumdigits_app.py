@@ -45,7 +45,11 @@ def test_cpu_demo_learns(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     s = _summary(out.stdout)
+    # Measured spread (benchmarks/learning_spread.py, this command at seeds 0-7, 2026-11-24):
+    # after SFT 0.21-0.815, after GRPO 0.89-0.965, gain 0.15-0.68 (median 0.445); seed 0
+    # (this test) 0.21 -> 0.89. Thresholds sit under the worst seed: gain 0.10, final 0.85.
     assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10, s
+    assert s["heldout_accuracy"] >= 0.85, s
     assert (run / "curves.png").stat().st_size > 10_000
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
