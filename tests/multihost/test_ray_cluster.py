@@ -1,0 +1,300 @@
+"""Forge on a Ray cluster of hosts that share nothing but a network (slow suite, needs root).
+
+Three simulated hosts (``tests/multihost/cluster.py``: a network namespace and private
+``/dev/shm`` and ``/tmp`` each, a Ray worker node in each), the Ray head and the controller in
+the root namespace. Run: ``python -m pytest -q -m multihost tests/multihost/test_ray_cluster.py``
+as root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="needs ray (pip install 'forge[ray]')")
+
+from tests.helpers import REPO, pid_alive, script_env, wait_dead, write_script  # noqa: E402
+from tests.multihost import cluster as ray_cluster  # noqa: E402
+from tests.multihost import netns  # noqa: E402
+from tests.multihost.conftest import _lock  # noqa: E402
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+
+HOSTS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The head and three hosts, for the whole module (hosts a test killed are restarted)."""
+    why = netns.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    fd = _lock()
+    try:
+        with ray_cluster.running_cluster(HOSTS, tmp_path_factory.mktemp("ray-logs")) as c:
+            yield c
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def hosts(cluster):
+    """The cluster with every host's node up (restarting those an earlier test killed)."""
+    alive = ray_cluster.alive_node_ips(cluster)
+    for h in cluster.hosts:
+        if h.ip not in alive:
+            cluster.link(h, True)
+            netns.kill_host(h.ns)
+            cluster.start_node(h)
+    return cluster
+
+
+def host_of(pid: int) -> str:
+    """The namespace (``forgeh<i>``) a process runs in, ``""`` for the root namespace."""
+    for ns in netns.namespaces():
+        if pid in netns.ns_pids(ns):
+            return ns
+    return ""
+
+
+def in_host(ns: str, *cmd: str) -> str:
+    """Run ``cmd`` inside host ``ns``'s mounts (its private /dev/shm and /tmp)."""
+    raylet = [p for p in netns.ns_pids(ns) if b"raylet" in _cmdline(p)]
+    assert raylet, f"no raylet in {ns}"
+    out = subprocess.run(["nsenter", "-t", str(raylet[0]), "-m", *cmd], capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    return out.stdout
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _run(tmp_path: Path, cluster, args: list[str], resume: bool = False) -> subprocess.Popen:
+    """``forge run`` of the CPU demo (or ``--resume`` of it) on the cluster, in the background."""
+    run = tmp_path / "run"
+    where = ["--resume", str(run)] if resume else [
+        "--config", str(REPO / "apps/sumdigits/cpu.yaml"), "--run-dir", str(run)]  # fmt: skip
+    log = open(tmp_path / "run.log", "a")  # noqa: SIM115 - the process owns it
+    return subprocess.Popen(
+        [sys.executable, "-m", "forge.cli", "run", *where, *args],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"), **cluster.env()),
+    )  # fmt: skip
+
+
+def _steps(run: Path) -> list[dict]:
+    metrics = run / "grpo" / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    return [r for r in map(json.loads, metrics.read_text().splitlines()) if "train/loss" in r]
+
+
+def _placement(run: Path) -> dict[str, set[str]]:
+    """Which hosts each mesh or service of the run's status runs on."""
+    status = json.loads((run / "status.json").read_text())
+    out: dict[str, set[str]] = {}
+    for m in status["meshes"]:
+        out[m["name"].rsplit("-", 1)[0]] = {host_of(r["pid"]) for r in m["ranks"]}
+    for s in status["services"]:
+        out[s["name"]] = {host_of(p) for r in s["replicas"] for p in r["pids"]}
+    return out
+
+
+def _summary(log: str) -> dict[str, float]:
+    import re
+
+    line = [x for x in log.splitlines() if x.startswith("heldout_accuracy=")][-1]
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
+
+
+async def test_services_spread_one_per_host_and_refs_follow_restarts(hosts, monkeypatch):
+    from controller import shutdown
+    from tests.runtime.service_actors import Caller, Echo
+
+    for k, v in hosts.env().items():
+        monkeypatch.setenv(k, v)
+    try:
+        svc = await Echo.options(num_replicas=3).as_service()
+        where = {host_of(r.mesh.pids[0]) for r in svc.replicas}
+        assert where == {h.ns for h in hosts.hosts}  # one replica per host
+        assert [await svc.echo.route(i) for i in range(12)] == list(range(12))
+        caller = await Caller.as_actor()
+        await caller.keep.call_one(svc)  # a pickled handle, in a worker on some host
+        victim = svc.replicas[0]
+        old = victim.mesh.pids[0]
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (victim.state != "healthy" or victim.mesh.pids[0] == old) and (
+            time.monotonic() < deadline
+        ):
+            await asyncio.sleep(0.1)
+        new = victim.mesh.pids[0]
+        assert new != old and victim.state == "healthy"
+        # the ref in the other worker learns of the new replica from the controller's home
+        deadline = time.monotonic() + 30
+        while new not in set(await caller.fanout_pids.call_one()):
+            assert time.monotonic() < deadline, "the pickled handle never saw the restart"
+            await asyncio.sleep(0.5)
+    finally:
+        await shutdown()
+
+
+def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
+    """The CPU demo with 3 generator replicas (one per host) and 2 reward replicas reaches its
+    accuracy target; weights reach each generator host once; checkpoints reach the run
+    directory on the controller's host."""
+    proc = _run(tmp_path, hosts, ["grpo.replicas.generator=3", "grpo.replicas.rewards=2",
+                                  "grpo.checkpoint_every=50"])  # fmt: skip
+    rc = proc.wait(timeout=850)
+    log = (tmp_path / "run.log").read_text()
+    assert rc == 0, log[-4000:]
+    s = _summary(log)
+    assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10 and s["heldout_accuracy"] >= 0.8, s
+    run = tmp_path / "run"
+    where = _placement(run)
+    assert where["Generator"] == {h.ns for h in hosts.hosts}, where
+    assert len(where["RewardActor"]) == 2 and "" not in where["Trainer"], where
+    trainer_host = next(iter(where["Trainer"]))
+    for h in hosts.hosts:
+        if h.ns != trainer_host:  # relayed copies, on the host's own /dev/shm
+            assert "forge-w-relay-" in in_host(h.ns, "ls", "/dev/shm"), h.ns
+    assert (run / "grpo" / "checkpoints" / "latest").exists()
+    latest = json.loads((run / "grpo" / "checkpoints" / "latest").read_text())["dir"]
+    assert (run / "grpo" / "checkpoints" / latest / "trainer" / "model.safetensors").exists()
+
+
+def test_a_killed_host_loses_nothing_and_its_replicas_come_back(hosts, tmp_path):
+    """SIGKILL every process of a generator host (not the trainer's) mid-run: every step
+    completes with all its episodes, the lost replicas come back on live hosts serving the
+    latest version."""
+    steps = 30
+    proc = _run(tmp_path, hosts, [f"grpo.steps={steps}", "sft.steps=20", "grpo.eval.every=0",
+                                  "grpo.replicas.generator=3"])  # fmt: skip
+    run = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 400
+        while len(_steps(run)) < 5 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None and len(_steps(run)) >= 5, "no progress before the kill"
+        where = _placement(run)
+        victim = next(h for h in hosts.hosts if h.ns not in where["Trainer"] | where["DatasetActor"]
+                      | where["ReplayBuffer"])  # fmt: skip
+        netns.kill_host(victim.ns)
+        killed_at = time.monotonic()
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "run.log").read_text()
+    assert rc == 0, log[-4000:]
+    rows = _steps(run)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    status = json.loads((run / "status.json").read_text())
+    gen = next(s for s in status["services"] if s["name"] == "Generator")
+    assert all(r["state"] == "healthy" for r in gen["replicas"]), gen
+    assert {host_of(p) for r in gen["replicas"] for p in r["pids"]} <= {
+        h.ns for h in hosts.hosts if h is not victim
+    } | {""}
+    versions = status["rl"]["generator_versions"]
+    assert set(versions.values()) == {steps}, versions
+    print(f"host {victim.ns} killed at {killed_at:.0f}; run completed: {len(rows)} steps")
+
+
+def test_the_trainer_host_dying_stops_the_run_which_resumes(hosts, tmp_path):
+    steps = 30
+    args = [f"grpo.steps={steps}", "sft.steps=20", "grpo.eval.every=0", "grpo.checkpoint_every=5"]
+    proc = _run(tmp_path, hosts, args)
+    run = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 400
+        while len(_steps(run)) < 12 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before its trainer's host could be killed"
+        trainer_host = next(iter(_placement(run)["Trainer"]))
+        netns.kill_host(trainer_host)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "run.log").read_text()
+    assert rc != 0, log[-3000:]
+    assert "the run's trainer died" in log and "forge run --resume" in log, log[-3000:]
+    for h in hosts.hosts:  # bring the dead host back for the resumed run
+        if h.ns == trainer_host:
+            hosts.start_node(h)
+    again = _run(tmp_path, hosts, [], resume=True)
+    rc = again.wait(timeout=600)
+    log = (tmp_path / "run.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert "[forge] resumed from" in log
+    assert [r["step"] for r in _steps(run)][-1] == steps
+
+
+def test_wrong_ray_token_is_refused(hosts, tmp_path):
+    script = write_script(tmp_path, """
+        import asyncio
+        from tests.multihost.actors import Where
+
+        async def main():
+            await Where.as_actor()
+
+        asyncio.run(main())
+    """)  # fmt: skip
+    env = script_env(**{**hosts.env(), "RAY_AUTH_TOKEN": "0" * 32})
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=120)  # fmt: skip
+    assert out.returncode != 0
+    assert "auth" in (out.stdout + out.stderr).lower(), out.stderr[-2000:]
+
+
+CONTROLLER = """
+import asyncio
+from tests.runtime.service_actors import Echo
+
+async def main():
+    svc = await Echo.options(num_replicas=3).as_service()
+    print("PIDS", *(r.mesh.pids[0] for r in svc.replicas), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_sigkilled_controller_leaves_no_forge_process_on_any_host(hosts, tmp_path):
+    before = {h.ns: set(netns.ns_pids(h.ns)) for h in hosts.hosts}
+    proc = subprocess.Popen(
+        [sys.executable, str(write_script(tmp_path, CONTROLLER))], stdout=subprocess.PIPE,
+        text=True, env=script_env(**hosts.env()), cwd=REPO,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line
+        pids = [int(p) for p in line.split()[1:]]
+        assert {host_of(p) for p in pids} == {h.ns for h in hosts.hosts}
+        assert all(pid_alive(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert wait_dead(pids, 30.0) == []
+    deadline = time.monotonic() + 30
+    while True:  # only the Ray node's own processes remain (its idle worker pool may vary)
+        extra = {
+            h.ns: [p for p in set(netns.ns_pids(h.ns)) - before[h.ns] if b"_worker" in _cmdline(p)]
+            for h in hosts.hosts
+        }
+        if not any(extra.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not any(extra.values()), extra
