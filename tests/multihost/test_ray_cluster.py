@@ -8,7 +8,6 @@ as root.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -119,36 +118,53 @@ def _summary(log: str) -> dict[str, float]:
     return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
 
 
-async def test_services_spread_one_per_host_and_refs_follow_restarts(hosts, monkeypatch):
-    from controller import shutdown
-    from tests.runtime.service_actors import Caller, Echo
+SERVICES = """
+import asyncio, json, os, signal, time
+from controller import shutdown
+from tests.runtime.service_actors import Caller, Echo
 
-    for k, v in hosts.env().items():
-        monkeypatch.setenv(k, v)
-    try:
-        svc = await Echo.options(num_replicas=3).as_service()
-        where = {host_of(r.mesh.pids[0]) for r in svc.replicas}
-        assert where == {h.ns for h in hosts.hosts}  # one replica per host
-        assert [await svc.echo.route(i) for i in range(12)] == list(range(12))
-        caller = await Caller.as_actor()
-        await caller.keep.call_one(svc)  # a pickled handle, in a worker on some host
-        victim = svc.replicas[0]
-        old = victim.mesh.pids[0]
-        os.kill(old, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while (victim.state != "healthy" or victim.mesh.pids[0] == old) and (
-            time.monotonic() < deadline
-        ):
-            await asyncio.sleep(0.1)
-        new = victim.mesh.pids[0]
-        assert new != old and victim.state == "healthy"
-        # the ref in the other worker learns of the new replica from the controller's home
-        deadline = time.monotonic() + 30
-        while new not in set(await caller.fanout_pids.call_one()):
-            assert time.monotonic() < deadline, "the pickled handle never saw the restart"
-            await asyncio.sleep(0.5)
-    finally:
-        await shutdown()
+async def main():
+    svc = await Echo.options(num_replicas=3).as_service()
+    out = {"pids": [r.mesh.pids[0] for r in svc.replicas]}
+    out["ips"] = [r.mesh._infos[0].address.split(":")[1] for r in svc.replicas]
+    out["echo"] = [await svc.echo.route(i) for i in range(12)]
+    caller = await Caller.as_actor()
+    await caller.keep.call_one(svc)  # a pickled handle, in a worker on some host
+    victim = svc.replicas[0]
+    old = victim.mesh.pids[0]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while (victim.state != "healthy" or victim.mesh.pids[0] == old) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    out["restarted"] = victim.mesh.pids[0]
+    deadline = time.monotonic() + 30  # the ref learns of it from the controller's home
+    while out["restarted"] not in set(await caller.fanout_pids.call_one()):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    out["seen_by_ref"] = sorted(await caller.fanout_pids.call_one())
+    print("RESULT", json.dumps(out), flush=True)
+    await shutdown()
+
+asyncio.run(main())
+"""
+
+
+def _script(tmp_path: Path, cluster, code: str, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, str(write_script(tmp_path, code))], capture_output=True, text=True,
+        env=script_env(**cluster.env()), cwd=REPO, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_services_spread_one_per_host_and_refs_follow_restarts(hosts, tmp_path):
+    out = _script(tmp_path, hosts, SERVICES)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    r = json.loads(out.stdout.split("RESULT", 1)[1].splitlines()[0])
+    assert r["echo"] == list(range(12))
+    assert sorted(r["ips"]) == sorted(h.ip for h in hosts.hosts)  # one replica per host
+    assert r["restarted"] not in r["pids"]
+    assert r["restarted"] in r["seen_by_ref"], r  # the pickled handle saw the restart
 
 
 def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
@@ -157,19 +173,28 @@ def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
     directory on the controller's host."""
     proc = _run(tmp_path, hosts, ["grpo.replicas.generator=3", "grpo.replicas.rewards=2",
                                   "grpo.checkpoint_every=50"])  # fmt: skip
-    rc = proc.wait(timeout=850)
+    run = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 600
+        while len(_steps(run)) < 20 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended early"
+        where = _placement(run)  # while the processes live
+        shm = {h.ns: in_host(h.ns, "ls", "/dev/shm") for h in hosts.hosts}
+        rc = proc.wait(timeout=850)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     log = (tmp_path / "run.log").read_text()
     assert rc == 0, log[-4000:]
     s = _summary(log)
     assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10 and s["heldout_accuracy"] >= 0.8, s
-    run = tmp_path / "run"
-    where = _placement(run)
     assert where["Generator"] == {h.ns for h in hosts.hosts}, where
     assert len(where["RewardActor"]) == 2 and "" not in where["Trainer"], where
     trainer_host = next(iter(where["Trainer"]))
-    for h in hosts.hosts:
-        if h.ns != trainer_host:  # relayed copies, on the host's own /dev/shm
-            assert "forge-w-relay-" in in_host(h.ns, "ls", "/dev/shm"), h.ns
+    for h in hosts.hosts:  # a relayed copy on the host's own /dev/shm, the pushed file on one
+        want = "forge-w-" if h.ns == trainer_host else "forge-w-relay-"
+        assert want in shm[h.ns], (h.ns, shm[h.ns])
     assert (run / "grpo" / "checkpoints" / "latest").exists()
     latest = json.loads((run / "grpo" / "checkpoints" / "latest").read_text())["dir"]
     assert (run / "grpo" / "checkpoints" / latest / "trainer" / "model.safetensors").exists()
