@@ -3,9 +3,8 @@
 ``local`` (default) starts actor processes on this host (below); ``ray`` asks a Ray cluster
 for them (``controller._ray``: the cluster in ``RAY_ADDRESS``, or a Ray instance of its own on
 this host); ``monarch`` asks Monarch (``controller._monarch``: this host, or the hosts of a
-Monarch job registered with ``use_host_mesh``); ``hosts`` asks Forge host agents
-(``controller._hosts``, ``FORGE_HOSTS``). Each is a module with the launcher interface of
-``controller._launch``; the result is an ordinary ``ProcMesh``, so actors, adverbs and
+Monarch job registered with ``use_host_mesh``). Each is a module with the launcher interface
+of ``controller._launch``; the result is an ordinary ``ProcMesh``, so actors, adverbs and
 services run unchanged.
 """
 
@@ -21,12 +20,11 @@ LAUNCHERS = {  # FORGE_BACKEND -> the module whose ``launch(opts, name)`` starts
     "local": "controller._backend",
     "ray": "controller._ray",  # imports ray: only when chosen
     "monarch": "controller._monarch",  # imports monarch: only when chosen
-    "hosts": "controller._hosts",
 }
 
 
 def backend_name() -> str:
-    """``FORGE_BACKEND``: ``local`` (default), ``ray``, ``monarch`` or ``hosts``."""
+    """``FORGE_BACKEND``: ``local`` (default), ``ray`` or ``monarch``."""
     return env.backend()
 
 

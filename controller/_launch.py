@@ -1,7 +1,7 @@
 """What every backend shares when it starts a mesh's ranks: the launcher interface and the one
 builder of a rank's environment.
 
-A backend (``controller._local_launch``, ``_monarch``, ``_ray``, ``_hosts``) is a module with
+A backend (``controller._backend`` for local processes, ``_ray``, ``_monarch``) is a module with
 ``async def launch(opts: ActorOptions, name: str) -> ProcMesh``: it decides where the ranks run
 and starts one Forge worker (``python -m controller._worker``) per rank with the environment
 ``rank_envs`` builds. ``controller._backend`` picks the module ``FORGE_BACKEND`` names.

@@ -17,7 +17,9 @@ still carries every call::
   ``FORGE_RAY_CPUS`` logical CPUs (and one GPU with ``with_gpus``; Ray sets the rank's
   ``CUDA_VISIBLE_DEVICES``). Replicas of a service are spread: each goes to the live node with
   the fewest live replicas of that service (one per node, round robin), pinned by Ray's
-  ``ray.io/node-id`` label.
+  ``ray.io/node-id`` label. Meshes that are not replicas (trainer, replay buffer, data) keep
+  together on the node the first of them got (a soft hint: elsewhere if it is full or dead),
+  so one host holds the run's state and the others only replicas.
 - **Death.** A worker that exits is reported with its exit status by its ``_RankHost``; a
   ``_RankHost`` whose node died (Ray's health check) is reported as lost. Either way the mesh's
   death callbacks run and the calls in flight to that worker fail at once (``ActorDiedError``,
@@ -214,6 +216,11 @@ class RayProcMesh(ProcMesh):
         self._pg = pg
         self.spread_key = spread_key
 
+    def _on_proc_exit(self, proc) -> None:
+        if not (proc.stopping or self._stopped):
+            _suspect[proc.node_id] = time.monotonic()
+        super()._on_proc_exit(proc)
+
     @property
     def node_ids(self) -> list[str]:
         """The Ray node of each rank."""
@@ -269,10 +276,18 @@ def _first_line(e: BaseException) -> str:
 _REPLICA = re.compile(r"-r\d+$")
 
 
+SUSPECT_S = 30.0  # after a rank dies unexpectedly, its node gets no new rank for this long
+_suspect: dict[str, float] = {}  # node id -> when a Forge rank last died there unexpectedly
+
+
 def live_nodes() -> list[dict]:
-    """The cluster's live nodes that offer CPUs, in a stable order (by IP, then node id)."""
+    """The cluster's live nodes that offer CPUs, in a stable order (by IP, then node id),
+    without those where a rank just died (Ray may not have declared a lost host dead yet)
+    unless that leaves none."""
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
-    return sorted(nodes, key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+    now = time.monotonic()
+    trusted = [n for n in nodes if now - _suspect.get(n["NodeID"], -SUSPECT_S) >= SUSPECT_S]
+    return sorted(trusted or nodes, key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
 
 
 def pick_node(spread_key: str, meshes: list, placing: dict[str, int]) -> str:
@@ -290,7 +305,57 @@ def pick_node(spread_key: str, meshes: list, placing: dict[str, int]) -> str:
     return nodes[order[0]]["NodeID"]
 
 
+def _anchor_node(rt) -> str | None:
+    """The node the run's single actors share: the first live node, kept while it lives."""
+    live = [n["NodeID"] for n in live_nodes()]
+    if _anchor.get(id(rt)) not in live:
+        _anchor[id(rt)] = live[0] if live else None
+    return _anchor[id(rt)]
+
+
 _placing: dict[str, int] = {}  # "<spread key>@<node id>" -> replicas being placed there now
+_anchor: dict[int, str] = {}  # id(runtime) -> the node its single-host, non-replica meshes share
+
+
+async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env):
+    """One placement group for the mesh and a ``_RankHost`` per rank, started."""
+    hosts, per_host = sizes.get("hosts", 1), sizes["procs"]
+    cpus, gpus = resources
+    node = pick_node(spread_key, rt.proc_meshes, _placing) if spread_key else None
+    anchor = _anchor_node(rt) if not spread_key and hosts == 1 else None
+    held = f"{spread_key}@{node}"
+    if node:
+        _placing[held] = _placing.get(held, 0) + 1
+    try:
+        pg = placement_group(
+            [dict(bundle) for _ in range(hosts)],
+            strategy="STRICT_SPREAD" if hosts > 1 else "STRICT_PACK",
+            name=f"forge-{mesh_name}-{os.getpid()}",
+            bundle_label_selector=[{NODE_LABEL: node}] if node else None,
+            _soft_target_node_id=anchor,
+        )
+        actors = []
+        try:
+            await _await_placed(pg, node, mesh_name, hosts, bundle)
+            cls = _rank_host_class()
+            actors = [
+                cls.options(
+                    num_cpus=cpus,
+                    num_gpus=gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=r // per_host
+                    ),
+                ).remote()
+                for r in range(hosts * per_host)
+            ]
+            started = await _start_ranks(rt, actors, mesh_name, sizes, env)
+        except BaseException:
+            _release(pg, actors)
+            raise
+    finally:
+        if node:
+            _placing[held] -= 1
+    return pg, actors, started
 
 
 async def launch(opts, name: str) -> RayProcMesh:
@@ -305,38 +370,16 @@ async def launch(opts, name: str) -> RayProcMesh:
     cpus, gpus = forge_env.ray_cpus(), (1 if opts.with_gpus else 0)
     bundle = {"CPU": cpus * per_host} | ({"GPU": gpus * per_host} if gpus else {})
     spread_key = _REPLICA.sub("", name) if opts.num_replicas > 1 and hosts == 1 else None
-    node = pick_node(spread_key, rt.proc_meshes, _placing) if spread_key else None
-    held = f"{spread_key}@{node}"
-    if node:
-        _placing[held] = _placing.get(held, 0) + 1
-    try:
-        pg = placement_group(
-            [dict(bundle) for _ in range(hosts)],
-            strategy="STRICT_SPREAD" if hosts > 1 else "STRICT_PACK",
-            name=f"forge-{mesh_name}-{os.getpid()}",
-            bundle_label_selector=[{NODE_LABEL: node}] if node else None,
-        )
-        actors = []
+    for attempt in range(3):  # a pinned node that dies meanwhile: place the mesh again
         try:
-            await _await_ref(pg.ready(), PLACE_TIMEOUT_S, _no_room(mesh_name, hosts, bundle))
-            cls = _rank_host_class()
-            actors = [
-                cls.options(
-                    num_cpus=cpus,
-                    num_gpus=gpus,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        pg, placement_group_bundle_index=r // per_host
-                    ),
-                ).remote()
-                for r in range(hosts * per_host)
-            ]
-            started = await _start_ranks(rt, actors, mesh_name, sizes, dict(opts.env))
-        except BaseException:
-            _release(pg, actors)
-            raise
-    finally:
-        if node:
-            _placing[held] -= 1
+            pg, actors, started = await _place(
+                rt, mesh_name, sizes, bundle, (cpus, gpus), spread_key, dict(opts.env)
+            )
+            break
+        except _NodeLost as e:
+            _suspect[e.node] = time.monotonic()
+            if attempt == 2:
+                raise
     holder: list[RayProcMesh] = []
 
     def on_exit(p: RayProc) -> None:
@@ -382,6 +425,32 @@ def _no_room(mesh: str, hosts: int, bundle: dict) -> str:
         f"{ {k: v for k, v in avail.items() if k in ('CPU', 'GPU')} }); add nodes, or "
         "lower FORGE_RAY_CPUS"
     )
+
+
+async def _await_placed(pg, node: str | None, mesh: str, hosts: int, bundle: dict) -> None:
+    """Wait for the placement group (bounded); a group pinned to ``node`` fails at once when
+    that node dies meanwhile (the caller places the mesh again elsewhere)."""
+    ready = asyncio.wrap_future(pg.ready().future())
+    deadline = time.monotonic() + PLACE_TIMEOUT_S
+    while True:
+        done, _ = await asyncio.wait({ready}, timeout=1.0)
+        if done:
+            ready.result()
+            return
+        if node and node not in {n["NodeID"] for n in ray.nodes() if n.get("Alive")}:
+            ready.cancel()
+            raise _NodeLost(node, f"node {node} died while mesh {mesh!r} was being placed there")
+        if time.monotonic() > deadline:
+            ready.cancel()
+            raise SpawnError(_no_room(mesh, hosts, bundle))
+
+
+class _NodeLost(SpawnError):
+    """The node a mesh was pinned to died while it was being placed."""
+
+    def __init__(self, node: str, message: str):
+        super().__init__(message)
+        self.node = node
 
 
 async def _await_ref(ref, timeout: float, what: str):

@@ -15,14 +15,10 @@ Variable                  Default            Meaning
 ``FORGE_BACKEND``         ``local``          Where actor processes come from: ``local``
                                              (this host), ``ray`` (a Ray cluster: the one in
                                              ``RAY_ADDRESS``, else a local Ray instance; needs
-                                             ``forge[ray]``), ``monarch`` (needs
-                                             ``forge[monarch]``) or ``hosts`` (Forge host
-                                             agents, below).
+                                             ``forge[ray]``) or ``monarch`` (needs
+                                             ``forge[monarch]``).
 ``FORGE_RAY_CPUS``        ``1``              ``ray`` backend: logical CPUs each rank reserves
                                              in its placement group bundle.
-``FORGE_HOSTS``           unset              ``hosts`` backend: the agents,
-                                             ``host:port[,host:port...]``.
-``FORGE_HOSTS_KEY_FILE``  unset              ``hosts`` backend: the shared secret (mode 0600).
 ``FORGE_LOG_LEVEL``       ``WARNING`` /      Logging level name of actor processes and host
                           ``INFO``           agents (``WARNING``); ``forge.env.get_log_level``
                                              defaults to ``INFO``.
@@ -49,8 +45,8 @@ Set by the process that spawns an actor process (the launch protocol; never set 
 ========================  ==================================================================
 Variable                  Meaning (who sets it)
 ========================  ==================================================================
-``FORGE_MESH``            The process mesh's name (``controller.mesh``, ``_monarch``,
-                          ``_hosts``).
+``FORGE_MESH``            The process mesh's name (``controller._launch.rank_envs``, for
+                          every backend).
 ``FORGE_RANK``            This process's linear rank in its mesh (same).
 ``FORGE_SIZE``            The mesh's number of processes (same).
 ``FORGE_SHAPE``           The mesh's sizes by dimension, as JSON (same).
@@ -91,8 +87,6 @@ __all__ = [
     "cache_dir",
     "get",
     "host_cores",
-    "hosts",
-    "hosts_key_file",
     "inherited_session",
     "lifeline_fd",
     "log_level",
@@ -106,7 +100,7 @@ __all__ = [
     "worker_place",
 ]
 
-BACKENDS = ("local", "ray", "monarch", "hosts")
+BACKENDS = ("local", "ray", "monarch")
 # Launch-protocol names that spawners also write into a child's environment.
 SESSION_DIR = "FORGE_SESSION_DIR"
 SESSION_KEY = "FORGE_SESSION_KEY"
@@ -121,8 +115,14 @@ def get(name: str) -> str | None:
 
 # -- set by the user -------------------------------------------------------------------------
 def backend() -> str:
-    """``FORGE_BACKEND``: ``local`` (default), ``ray``, ``monarch`` or ``hosts``."""
+    """``FORGE_BACKEND``: ``local`` (default), ``ray`` or ``monarch``."""
     name = os.environ.get("FORGE_BACKEND", "local").strip().lower() or "local"
+    if name == "hosts":
+        raise ValueError(
+            "FORGE_BACKEND=hosts (Forge's own host agents) was removed: start a Ray cluster "
+            "(`ray start --head` / `ray start --address=...`) and use FORGE_BACKEND=ray with "
+            "RAY_ADDRESS; see docs/multihost.md"
+        )
     if name not in BACKENDS:
         raise ValueError(f"unknown FORGE_BACKEND {name!r}; choose one of {list(BACKENDS)}")
     return name
@@ -144,16 +144,6 @@ def ray_address() -> str | None:
     """``RAY_ADDRESS`` (Ray's own variable): the cluster the ``ray`` backend joins; ``None``
     starts a Ray instance on this host."""
     return os.environ.get("RAY_ADDRESS") or None
-
-
-def hosts() -> str:
-    """``FORGE_HOSTS``, raw (``""`` when unset); ``controller._hosts`` parses it."""
-    return os.environ.get("FORGE_HOSTS", "")
-
-
-def hosts_key_file() -> str:
-    """``FORGE_HOSTS_KEY_FILE`` (``""`` when unset)."""
-    return os.environ.get("FORGE_HOSTS_KEY_FILE", "")
 
 
 def log_level(default: str = "WARNING") -> str:

@@ -1,8 +1,8 @@
-"""The ``hosts`` fixture: two simulated hosts (network namespaces) with a host agent each.
+"""Fixtures of the multihost tests: one user of the simulated hosts at a time (``_lock``),
+and ``monarch_hosts`` (Monarch's worker loop in two network namespaces). The Ray cluster of
+shared-nothing hosts is ``tests/multihost/test_ray_cluster.py``'s ``cluster`` fixture.
 
-Tests here need root and ``ip netns`` and skip with the reason otherwise. Each test gets fresh
-namespaces; afterwards it checks that ``shutdown()`` left only the agents on the hosts, and
-that tearing the hosts down left none of their processes alive.
+Tests here need root and ``ip netns`` and skip with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import time
 
 import pytest
 
-from controller import shutdown
-from controller._hosts import reset_host_pool
 from tests.helpers import pid_alive, wait_dead
 from tests.multihost import netns
 
@@ -37,7 +35,8 @@ def _lock() -> int:
 
 
 def only_agents_left(hosts: list[netns.NetnsHost], timeout: float = 10.0) -> dict[str, list[int]]:
-    """Wait until each live host runs nothing but its agent; returns the extra pids per host."""
+    """Wait until each live host runs nothing but its ``agent`` process (Monarch's worker
+    loop); returns the extra pids per host."""
     deadline = time.monotonic() + timeout
     while True:
         extra = {
@@ -48,36 +47,6 @@ def only_agents_left(hosts: list[netns.NetnsHost], timeout: float = 10.0) -> dic
         if not any(extra.values()) or time.monotonic() > deadline:
             return {k: v for k, v in extra.items() if v}
         time.sleep(0.1)
-
-
-@pytest.fixture
-async def hosts(tmp_path, monkeypatch):
-    """Two hosts ``forgeh1`` (10.77.0.2) and ``forgeh2`` (10.77.0.3) with agents running, and
-    ``FORGE_BACKEND=hosts`` pointed at them for this test."""
-    why = netns.unavailable_reason()
-    if why:
-        pytest.skip(why)
-    fd = _lock()
-    seen: set[int] = set()
-    try:
-        key = netns.write_key_file(tmp_path / "hosts.key")
-        with netns.running_hosts(2, key, tmp_path) as hs:
-            for k, v in netns.hosts_env(hs, key).items():
-                monkeypatch.setenv(k, v)
-            reset_host_pool()
-            try:
-                yield hs
-            finally:
-                for h in hs:
-                    seen.update(netns.ns_pids(h.ns))
-                await shutdown()
-                reset_host_pool()
-            leftover = only_agents_left(hs)
-            assert not leftover, f"processes left on the hosts after shutdown(): {leftover}"
-        alive = wait_dead(sorted(seen), 5.0)
-        assert not alive, f"processes alive after the hosts were torn down: {alive}"
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture

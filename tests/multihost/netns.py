@@ -4,17 +4,13 @@ Each host is a network namespace ``forgeh<i>`` with its own address ``10.77.0.<i
 veth whose other end is enslaved to the bridge ``forgebr0`` (``10.77.0.1/24``) in the root
 namespace, where the controller runs::
 
-    root namespace: controller, forgebr0 10.77.0.1 ──┬── veth fgh1 ── forgeh1: eth0 10.77.0.2, agent
-                                                     └── veth fgh2 ── forgeh2: eth0 10.77.0.3, agent
+    root namespace: controller, forgebr0 10.77.0.1 ──┬── veth fgh1 ── forgeh1: eth0 10.77.0.2
+                                                     └── veth fgh2 ── forgeh2: eth0 10.77.0.3
 
-In each namespace a Forge host agent (``python -m controller._hosts``) listens on port 7100;
-the controller reaches it with ``FORGE_BACKEND=hosts``. The namespaces share this machine's
-filesystem (the repository, the key file, ``/dev/shm``), like cluster nodes with a shared
-filesystem; only the network is separate.
+This module makes the network; ``tests/multihost/cluster.py`` adds private mounts and a Ray
+node per host (the hosts that share nothing). Command line (as root)::
 
-Command line (as root)::
-
-    python -m tests.multihost.netns up --hosts 2 --key-file /tmp/forge-hosts.key
+    python -m tests.multihost.netns up --hosts 2
     python -m tests.multihost.netns status
     python -m tests.multihost.netns kill forgeh2     # fail a host: SIGKILL all its processes
     python -m tests.multihost.netns down
@@ -40,21 +36,17 @@ REPO = Path(__file__).resolve().parents[2]
 PREFIX = "forgeh"  # namespaces forgeh1, forgeh2, ...
 BRIDGE = "forgebr0"
 SUBNET = "10.77.0"
-AGENT_PORT = 7100
-AGENT_START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0
 
 
 @dataclass
 class NetnsHost:
-    """One simulated host: its namespace, address and (once started) its agent process."""
+    """One simulated host: its namespace, address and (once started) its main process (a Ray
+    node, or Monarch's worker loop)."""
 
     ns: str
     ip: str
     agent: subprocess.Popen | None = None
-
-    @property
-    def agent_address(self) -> str:
-        return f"{self.ip}:{AGENT_PORT}"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -154,51 +146,6 @@ def setup(n: int) -> list[NetnsHost]:
     return hosts
 
 
-def write_key_file(path: str | Path) -> Path:
-    """A fresh random shared secret for the agents, readable by its owner only (0600)."""
-    path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(os.urandom(32).hex() + "\n")
-    os.chmod(path, 0o600)
-    return path
-
-
-def start_agent(host: NetnsHost, key_file: str | Path, log: str | Path) -> None:
-    """Start the host agent inside ``host``'s namespace; returns once it listens."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("FORGE_BACKEND", None)
-    log = Path(log)
-    log.touch()
-    offset = log.stat().st_size
-    with open(log, "ab") as out:  # the agent and its workers write here
-        host.agent = subprocess.Popen(
-            ["ip", "netns", "exec", host.ns, sys.executable, "-m", "controller._hosts"]
-            + ["--listen", f"tcp:{host.agent_address}", "--key-file", str(key_file)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(REPO),
-            start_new_session=True,  # Ctrl-C in the terminal goes to the controller only
-        )
-    deadline = time.monotonic() + AGENT_START_TIMEOUT_S
-    while time.monotonic() < deadline and host.agent.poll() is None:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            if b"forge host agent listening" in f.read():
-                return
-        time.sleep(0.1)
-    code = host.agent.poll()
-    if code is None:
-        host.agent.kill()
-    raise RuntimeError(
-        f"host agent in namespace {host.ns} did not start within {AGENT_START_TIMEOUT_S:.0f} s "
-        f"(exit status {code}); see {log}"
-    )
-
-
 MONARCH_PORT = 4444
 
 
@@ -221,7 +168,7 @@ def start_monarch_worker(host: NetnsHost, log: str | Path) -> None:
             cwd=str(REPO),
             start_new_session=True,
         )
-    deadline = time.monotonic() + AGENT_START_TIMEOUT_S
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and host.agent.poll() is None:
         try:
             socket.create_connection((host.ip, MONARCH_PORT), timeout=1).close()
@@ -231,35 +178,11 @@ def start_monarch_worker(host: NetnsHost, log: str | Path) -> None:
     raise RuntimeError(f"Monarch worker in namespace {host.ns} did not start; see {log}")
 
 
-@contextlib.contextmanager
-def running_hosts(n: int, key_file: str | Path, log_dir: str | Path):
-    """``n`` hosts with an agent each; everything is removed on exit, whatever happened."""
-    hosts: list[NetnsHost] = []
-    try:
-        hosts = setup(n)
-        for h in hosts:
-            start_agent(h, key_file, Path(log_dir) / f"agent-{h.ns}.log")
-        yield hosts
-    finally:
-        teardown(hosts)
-
-
-def hosts_env(hosts: list[NetnsHost], key_file: str | Path) -> dict[str, str]:
-    """The environment a controller needs to place its processes on ``hosts``."""
-    return {
-        "FORGE_BACKEND": "hosts",
-        "FORGE_HOSTS": ",".join(h.agent_address for h in hosts),
-        "FORGE_HOSTS_KEY_FILE": str(key_file),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.multihost.netns", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="create the hosts and start an agent in each")
+    up = sub.add_parser("up", help="create the hosts (namespaces on the bridge)")
     up.add_argument("--hosts", type=int, default=2)
-    up.add_argument("--key-file", default="/tmp/forge-hosts.key")
-    up.add_argument("--log-dir", default="/tmp")
     sub.add_parser("down", help="remove every namespace, link and process of the harness")
     sub.add_parser("status", help="list the hosts and their processes")
     kill = sub.add_parser("kill", help="SIGKILL every process in one host's namespace")
@@ -269,16 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run: {why}", file=sys.stderr)
         return 2
     if args.cmd == "up":
-        write_key_file(args.key_file)
-        hosts = setup(args.hosts)
-        try:
-            for h in hosts:
-                start_agent(h, args.key_file, Path(args.log_dir) / f"agent-{h.ns}.log")
-        except BaseException:
-            teardown(hosts)
-            raise
-        for k, v in hosts_env(hosts, args.key_file).items():
-            print(f"export {k}={v}")
+        for h in setup(args.hosts):
+            print(h.ns, h.ip)
     elif args.cmd == "down":
         killed = teardown()
         print(f"removed the hosts; killed {len(killed)} process(es)")

@@ -149,9 +149,12 @@ def test_accessors_read_when_called(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert env.backend() == "local" and env.log_level() == "WARNING"
     assert env.inherited_session() is None
-    monkeypatch.setenv("FORGE_BACKEND", " Hosts ")
+    monkeypatch.setenv("FORGE_BACKEND", " Ray ")
     monkeypatch.setenv("FORGE_LOG_LEVEL", "debug")
-    assert env.backend() == "hosts" and env.log_level("INFO") == "DEBUG"
+    assert env.backend() == "ray" and env.log_level("INFO") == "DEBUG"
+    monkeypatch.setenv("FORGE_BACKEND", "hosts")
+    with pytest.raises(ValueError, match="was removed: start a Ray cluster"):
+        env.backend()
     monkeypatch.setenv("FORGE_BACKEND", "slurm")
     with pytest.raises(ValueError, match=r"unknown FORGE_BACKEND 'slurm'; choose one of"):
         env.backend()
