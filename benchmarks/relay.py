@@ -77,7 +77,7 @@ class Node(Actor):
         return took
 
     @endpoint
-    def size(self, path: str) -> int:
+    def file_size(self, path: str) -> int:
         return os.path.getsize(path)
 
     @endpoint
@@ -134,7 +134,7 @@ async def bench(hosts: int, repeats: int, mb: int) -> dict:
             await asyncio.gather(*(p.pull.call_one(handle) for p in group))
             out[key].append(time.perf_counter() - t0)
         port = await pusher.serve_raw.call_one(handle.location)
-        size = await pusher.size.call_one(handle.location)  # the file: header and all
+        size = await pusher.file_size.call_one(handle.location)  # the file: header and all
         for key, group in (("tcp_1", pullers[:1]), ("tcp_n", pullers)):
             t0 = time.perf_counter()
             await asyncio.gather(*(p.recv_raw.call_one(ips[0], port, size) for p in group))

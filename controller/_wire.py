@@ -26,6 +26,7 @@ logger = logging.getLogger("controller")
 _HEADER = struct.Struct("<QBQ")
 _MAGIC = b"FRG1"
 _NONCE = 32
+LARGE_FRAME = 1 << 20  # bodies this big are assembled in place and sent without a join
 
 # Frame kinds.
 CALL, SPAWN, STOP_ACTOR, CANCEL, EXIT, PING, READ = 1, 2, 3, 4, 5, 6, 7
@@ -54,6 +55,7 @@ class FrameProtocol(asyncio.Protocol):
         self._state = "init"
         self._nonce = os.urandom(_NONCE)
         self.transport: asyncio.Transport | None = None
+        self._large: tuple | None = None  # (kind, cid, body, bytes got) of a large frame
         self.ready: asyncio.Future = asyncio.get_event_loop().create_future()
         self.closed = False
 
@@ -118,13 +120,17 @@ class FrameProtocol(asyncio.Protocol):
 
     # -- frames ----------------------------------------------------------------------------
     def data_received(self, data: bytes):
-        if self._state == "open" and not self._buf:
+        if self._state == "open" and not self._buf and self._large is None:
             # Fast path: the chunk is exactly one frame.
             if len(data) >= _HEADER.size:
                 n, kind, cid = _HEADER.unpack_from(data)
                 if len(data) == _HEADER.size + n:
                     self._on_frame(self, kind, cid, memoryview(data)[_HEADER.size :])
                     return
+        if self._large is not None:
+            data = self._fill_large(data)
+            if not data:
+                return
         self._buf += data
         while self._state != "open":
             if self._state == "rejected" or not self._handshake():
@@ -134,15 +140,39 @@ class FrameProtocol(asyncio.Protocol):
             n, kind, cid = _HEADER.unpack_from(buf)
             end = _HEADER.size + n
             if len(buf) < end:
+                if n >= LARGE_FRAME:  # assemble it in place: one copy, not three
+                    body = bytearray(n)
+                    got = len(buf) - _HEADER.size
+                    body[:got] = memoryview(buf)[_HEADER.size :]
+                    buf.clear()
+                    self._large = (kind, cid, body, got)
                 return
             body = bytes(buf[_HEADER.size : end])
             del buf[:end]
             self._on_frame(self, kind, cid, memoryview(body))
 
+    def _fill_large(self, data: bytes) -> bytes:
+        """Copy ``data`` into the large frame being assembled; dispatch it when complete.
+        Returns what follows the frame (the start of the next one)."""
+        kind, cid, body, got = self._large
+        take = min(len(data), len(body) - got)
+        body[got : got + take] = memoryview(data)[:take]
+        got += take
+        if got < len(body):
+            self._large = (kind, cid, body, got)
+            return b""
+        self._large = None
+        self._on_frame(self, kind, cid, memoryview(body))
+        return data[take:]
+
     def send(self, kind: int, cid: int, body: bytes = b"") -> None:
         if self.closed:
             raise ConnectionError("channel is closed")
-        self.transport.write(_HEADER.pack(len(body), kind, cid) + body)
+        header = _HEADER.pack(len(body), kind, cid)
+        if len(body) >= LARGE_FRAME:
+            self.transport.writelines((header, body))  # no copy into one buffer first
+        else:
+            self.transport.write(header + body)
 
     def connection_lost(self, exc):
         self.closed = True

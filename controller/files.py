@@ -267,7 +267,7 @@ async def _read_remote(address: str, path: str, offset: int, size: int):
     if kind == _wire.ERR:
         _, message, _, _ = ser.loads(payload)
         raise OSError(f"reading {path} from {address}: {message}")
-    return ser.loads(payload) if size < 0 else bytes(payload)
+    return ser.loads(payload) if size < 0 else payload  # a memoryview of the frame
 
 
 async def fetch_published(address: str, path: str, dest: str) -> int:
