@@ -36,6 +36,7 @@ import atexit
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -47,7 +48,7 @@ from controller import env as forge_env
 from controller._home import start_home
 from controller._launch import mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port
-from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
+from controller._runtime import ENV_DIR, get_runtime, host_id, install_signal_handlers
 from controller.endpoint import Future
 from controller.errors import SpawnError, describe_exit
 from controller.mesh import ProcMesh
@@ -123,8 +124,9 @@ class _RankHost:
     async def start(self, mesh: str, rank: int, size: int, env: dict) -> tuple:
         """Start the worker; returns (address, pid, host name, Ray node id, our own pid)."""
         env = dict(env)
+        private = None
         if not os.path.isdir(env[ENV_DIR]):  # another host: a private session dir of our own
-            env[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")
+            private = env[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-{host_id()}-")
         gpus = ray.get_gpu_ids()
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -132,6 +134,8 @@ class _RankHost:
         self._done = loop.create_future()
 
         def on_exit(p: LocalProc) -> None:
+            if private:
+                shutil.rmtree(private, ignore_errors=True)
             loop.call_soon_threadsafe(
                 lambda: self._done.done() or self._done.set_result(p.returncode)
             )

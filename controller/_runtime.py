@@ -56,7 +56,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-_SESSION_NAME = re.compile(r"(?:^|-)forge-(\d+)-")
+_SESSION_NAME = re.compile(r"(?:^|-)forge-(\d+)-(?:([0-9a-f]{8})-)?")
+
+
+def host_id() -> str:
+    """8 hex digits naming this host's running kernel (its boot id): session names carry it,
+    so that a sweep on one host never judges another host's files by a pid of its own."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip().replace("-", "")[:8]
+    except OSError:
+        return "00000000"
 
 
 def session_tag() -> str:
@@ -67,14 +77,16 @@ def session_tag() -> str:
 
 
 def _sweep_stale_sessions(tmp: str) -> None:
-    """Remove socket dirs and shm payloads of root controllers that died without cleanup."""
+    """Remove socket dirs and shm payloads of root controllers of this host that died without
+    cleanup (names of another host's sessions, e.g. copies a worker made here, are left)."""
+    me = host_id()
     for base, names in ((tmp, os.listdir(tmp)), (ser.SHM_DIR, os.listdir(ser.SHM_DIR or tmp))):
         if base is None:
             continue
         for name in names:
             m = _SESSION_NAME.search(name)
-            if m is None or pid_alive(int(m.group(1))):
-                continue
+            if m is None or (m.group(2) or me) != me or pid_alive(int(m.group(1))):
+                continue  # not a session name, another host's, or its controller lives
             path = os.path.join(base, name)
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -96,8 +108,9 @@ def _new_session() -> Session:
         _sweep_stale_sessions(tmp)
     except OSError as e:
         logger.debug("stale session sweep failed: %s", e)
-    d = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")  # mkdtemp makes it mode 0700
-    prefix = f"forge-{os.getpid()}-{os.path.basename(d).rsplit('-', 1)[-1]}"
+    tag = f"forge-{os.getpid()}-{host_id()}"
+    d = tempfile.mkdtemp(prefix=f"{tag}-")  # mkdtemp makes it mode 0700
+    prefix = f"{tag}-{os.path.basename(d).rsplit('-', 1)[-1]}"
     ser.set_shm_prefix(prefix)
     return Session(d, os.urandom(32), prefix, True)
 
