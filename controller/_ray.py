@@ -92,7 +92,14 @@ def connect() -> None:
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
     )
     if address:
-        ray.init(address=address, **common)
+        try:
+            ray.init(address=address, **common)
+        except Exception as e:  # noqa: BLE001 - Ray's own error, named and kept as the cause
+            raise SpawnError(
+                f"FORGE_BACKEND=ray could not join the Ray cluster at RAY_ADDRESS={address}: "
+                f"{_first_line(e)}. Check the address, that the head runs, and that "
+                "RAY_AUTH_MODE/RAY_AUTH_TOKEN match the cluster's"
+            ) from e
     else:
         before = set(_reaper.descendants(os.getpid()))
         ray.init(

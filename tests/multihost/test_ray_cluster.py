@@ -47,14 +47,28 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def hosts(cluster):
-    """The cluster with every host's node up (restarting those an earlier test killed)."""
+    """The cluster with every host's node up (restarting those an earlier test killed);
+    afterwards no Forge worker may be left on any host."""
     alive = ray_cluster.alive_node_ips(cluster)
     for h in cluster.hosts:
         if h.ip not in alive:
             cluster.link(h, True)
             netns.kill_host(h.ns)
             cluster.start_node(h)
-    return cluster
+    yield cluster
+    deadline = time.monotonic() + 30
+    while (left := _forge_workers(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Forge workers left on the hosts after the test: {left}"
+
+
+def _forge_workers(cluster) -> dict[str, list[int]]:
+    out = {}
+    for h in cluster.hosts:
+        pids = [p for p in netns.ns_pids(h.ns) if b"controller._worker" in _cmdline(p)]
+        if pids:
+            out[h.ns] = pids
+    return out
 
 
 def host_of(pid: int) -> str:
@@ -142,6 +156,13 @@ async def main():
             break
         await asyncio.sleep(0.5)
     out["seen_by_ref"] = sorted(await caller.fanout_pids.call_one())
+    from controller import _wire  # a peer without the session key is refused
+    try:
+        await _wire.open_channel(svc.replicas[2].mesh._infos[0].address, os.urandom(32),
+                                 lambda *a: None, None, timeout=5)
+        out["wrong_key"] = "accepted"
+    except (ConnectionError, OSError) as e:
+        out["wrong_key"] = str(e)
     print("RESULT", json.dumps(out), flush=True)
     await shutdown()
 
@@ -164,6 +185,7 @@ def test_services_spread_one_per_host_and_refs_follow_restarts(hosts, tmp_path):
     assert sorted(r["ips"]) == sorted(h.ip for h in hosts.hosts)  # one replica per host
     assert r["restarted"] not in r["pids"]
     assert r["restarted"] in r["seen_by_ref"], r  # the pickled handle saw the restart
+    assert "rejected our credentials" in r["wrong_key"], r["wrong_key"]  # wrong Forge key
 
 
 MESH = """
@@ -195,10 +217,11 @@ def test_a_mesh_over_two_hosts_calls_across_and_all_reduces(hosts, tmp_path):
 
 
 def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
-    """The CPU demo with 3 generator replicas (one per host) and 2 reward replicas reaches its
-    accuracy target; weights reach each generator host once; checkpoints reach the run
-    directory on the controller's host."""
-    proc = _run(tmp_path, hosts, ["grpo.replicas.generator=3", "grpo.replicas.rewards=2",
+    """The CPU demo (150 GRPO steps, as the one-host slow test) with 3 generator replicas (one
+    per host) and 2 reward replicas reaches its accuracy target; weights reach each generator
+    host once; checkpoints reach the run directory on the controller's host."""
+    proc = _run(tmp_path, hosts, ["grpo.steps=150", "grpo.eval.every=0",  # as the one-host test
+                                  "grpo.replicas.generator=3", "grpo.replicas.rewards=2",
                                   "grpo.checkpoint_every=50"])  # fmt: skip
     run = tmp_path / "run"
     try:
@@ -215,7 +238,8 @@ def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
     log = (tmp_path / "run.log").read_text()
     assert rc == 0, log[-4000:]
     s = _summary(log)
-    assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10 and s["heldout_accuracy"] >= 0.8, s
+    # the thresholds of tests/apps/test_sumdigits_app.py (its spread: docs/benchmarks.md)
+    assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10 and s["heldout_accuracy"] >= 0.85, s
     assert where["Generator"] == {h.ns for h in hosts.hosts}, where
     assert len(where["RewardActor"]) == 2 and "" not in where["Trainer"], where
     trainer_host = next(iter(where["Trainer"]))
@@ -365,7 +389,9 @@ def test_wrong_ray_token_is_refused(hosts, tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                          cwd=REPO, timeout=120)  # fmt: skip
     assert out.returncode != 0
-    assert "auth" in (out.stdout + out.stderr).lower(), out.stderr[-2000:]
+    err = out.stdout + out.stderr
+    assert "could not join the Ray cluster at RAY_ADDRESS=" in err, err[-2000:]
+    assert "auth" in err.lower(), err[-2000:]
 
 
 CONTROLLER = """

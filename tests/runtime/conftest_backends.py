@@ -12,7 +12,8 @@ everywhere)::
         mesh = await MyActor.options(procs=2).as_actor()   # placed by ``backend``
 
 The ray and monarch cases skip when their package is not installed and carry the ``ray`` or
-``monarch`` mark (the ray case starts one Ray instance on this host per test process).
+``monarch`` mark (the ray case starts one Ray instance on this host per test process, and is
+in the slow tier).
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ _HAVE_RAY = importlib.util.find_spec("ray") is not None
         "local",
         pytest.param(
             "ray",
-            marks=[pytest.mark.ray, pytest.mark.skipif(not _HAVE_RAY, reason="needs ray")],
+            marks=[
+                pytest.mark.ray,
+                pytest.mark.slow,  # a Ray actor per rank: ~2x the spawn time of the others
+                pytest.mark.skipif(not _HAVE_RAY, reason="needs ray"),
+            ],
         ),
         pytest.param(
             "monarch",
