@@ -147,8 +147,9 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=4, help="simulated hosts (1 pusher + pullers)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mb", type=int, default=420, help="MB pushed (420 MiB = 0.44 GB)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # on the cluster
     a = p.parse_args()
-    if os.environ.get("FORGE_RELAY_BENCH_CHILD"):
+    if a.child:
         result = asyncio.run(bench(a.hosts, a.repeats, a.mb))
         print("RESULT " + json.dumps(result), flush=True)
         return
@@ -156,8 +157,8 @@ def main() -> None:
 
     logs = tempfile.mkdtemp(prefix="forge-relay-bench-", dir="/var/tmp")
     with running_cluster(a.hosts, logs) as cluster:
-        env = {**os.environ, **cluster.env(), "FORGE_RELAY_BENCH_CHILD": "1"}
-        out = subprocess.run([sys.executable, "-m", "benchmarks.relay", *sys.argv[1:]],
+        env = {**os.environ, **cluster.env()}
+        out = subprocess.run([sys.executable, "-m", "benchmarks.relay", *sys.argv[1:], "--child"],
                              env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
     if out.returncode != 0 or not line:

@@ -6,8 +6,9 @@ built in its cache, the run directory that checkpoints go into). Backends whose 
 on other hosts (``ray``) start the home with ``start_home(ip)``: a Forge worker loop on the
 controller's background loop, listening on ``tcp:<ip>:<port>`` with the session's key (peers
 authenticate before anything is unpickled, as on every Forge channel), hosting one ``Home``
-actor. Its address reaches every rank spawned afterwards as ``FORGE_HOME``; ``home()`` returns
-a handle to it in any process of the session (``None`` where there is none: one host).
+actor. Its address reaches the ranks that backend starts as ``FORGE_HOME`` (and what they
+start in turn); ``home()`` returns a handle to it in the controller and in those processes
+(``None`` elsewhere: one host).
 
 Paths are the controller host's absolute paths; any process of the session may read and write
 files there, as it may already run code in every process of the session.
@@ -21,7 +22,6 @@ import os
 
 from controller import env
 from controller._runtime import get_runtime
-from controller.actor import Actor
 from controller.endpoint import endpoint
 from controller.mesh import ActorMesh, ProcInfo
 from controller.shape import Shape
@@ -33,8 +33,9 @@ START_TIMEOUT_S = 30.0
 _values: dict[str, object] = {}  # remember/recall: small values kept in the controller
 
 
-class Home(Actor):
-    """The controller host's files, served to the session's workers (see module doc)."""
+class Home:
+    """The controller host's files, served to the session's workers (see module doc). Never
+    spawned: ``start_home`` hosts the one instance in the controller's process."""
 
     @endpoint
     def put(self, key: str, value) -> None:
@@ -96,7 +97,7 @@ class Home(Actor):
 
 def start_home(ip: str) -> str:
     """Serve the home on ``tcp:<ip>:<port>`` from this (root) process; idempotent. Returns its
-    address, which ranks spawned from now on find in ``FORGE_HOME``."""
+    address (the launcher hands it to its ranks as ``FORGE_HOME``)."""
     rt = get_runtime()
     if rt.session.home:
         return rt.session.home

@@ -415,7 +415,8 @@ async def launch(opts, name: str) -> RayProcMesh:
 async def _start_ranks(rt, actors, mesh_name, sizes, env) -> list[tuple]:
     """Start each rank's worker; (address, pid, host name, node id, host pid) per rank."""
     ip, port, _ = await _await_ref(actors[0].place.remote(), PLACE_TIMEOUT_S, "")
-    envs = rank_envs(rt.session.env(), mesh_name, sizes, (ip, port), env)
+    home = {forge_env.HOME: rt.session.home}  # ranks elsewhere reach this host through it
+    envs = rank_envs(rt.session.env() | home, mesh_name, sizes, (ip, port), env)
     n = len(actors)
     refs = [a.start.remote(mesh_name, r, n, envs[r]) for r, a in enumerate(actors)]
     what = f"mesh {mesh_name!r}: a worker did not start within {PLACE_TIMEOUT_S:.0f} s"

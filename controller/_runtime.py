@@ -41,8 +41,7 @@ class Session:
     home: str = ""  # the controller's home address (controller._home), where one is served
 
     def env(self) -> dict[str, str]:
-        out = {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
-        return out | ({env.HOME: self.home} if self.home else {})
+        return {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
 
 
 def pid_alive(pid: int) -> bool:

@@ -68,12 +68,12 @@ class Worker:
             self.loop.create_task(self._exit(proto, cid))
 
     async def _read(self, proto, cid: int, body) -> None:
-        """Bytes of a file this process published (``controller.files.publish``)."""
-        from controller import files
+        """Bytes of a file this process published (``controller._published``)."""
+        from controller._published import read_published
 
         try:
             path, offset, size = ser.loads(body)
-            data = await self.loop.run_in_executor(None, files.read_published, path, offset, size)
+            data = await self.loop.run_in_executor(None, read_published, path, offset, size)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             self._reply(proto, _wire.ERR, cid, e)
             return

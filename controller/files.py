@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import uuid
 
+from controller import _published
 from controller._home import home
 from controller._runtime import get_runtime
 
@@ -221,30 +222,8 @@ def upload_sync(local: str, path: str) -> None:
 
 
 # -- files a worker publishes to the session (pushed weights), read by peers on other hosts --
-_published: set[str] = set()
-
-
-def publish(path: str) -> None:
-    """Let the session's processes read ``path`` of this process's host through this process
-    (``fetch_published``); e.g. a pushed weight version, for a puller on another host."""
-    _published.add(os.path.abspath(path))
-
-
-def unpublish(path: str) -> None:
-    """Stop serving ``path`` (it is being dropped)."""
-    _published.discard(os.path.abspath(path))
-
-
-def read_published(path: str, offset: int, size: int) -> bytes | int:
-    """What a ``READ`` frame asks of this worker: ``size`` bytes of a published file from
-    ``offset``, or its size when ``size`` is negative."""
-    if os.path.abspath(path) not in _published:
-        raise PermissionError(f"{path} is not published by process {os.getpid()}")
-    if size < 0:
-        return os.path.getsize(path)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+# (the registry lives in controller._published, which the worker loop reads without this module)
+publish, unpublish = _published.publish, _published.unpublish
 
 
 def own_address() -> str:

@@ -31,6 +31,14 @@ def _ray_backend(monkeypatch):
     monkeypatch.setenv("FORGE_BACKEND", "ray")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _stop_ray_after_the_module():
+    """One Ray instance for the module; stopped after it, so that it does not load the
+    machine under the tests that follow in this process."""
+    yield
+    ray.shutdown()
+
+
 async def test_adverbs_and_rank_environment():
     c = await Counter.options(procs=2).as_actor(10)
     assert all(info.address.startswith("tcp:") for info in c._infos)
