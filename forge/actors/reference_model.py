@@ -49,7 +49,7 @@ from collections.abc import Sequence
 
 import torch
 
-from controller import endpoint, threads
+from controller import endpoint, files, threads
 from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.training.config import ReferenceConfig
 from forge.types import Episode, TrainBatch
@@ -104,6 +104,13 @@ class ReferenceModel(ForgeActor):
         if rule.type != "reset":
             return core.version()
         versions = core._transport_or_raise().versions()
+        if not versions and files.remote():
+            logger.warning(
+                "reference %s restarted on a host without the trainer's weight files: its "
+                "'reset' rule cannot find the last reset version here, so it keeps its current "
+                "weights until the next reset (known gap across hosts; docs/multihost.md)",
+                self._forge_name,
+            )
         resets = [v for v in versions if should_update(rule, v)]
         if resets:
             core.update_weights(resets[-1])
