@@ -128,8 +128,12 @@ class _RankHost:
         """This node's IP (as Ray knows it), a free port on it, and its host name."""
         return ray.util.get_node_ip_address(), free_port(), socket.gethostname()
 
-    async def start(self, mesh: str, rank: int, size: int, env: dict) -> tuple:
-        """Start the worker; returns (address, pid, host name, Ray node id, our own pid)."""
+    async def start(self, mesh: str, rank: int, size: int, env: dict, cwd: str) -> tuple:
+        """Start the worker in the controller's working directory ``cwd`` where it exists
+        here (relative paths then mean what they mean to the controller); returns (address,
+        pid, host name, Ray node id, our own pid)."""
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # this process hosts this one rank only
         env = dict(env)
         private = None
         if not os.path.isdir(env[ENV_DIR]):  # another host: a private session dir of our own
@@ -418,7 +422,8 @@ async def _start_ranks(rt, actors, mesh_name, sizes, env) -> list[tuple]:
     home = {forge_env.HOME: rt.session.home}  # ranks elsewhere reach this host through it
     envs = rank_envs(rt.session.env() | home, mesh_name, sizes, (ip, port), env)
     n = len(actors)
-    refs = [a.start.remote(mesh_name, r, n, envs[r]) for r, a in enumerate(actors)]
+    cwd = os.getcwd()
+    refs = [a.start.remote(mesh_name, r, n, envs[r], cwd) for r, a in enumerate(actors)]
     what = f"mesh {mesh_name!r}: a worker did not start within {PLACE_TIMEOUT_S:.0f} s"
     try:
         started = await asyncio.gather(*(_await_ref(ref, PLACE_TIMEOUT_S, what) for ref in refs))

@@ -10,6 +10,7 @@ make ``--resume`` continue the same stream (optional).
 from __future__ import annotations
 
 import json
+import os
 import random
 from typing import Any, Protocol, runtime_checkable
 
@@ -74,7 +75,9 @@ def normalise_records(
 
 
 class JsonlSource(RecordSource):
-    """Records from a local JSONL file; the first ``heldout_size`` lines are held out."""
+    """Records from a JSONL file; the first ``heldout_size`` lines are held out. A path that
+    is not on this host (an actor on another host than the controller's) is read from the
+    controller's host (``controller.files.stage_sync``)."""
 
     def __init__(
         self,
@@ -84,8 +87,10 @@ class JsonlSource(RecordSource):
         heldout_size: int = 200,
         seed: int = 0,
     ):
+        from controller import files
+
         try:
-            with open(path) as f:
+            with open(files.stage_sync(os.path.abspath(path))) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
         except FileNotFoundError:
             raise FileNotFoundError(f"JsonlSource: no such file {path!r}") from None
