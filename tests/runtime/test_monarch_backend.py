@@ -170,7 +170,7 @@ async def test_several_hosts_need_a_host_mesh():
 
 async def test_same_program_on_each_backend(backend):
     c = await Counter.options(procs=2).as_actor(1)
-    scheme = "tcp:" if backend == "monarch" else "unix:"
+    scheme = "unix:" if backend == "local" else "tcp:"
     assert all(info.address.startswith(scheme) for info in c._infos)
     assert (await c.incr.call()).values() == [2, 2]
     assert await c.value.choose() == 2
