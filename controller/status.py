@@ -14,7 +14,9 @@ Snapshot format (``"format": 1``)::
      "pid": 123, "host": "...", "started_at": t, "updated_at": t, "interval_s": 1.0,
      "info": {...given to StatusWriter...},
      "meshes": [{"name", "sizes", "ranks": [{"rank", "pid", "alive", "exit"}]}],
-     "services": [{"name", "actor", "max_concurrent", "replicas": [{"index", "state", "pids",
+     "services": [{"name", "actor", "max_concurrent",
+                   "requests": {"sent", "retried", "completed", "failed", "cancelled"},
+                   "replicas": [{"index", "state", "pids",
                    "in_flight", "queued", "restarts", "last_error", "requests_total",
                    "requests_failed", "latency_p50_ms", "latency_p99_ms"}]}],
      "extra": {...set_status_field...}}
@@ -107,6 +109,7 @@ def status_snapshot(runtime=None) -> dict[str, Any]:
                 "name": svc.name,
                 "actor": svc._cls.__name__,
                 "max_concurrent": cap,
+                "requests": svc.request_counts(),  # route requests through the controller
                 "replicas": [_replica_entry(r, cap) for r in replicas],
             }
         )
