@@ -13,10 +13,10 @@ Snapshot format (``"format": 1``)::
     {"format": 1, "state": "running", "error": null, "traceback": null,
      "pid": 123, "host": "...", "started_at": t, "updated_at": t, "interval_s": 1.0,
      "info": {...given to StatusWriter...},
-     "meshes": [{"name", "sizes", "ranks": [{"rank", "pid", "alive", "exit"}]}],
+     "meshes": [{"name", "sizes", "ranks": [{"rank", "pid", "host", "alive", "exit"}]}],
      "services": [{"name", "actor", "max_concurrent",
                    "requests": {"sent", "retried", "completed", "failed", "cancelled"},
-                   "replicas": [{"index", "state", "pids",
+                   "replicas": [{"index", "state", "pids", "hosts",
                    "in_flight", "queued", "restarts", "last_error", "requests_total",
                    "requests_failed", "latency_p50_ms", "latency_p99_ms"}]}],
      "extra": {...set_status_field...}}
@@ -54,6 +54,14 @@ def status_fields() -> dict[str, Any]:
     return dict(get_runtime().status_fields)
 
 
+def host_of(address: str) -> str | None:
+    """The host part of a worker address (``tcp:<ip>:<port>``); ``None`` for a unix socket,
+    which is on the controller's host."""
+    if not address.startswith("tcp:"):
+        return None
+    return address[4:].rsplit(":", 1)[0]
+
+
 def _mesh_entry(pm) -> dict[str, Any]:
     ranks, pids = [], pm.pids
     for rank, proc in enumerate(pm._procs):
@@ -62,6 +70,7 @@ def _mesh_entry(pm) -> dict[str, Any]:
             {
                 "rank": rank,
                 "pid": pids[rank],
+                "host": host_of(pm._infos[rank].address),
                 "alive": code is None,
                 "exit": None if code is None else describe_exit(code),
             }
@@ -77,6 +86,7 @@ def _replica_entry(r, cap: int) -> dict[str, Any]:
         "index": r.index,
         "state": m["state"],
         "pids": m["pids"],
+        "hosts": [host_of(i.address) for i in r.mesh._infos] if r.mesh is not None else [],
         # in_flight counts requests waiting for one of the replica's `cap` slots too
         "in_flight": min(in_flight, cap),
         "queued": max(0, in_flight - cap),

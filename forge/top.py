@@ -234,7 +234,7 @@ def _services(snap: dict[str, Any]) -> RenderableType:
                 svc["name"] if i == 0 else "",
                 str(r.get("index")),
                 Text(state, style=_REPLICA_STYLE.get(state, "dim")),
-                ",".join(map(str, r.get("pids", []))) or "-",
+                _pids(r.get("pids", []), r.get("hosts") or []),
                 str(r.get("in_flight", 0)),
                 str(r.get("queued", 0)),
                 str(r.get("requests_total", 0)),
@@ -251,6 +251,12 @@ def _services(snap: dict[str, Any]) -> RenderableType:
     return Group(t, Text("last errors", style="italic"), errors)
 
 
+def _pids(pids: list, hosts: list) -> str:
+    """``pid`` on the controller's host, ``pid@host`` on another (the Ray backend's ranks)."""
+    out = [f"{p}@{h}" if h else str(p) for p, h in zip(pids, [*hosts, *[None] * len(pids)])]
+    return ",".join(out) or "-"
+
+
 def _meshes(snap: dict[str, Any]) -> Table:
     t = _table("meshes", ("mesh", "ranks", "pids", "alive"))
     for m in snap.get("meshes", []):
@@ -260,7 +266,7 @@ def _meshes(snap: dict[str, Any]) -> Table:
         t.add_row(
             m["name"],
             str(len(ranks)),
-            ",".join(str(r.get("pid")) for r in ranks),
+            _pids([r.get("pid") for r in ranks], [r.get("host") for r in ranks]),
             Text(
                 f"{alive}/{len(ranks)}" + (f" ({'; '.join(dead)})" if dead else ""),
                 style="green" if alive == len(ranks) else "red",

@@ -190,6 +190,15 @@ def test_frame_shows_progress_versions_services_and_meshes():
         assert want in text, (want, text)
 
 
+def test_frame_shows_the_host_of_ranks_on_other_hosts():
+    """On the Ray backend ranks listen on TCP: their pids are shown with their host."""
+    snap = status_snapshot()
+    snap["meshes"][0]["ranks"][0]["host"] = "10.77.0.2"
+    snap["services"][0]["replicas"][0]["hosts"] = ["10.77.0.3"]
+    text = _text(render(snap, "r/status.json"))
+    assert "101@10.77.0.2,102" in text and "201@10.77.0.3" in text, text
+
+
 def test_frame_says_when_a_run_crashed_or_stopped_updating():
     crashed = status_snapshot(state="crashed", error="ActorDiedError: trainer died", traceback="tb")
     text = _text(render(crashed, "r/status.json"))
