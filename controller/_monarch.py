@@ -33,14 +33,13 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 
 from controller import _runtime
-from controller._launch import mesh_sizes, rank_envs
+from controller._launch import WatchedProc, mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
 from controller.endpoint import Future
-from controller.errors import SpawnError, describe_exit
+from controller.errors import SpawnError
 from controller.mesh import ProcMesh
 from controller.shape import Shape
 
@@ -141,49 +140,24 @@ class _Bootstrap(_MonarchActor):
             self._proc.signal(signal.SIGKILL)
 
 
-class MonarchProc:
-    """Controller-side handle of one worker started by a bootstrap actor. Offers what
-    ``ProcMesh`` and the runtime use of a ``LocalProc``: address, pid, rank, stopping,
-    returncode, ``wait``, ``signal``, ``describe``."""
+class MonarchProc(WatchedProc):
+    """Controller-side handle of one worker started by a bootstrap actor (``WatchedProc``)."""
+
+    gone = "its Monarch process ended"
 
     def __init__(self, mesh, rank, size, address, pid, boot_pid, host, boot, on_exit):
-        self.mesh, self.rank, self.size, self.address = mesh, rank, size, address
-        self.pid, self.boot_pid, self.host = pid, boot_pid, host  # boot_pid: its Monarch process
-        self.stopping = False
-        self.returncode: int | None = None
-        self.lost: str = ""  # why the exit status is unknown (the Monarch process died)
+        self.boot_pid = boot_pid  # its Monarch process
         self._boot = boot  # the bootstrap actor of this rank only
-        self._on_exit = on_exit
-        self._exited = threading.Event()
-        threading.Thread(target=self._watch, daemon=True, name=f"watch-{mesh}-{rank}").start()
+        super().__init__(mesh, rank, size, address, pid, host, on_exit)
 
-    def _watch(self) -> None:
-        try:
-            self.returncode = self._boot.wait_exit.call_one().get()
-        except Exception as e:  # noqa: BLE001 - Monarch says the process is gone; keep why
-            self.lost = f"its Monarch process ended: {str(e).splitlines()[0] if str(e) else e!r}"
-        self._exited.set()
-        self._on_exit(self)
+    def _wait_exit(self) -> int | None:
+        return self._boot.wait_exit.call_one().get()
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        self._exited.wait(timeout)
-        return self.returncode
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.is_set()
-
-    def signal(self, sig: int) -> None:
-        if self._exited.is_set():
-            return
+    def _send_signal(self, sig: int) -> None:
         try:
             self._boot.signal.broadcast(sig)
         except Exception as e:  # noqa: BLE001 - the process is gone or Monarch shut down
             logger.debug("could not signal %s: %s", self.describe(), e)
-
-    def describe(self) -> str:
-        state = "alive" if not self.exited else (self.lost or describe_exit(self.returncode))
-        return f"mesh {self.mesh!r} rank {self.rank} pid {self.pid} on {self.host} ({state})"
 
 
 class MonarchProcMesh(ProcMesh):

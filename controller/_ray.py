@@ -40,17 +40,15 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 
 from controller import _reaper, _runtime
 from controller import env as forge_env
 from controller._home import start_home
-from controller._launch import mesh_sizes, rank_envs
+from controller._launch import WatchedProc, mesh_sizes, rank_envs
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, host_id, install_signal_handlers
-from controller.endpoint import Future
-from controller.errors import SpawnError, describe_exit
+from controller.errors import SpawnError
 from controller.mesh import ProcMesh
 from controller.shape import Shape
 
@@ -176,54 +174,29 @@ def _rank_host_class():
     return _remote_host
 
 
-class RayProc:
-    """Controller-side handle of one worker started by a ``_RankHost``. Offers what
-    ``ProcMesh`` and the runtime use of a ``LocalProc``: address, pid, rank, stopping,
-    returncode, ``wait``, ``signal``, ``describe``."""
+class RayProc(WatchedProc):
+    """Controller-side handle of one worker started by a ``_RankHost`` (``WatchedProc``)."""
+
+    gone = "its Ray actor is gone"
 
     def __init__(self, mesh, rank, size, started, actor, on_exit):
-        self.mesh, self.rank, self.size = mesh, rank, size
-        self.address, self.pid, self.host, self.node_id, self.host_pid = started
-        self.stopping = False
-        self.returncode: int | None = None
-        self.lost = ""  # why the exit status is unknown (its node or Ray actor died)
+        address, pid, host, self.node_id, self.host_pid = started
         self.actor = actor
-        self._on_exit = on_exit
-        self._exited = threading.Event()
-        threading.Thread(target=self._watch, daemon=True, name=f"watch-{mesh}-{rank}").start()
+        super().__init__(mesh, rank, size, address, pid, host, on_exit)
 
-    def _watch(self) -> None:
+    def _wait_exit(self) -> int | None:
         while True:
             try:
-                self.returncode = ray.get(self.actor.wait_exit.remote())
-                break
+                return ray.get(self.actor.wait_exit.remote())
             except ray.exceptions.ActorUnavailableError:  # a blip; Ray decides if it is dead
                 time.sleep(0.2)
-            except Exception as e:  # noqa: BLE001 - Ray says the actor or its node is gone
-                self.lost = f"its Ray actor is gone ({_first_line(e)})"
-                break
-        self._exited.set()
-        self._on_exit(self)
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        self._exited.wait(timeout)
-        return self.returncode
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.is_set()
-
-    def signal(self, sig: int) -> None:
-        if not self._exited.is_set():
-            self.actor.signal.remote(sig)  # fire and forget: the exit is reported by _watch
-
-    def describe(self) -> str:
-        state = "alive" if not self.exited else (self.lost or describe_exit(self.returncode))
-        return f"mesh {self.mesh!r} rank {self.rank} pid {self.pid} on {self.host} ({state})"
+    def _send_signal(self, sig: int) -> None:
+        self.actor.signal.remote(sig)  # fire and forget
 
 
 class RayProcMesh(ProcMesh):
-    """A ``ProcMesh`` whose ranks Ray placed; ``stop()`` also removes the Ray actors and the
+    """A ``ProcMesh`` whose ranks Ray placed; stopping it also removes the Ray actors and the
     placement group."""
 
     def __init__(self, name: str, shape: Shape, procs: list[RayProc], pg, spread_key):
@@ -246,29 +219,12 @@ class RayProcMesh(ProcMesh):
         """Pids of the Ray actor processes hosting the workers (on their own nodes)."""
         return [p.host_pid for p in self._procs]
 
-    def stop(self) -> Future[None]:
-        """Ask every worker to exit, then kill the Ray actors (any worker still running
-        follows through its lifeline) and free the placement group."""
-
-        async def run():
-            if self._stopped:
-                return
-            self._stopped = True
-            for p in self._procs:
-                p.stopping = True
-            await asyncio.gather(*(self._ask_exit(r) for r in range(len(self._procs))))
-            _release(self._pg, [p.actor for p in self._procs])
-            loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(None, p.wait, 5.0) for p in self._procs))
-            rt = get_runtime()
-            for p in self._procs:
-                rt.local_procs.pop(p.address, None)
-            if self in rt.proc_meshes:
-                rt.proc_meshes.remove(self)
-            for cb in self._stop_callbacks:
-                cb()
-
-        return Future(run, f"stop {self.name}")
+    async def _end_processes(self) -> None:
+        """Kill the Ray actors (a worker still running follows through its lifeline), free
+        the placement group, and wait for the exits to be reported."""
+        _release(self._pg, [p.actor for p in self._procs])
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, p.wait, 5.0) for p in self._procs))
 
 
 def _release(pg, actors) -> None:

@@ -173,10 +173,7 @@ class ProcMesh:
             for p in self._procs:
                 p.stopping = True
             await asyncio.gather(*(self._ask_exit(r) for r in range(len(self._procs))))
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                None, kill_all, [p for p in self._procs if p.returncode is None]
-            )
+            await self._end_processes()
             rt = get_runtime()
             for p in self._procs:
                 rt.local_procs.pop(p.address, None)
@@ -186,6 +183,11 @@ class ProcMesh:
                 cb()
 
         return Future(run, f"stop {self.name}")
+
+    async def _end_processes(self) -> None:
+        """After the graceful exit request: end whatever still runs (a backend's own way)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, kill_all, [p for p in self._procs if p.returncode is None])
 
     def on_stop(self, cb: Callable[[], None]) -> None:
         """Call ``cb()`` once the mesh's processes are gone (e.g. to release its GPUs)."""
