@@ -115,6 +115,15 @@ def _steps(run: Path) -> list[dict]:
     return [r for r in map(json.loads, metrics.read_text().splitlines()) if "train/loss" in r]
 
 
+def _until_step(proc: subprocess.Popen, run: Path, step: int, timeout: float) -> None:
+    """Wait until the run has trained ``step`` steps and is still running (asserted)."""
+    deadline = time.monotonic() + timeout
+    while len(_steps(run)) < step and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, f"the run ended before step {step}"
+    assert len(_steps(run)) >= step, f"the run did not reach step {step} within {timeout:.0f} s"
+
+
 def _placement(run: Path) -> dict[str, set[str]]:
     """Which hosts each mesh or service of the run's status runs on."""
     status = json.loads((run / "status.json").read_text())
@@ -225,10 +234,7 @@ def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
                                   "grpo.checkpoint_every=50"])  # fmt: skip
     run = tmp_path / "run"
     try:
-        deadline = time.monotonic() + 600
-        while len(_steps(run)) < 20 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert proc.poll() is None, "the run ended early"
+        _until_step(proc, run, 20, 600)
         where = _placement(run)  # while the processes live
         shm = {h.ns: in_host(h.ns, "ls", "/dev/shm") for h in hosts.hosts}
         rc = proc.wait(timeout=850)
@@ -265,10 +271,7 @@ def test_a_killed_host_loses_nothing_and_its_replicas_come_back(hosts, tmp_path)
                                   "grpo.replicas.generator=3"])  # fmt: skip
     run = tmp_path / "run"
     try:
-        deadline = time.monotonic() + 400
-        while len(_steps(run)) < 5 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None and len(_steps(run)) >= 5, "no progress before the kill"
+        _until_step(proc, run, 5, 400)
         where = _placement(run)
         victim = next(h for h in hosts.hosts if h.ns not in where["Trainer"] | where["DatasetActor"]
                       | where["ReplayBuffer"])  # fmt: skip
@@ -312,10 +315,7 @@ def test_the_trainer_host_dying_stops_the_run_which_resumes(hosts, tmp_path):
     proc = _run(tmp_path, hosts, args)
     run = tmp_path / "run"
     try:
-        deadline = time.monotonic() + 400
-        while len(_steps(run)) < 12 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None, "the run ended before its trainer's host could be killed"
+        _until_step(proc, run, 12, 400)
         trainer_host = next(iter(_placement(run)["Trainer"]))
         netns.kill_host(trainer_host)
         rc = proc.wait(timeout=300)
