@@ -99,6 +99,7 @@ _EXPORTS: dict[str, str] = {
         name: "forge.slots"
         for name in (
             "ADVANTAGE",
+            "CREDIT",
             "DATA_SOURCE",
             "ENVIRONMENT",
             "GROUP_FILTER",

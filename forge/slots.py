@@ -6,6 +6,7 @@
 | ``REWARD_AGGREGATOR`` | ``fn(components_g: list[dict]) -> list[float]`` (one group) | weighted_sum, min, pareto |
 | ``GROUP_FILTER`` | ``fn(group: list[Episode]) -> bool`` | nonzero_variance, keep_all |
 | ``ADVANTAGE`` | ``fn(rewards_b: Tensor, group_size: int) -> Tensor`` | grpo, dr_grpo, rloo |
+| ``CREDIT`` | ``fn(turn_rewards, turn_states, episode_advantages) -> per-turn advantages`` (one group) | episode, turn_returns, gigpo |
 | ``LOSS`` | ``fn(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt, **_) -> (loss, metrics)`` | grpo, ppo, reinforce, gspo |
 | ``KL`` | ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` | k1, k2, k3 |
 | ``REFERENCE_UPDATE`` | ``fn(ref_sd, policy_sd, version) -> bool`` (edits ``ref_sd`` in place) | none, ema, reset (``ReferenceUpdateConfig.type``) |
@@ -22,6 +23,7 @@ from forge.plugins import Slot
 
 __all__ = [
     "ADVANTAGE",
+    "CREDIT",
     "DATA_SOURCE",
     "ENVIRONMENT",
     "GROUP_FILTER",
@@ -67,6 +69,15 @@ ADVANTAGE = Slot(
         "rloo": "forge.losses.advantages:rloo_advantages",
     },
     call=("rewards_b", "group_size"),
+)
+CREDIT = Slot(
+    "credit assignment over turns",
+    {
+        "episode": "forge.losses.credit:episode_credit",
+        "turn_returns": "forge.losses.credit:turn_returns_credit",
+        "gigpo": "forge.losses.credit:gigpo_credit",
+    },
+    call=("turn_rewards", "turn_states", "episode_advantages"),
 )
 LOSS = Slot(
     "loss function",

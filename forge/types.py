@@ -94,6 +94,8 @@ class Episode:
     reward_breakdown: dict[str, float] = field(default_factory=dict)
     stop_reason: str = "stop"
     loss_mask: list[int] | None = None
+    token_advantages: list[float] | None = None
+    turn_rewards: list[float] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -107,6 +109,10 @@ class TrainBatch:
     ``response_mask_bt`` is 1 on response tokens that count in the loss; logprob tensors are
     aligned with ``input_ids_bt`` (position t holds the logprob of token t given tokens < t;
     position 0 and prompt positions are 0 and masked out).
+
+    ``advantages_b`` is ``[B]`` (one per episode) or, when an episode carries per-token
+    advantages (credit over turns, or a critic's GAE), ``[B, T]``. ``turn_rewards``: each
+    row's per-turn rewards (a list of lists) when every episode has them.
     """
 
     input_ids_bt: Any
@@ -117,3 +123,4 @@ class TrainBatch:
     ref_logprobs_bt: Any = None
     policy_versions_b: Any = None
     rewards_b: Any = None  # each row's scalar reward (for value-based advantages, e.g. GAE)
+    turn_rewards: Any = None

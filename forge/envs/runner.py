@@ -78,6 +78,8 @@ class _Builder:
         self.turn_versions: list[int] = []
         self.turn_rewards: list[float | dict[str, float]] = []
         self.turn_spans: list[tuple[int, int]] = []
+        self.turn_states: list[Any] = []
+        self.state: Any = ""  # the key of the state the next turn is taken in
         self.messages: list[Message] = []
         self.prompt_length = 0
         self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0}
@@ -99,6 +101,7 @@ class _Builder:
         self.logprobs += [float(x) for x in logprobs]
         self.turn_spans.append((start, len(self.token_ids)))
         self.turn_versions.append(version)
+        self.turn_states.append(self.state)
 
     def trajectory(self, task_id: str, target: Any, reason: str, truncated: bool, aggregate):
         components: dict[str, float] = {}
@@ -123,6 +126,7 @@ class _Builder:
             prompt_length=self.prompt_length,
             turn_spans=self.turn_spans,
             info=self.info,
+            turn_states=self.turn_states,
         )
 
 
@@ -251,6 +255,7 @@ async def _play(env, task, generate, tokenizer, b: _Builder, s: _Settings) -> tu
     if s.tools is not None and len(s.tools):
         first, template_kwargs = s.tools.prepare(first, tokenizer)
     b.messages += first
+    b.state = _state_key(None, first)
     chat = ChatRenderer(tokenizer, template_kwargs)
     prompt = chat.prompt_ids(b.messages)
     b.prompt_length = len(prompt)
@@ -295,12 +300,29 @@ async def _respond(env, text: str, b: _Builder, s: _Settings) -> tuple[list[Mess
         b.info["tool_calls"] += len(results)
         b.info["tool_errors"] += sum(not r.ok for r in results)
         b.turn_rewards.append(0.0)
-        return [r.message for r in results], False
+        new = [r.message for r in results]
+        b.state = _state_key(None, new)
+        return new, False
     result = await _env_call(env.step, text, s.step_timeout_s)
     if not isinstance(result, StepResult):
         raise EnvError(f"env.step returned {type(result).__name__}, not a StepResult")
     b.turn_rewards.append(result.reward)
-    return _observe(result.observation), bool(result.done)
+    new = _observe(result.observation)
+    b.state = _state_key(result.info, new)
+    return new, bool(result.done)
+
+
+def _state_key(info: dict | None, messages: list[Message]) -> Any:
+    """The state the next turn is taken in: ``info["state"]`` (made hashable) when the
+    environment gives one, else the new messages' text."""
+    if info and "state" in info:
+        key = info["state"]
+        try:
+            hash(key)
+        except TypeError:
+            key = repr(key)
+        return key
+    return "\n".join(str(m.get("content", "")) for m in messages)
 
 
 def _observe(observation: Any) -> list[Message]:

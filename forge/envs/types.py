@@ -31,7 +31,10 @@ class StepResult:
     ``observation`` is what the model sees next: chat messages, one message, a string (sent
     as a ``user`` message) or ``None`` (nothing new; the model speaks again). ``reward`` is a
     number or named components (``{"correct": 1.0, "format": 0.5}``). ``info`` is free-form
-    and kept for logging only.
+    and kept for logging, except ``info["state"]``: a hashable key of the state the next
+    turn is taken in, for credit assignment over turns (``rollout.credit: gigpo`` groups
+    turns taken in equal states). Without it the key is the observation's text; give one
+    when the observation alone does not identify the state (e.g. "higher" after a guess).
     """
 
     observation: list[Message] | Message | str | None = None
@@ -51,7 +54,10 @@ class Trajectory:
 
     Per model turn ``k``: ``turn_spans[k] = (start, end)`` is where its sampled tokens lie in
     ``token_ids``, ``turn_versions[k]`` the policy version that sampled it and
-    ``turn_rewards[k]`` the reward the environment gave for it (0.0 for a tool-call turn).
+    ``turn_rewards[k]`` the reward the environment gave for it (0.0 for a tool-call turn);
+    ``turn_states[k]`` a key of the state it was taken in (what credit assignment over turns
+    groups by: the environment's ``info["state"]`` from the step before, else the text of the
+    observation the model answered; the first turn's is the initial observation's text).
     ``reward`` is the episode's scalar reward (by default the sum of the scalar turn rewards);
     ``reward_components`` sums named (dict) turn rewards by name. ``prompt_length`` is the
     number of tokens of the initial prompt. ``messages`` is the chat transcript (logging).
@@ -73,6 +79,7 @@ class Trajectory:
     prompt_length: int = 0
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    turn_states: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -120,17 +120,14 @@ def grpo_loss(
     aggregation: str = "token_mean",
     max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
-    """GRPO: the clipped surrogate with one advantage per sequence, plus optional TIS.
+    """GRPO: the clipped surrogate with one advantage per sequence ``[B]``, plus optional
+    TIS. Per-token advantages ``[B, T]`` (credit over turns: each turn's advantage on its
+    tokens) are taken as they are.
 
     The ratio's denominator is ``old_logprobs_bt`` (the trainer's logprobs at the weights that
     generated the batch) when given, else the generator's own ``generator_logprobs_bt`` (which
     then also makes every TIS weight 1). The KL-to-reference term is added by ``build_loss``.
     """
-    if advantages_b.dim() != 1:
-        raise ValueError(
-            f"grpo_loss takes one advantage per sequence [B], got shape "
-            f"{tuple(advantages_b.shape)}; use ppo_clip_loss for per-token advantages"
-        )
     old_bt = generator_logprobs_bt if old_logprobs_bt is None else old_logprobs_bt
     return ppo_clip_loss(
         logprobs_bt,

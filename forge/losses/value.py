@@ -32,6 +32,7 @@ __all__ = [
     "gae_advantages",
     "ppo_advantages_for_batch",
     "token_rewards_bt",
+    "turn_gae_advantages",
     "turn_rewards_bt",
     "whiten",
 ]
@@ -142,6 +143,70 @@ def gae_advantages(
         next_value_b = torch.where(on_b, values_bt[:, t], next_value_b)
         advantages_bt[:, t] = torch.where(on_b, adv_b, 0.0)
     returns_bt = torch.where(on_bt, advantages_bt + values_bt, 0.0)
+    return advantages_bt, returns_bt
+
+
+def _turn_runs(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """``[(start, end)]`` (end exclusive) of each run of counted tokens in one row."""
+    on = (mask_row > 0).int().tolist()
+    runs, start = [], None
+    for t, x in enumerate(on + [0]):
+        if x and start is None:
+            start = t
+        elif not x and start is not None:
+            runs.append((start, t))
+            start = None
+    return runs
+
+
+def turn_gae_advantages(
+    turn_rewards: list[list[float]],
+    values_bt: torch.Tensor,
+    mask_bt: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the *turns* of each row; returns ``(advantages_bt, returns_bt)``.
+
+    A turn is a run of counted tokens (an assistant turn of a multi-turn episode). Turn
+    ``k``'s state value ``V_k`` is ``values_bt`` at its first counted token: the critic's
+    estimate after reading everything before the turn (the last prompt token of the turn's
+    context). With ``r_k = turn_rewards[b][k]`` and ``V_K = 0`` after the last turn::
+
+        delta_k = r_k + gamma * V_{k+1} - V_k
+        A_k     = delta_k + gamma * lam * A_{k+1}
+        R_k     = A_k + V_k
+
+    ``A_k`` is laid on every token of turn ``k`` (a turn's tokens share its credit) and so is
+    ``R_k``, the value target of the turn's positions. ``gamma`` discounts per turn, not per
+    token. Masked positions hold 0. Each row needs one reward per turn.
+    """
+    _check_same_shape(mask_bt, values_bt=values_bt)
+    if not 0.0 <= gamma <= 1.0 or not 0.0 <= lam <= 1.0:
+        raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
+    if len(turn_rewards) != mask_bt.shape[0]:
+        raise ValueError(
+            f"turn_gae_advantages needs one list of turn rewards per row of mask_bt "
+            f"{tuple(mask_bt.shape)}, got {len(turn_rewards)}"
+        )
+    values_bt = values_bt.detach().float()
+    advantages_bt = torch.zeros_like(values_bt)
+    returns_bt = torch.zeros_like(values_bt)
+    for b, rewards in enumerate(turn_rewards):
+        runs = _turn_runs(mask_bt[b])
+        if len(runs) != len(rewards):
+            raise ValueError(
+                f"row {b} has {len(runs)} turns (runs of counted tokens) but {len(rewards)} "
+                "turn rewards; pass one reward per turn that sampled tokens"
+            )
+        next_v = next_a = 0.0
+        for (start, end), r in zip(reversed(runs), reversed(rewards)):
+            v = float(values_bt[b, start])
+            a = float(r) + gamma * next_v - v + gamma * lam * next_a
+            on = mask_bt[b, start:end] > 0
+            advantages_bt[b, start:end] = torch.where(on, a, 0.0)
+            returns_bt[b, start:end] = torch.where(on, a + v, 0.0)
+            next_v, next_a = v, a
     return advantages_bt, returns_bt
 
 

@@ -20,6 +20,7 @@ class M:
     ZERO_VARIANCE_GROUPS = "rollout/zero_variance_groups"
     CARRIED_OVER_GROUPS = "rollout/carried_over_groups"
     TURNS = "env/turns"
+    STEP_GROUPED_TURNS = "credit/step_grouped_turns"  # share of turns in step-level groups
     RETRIED_EPISODES = "env/retried_episodes"
     DROPPED_EPISODES = "env/dropped_episodes"
     DROPPED_GROUPS = "env/dropped_groups"
@@ -53,6 +54,11 @@ class M:
     def train(key: str) -> str:
         """The step-row name of a metric the trainer returned (``loss`` -> ``train/loss``)."""
         return f"train/{key}"
+
+    @staticmethod
+    def advantage_std(turn: int) -> str:
+        """The spread (std) of the advantages given to turn ``turn`` (0-based) in a group."""
+        return f"credit/advantage_std/turn{turn}"
 
     @staticmethod
     def reward(component: str) -> str:

@@ -28,7 +28,8 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
     """Pad ``episodes`` into a :class:`TrainBatch` (tensors on CPU).
 
     Dtypes: ids and ``attention_mask_bt`` int64 (what HF models take); ``response_mask_bt``,
-    logprobs and ``advantages_b`` float32 (masks multiply losses); ``policy_versions_b``
+    logprobs and ``advantages_b`` float32 (masks multiply losses; ``[B, T]`` when an episode
+    has ``token_advantages``); ``policy_versions_b``
     int64; ``rewards_b`` float32. ``ref_logprobs_bt`` is filled only when every episode has ``ref_logprobs``.
     """
     if not episodes:
@@ -36,12 +37,16 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
     for ep in episodes:
         _check_lengths(ep)
     with_ref = all(ep.ref_logprobs is not None for ep in episodes)
+    per_token = any(ep.token_advantages is not None for ep in episodes)
     batch, seq = len(episodes), max(ep.num_tokens for ep in episodes)
     input_ids_bt = torch.full((batch, seq), pad_id, dtype=torch.long)
     attention_mask_bt = torch.zeros((batch, seq), dtype=torch.long)
     response_mask_bt = torch.zeros((batch, seq), dtype=torch.float32)
     behavior_logprobs_bt = torch.zeros((batch, seq), dtype=torch.float32)
     ref_logprobs_bt = torch.zeros((batch, seq), dtype=torch.float32) if with_ref else None
+    advantages = torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32)
+    if per_token:  # [B, T]: each row's token advantages, or its one advantage broadcast
+        advantages = advantages.unsqueeze(-1).repeat(1, seq)
     for b, ep in enumerate(episodes):
         p, n = len(ep.prompt_ids), ep.num_tokens
         input_ids_bt[b, :n] = torch.tensor(ep.prompt_ids + ep.response_ids, dtype=torch.long)
@@ -53,15 +58,24 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
         behavior_logprobs_bt[b, p:n] = torch.tensor(ep.behavior_logprobs, dtype=torch.float32)
         if ref_logprobs_bt is not None:
             ref_logprobs_bt[b, p:n] = torch.tensor(ep.ref_logprobs, dtype=torch.float32)
+        if per_token and ep.token_advantages is not None:
+            advantages[b, :p] = 0.0
+            advantages[b, p:n] = torch.tensor(ep.token_advantages, dtype=torch.float32)
+            advantages[b, n:] = 0.0
     return TrainBatch(
         input_ids_bt=input_ids_bt,
         attention_mask_bt=attention_mask_bt,
         response_mask_bt=response_mask_bt,
         behavior_logprobs_bt=behavior_logprobs_bt,
-        advantages_b=torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32),
+        advantages_b=advantages,
         ref_logprobs_bt=ref_logprobs_bt,
         policy_versions_b=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
         rewards_b=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        turn_rewards=(
+            [list(ep.turn_rewards) for ep in episodes]
+            if all(ep.turn_rewards is not None for ep in episodes)
+            else None
+        ),
     )
 
 
@@ -71,6 +85,11 @@ def _check_lengths(ep: Episode) -> None:
         raise ValueError(
             f"episode {ep.episode_id!r} has {r} response tokens but "
             f"{len(ep.behavior_logprobs)} behavior_logprobs; they must be one per token"
+        )
+    if ep.token_advantages is not None and len(ep.token_advantages) != r:
+        raise ValueError(
+            f"episode {ep.episode_id!r} has {r} response tokens but "
+            f"{len(ep.token_advantages)} token_advantages; they must be one per token"
         )
     if ep.loss_mask is not None and len(ep.loss_mask) != r:
         raise ValueError(

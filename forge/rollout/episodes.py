@@ -6,7 +6,8 @@ conversation), each action answered by the environment (in this process, or by a
 ``EnvActor`` service with ``replicas.env`` replicas), tools executed when the model calls
 them. A group is ``group_size`` episodes of one task; their rewards (or named reward
 components) are aggregated and turned into advantages like single-turn completions, and the
-loss counts only the tokens the policy sampled.
+loss counts only the tokens the policy sampled. ``rollout.credit`` other than ``episode``
+then gives each turn its own advantage (``forge.rollout.credit``).
 
 An episode whose environment fails (raises, times out, or its replica dies) is played again
 from the start, on another replica when there are several, up to ``env.retries`` times; then
@@ -23,6 +24,7 @@ from forge.envs import Tool, ToolSet, Trajectory, run_episode, tool
 from forge.envs.sandbox import python_tool
 from forge.observability.names import M
 from forge.plugins import Spec, import_string
+from forge.rollout.credit import assign_credit, sampled_turn_rewards
 from forge.rollout.groups import group_episodes
 from forge.slots import ENVIRONMENT
 from forge.types import Completion, Episode
@@ -154,6 +156,9 @@ class EpisodeScorer:
             e.policy_version = t.oldest_version  # aged by its stalest turn
             e.loss_mask = t.loss_mask[t.prompt_length :]
             e.stop_reason = t.finish_reason
+            e.turn_rewards = sampled_turn_rewards(t, self.base.aggregate)
+        if self.base.credit is not None:  # per-turn advantages (rollout.credit)
+            assign_credit(group, trajs, self.base.credit, self.base.aggregate, self.base.log)
         self.base.log_group(totals, components)
         self.base.log.add(M.TURNS, [float(t.num_turns) for t in trajs])
         await self.base.add_reference(group)

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge.observability.names import M
-from forge.plugins import Spec
+from forge.plugins import PluginSpec, Spec
 from forge.rewards import length_penalty
 from forge.rewards.vector import component_means
 from forge.rollout.groups import group_episodes
-from forge.slots import ADVANTAGE, GROUP_FILTER, REWARD_AGGREGATOR
+from forge.slots import ADVANTAGE, CREDIT, GROUP_FILTER, REWARD_AGGREGATOR
 from forge.types import Episode
 
-__all__ = ["GroupScorer", "RolloutConfig", "check_rollout_overrides"]
+__all__ = ["GroupScorer", "RolloutConfig", "check_rollout_overrides", "per_episode", "per_member"]
 
 
 @dataclass
@@ -37,6 +37,9 @@ class RolloutConfig:
     age limit) rather than dropped. ``overlong_buffer``: DAPO's soft overlong penalty, a
     reward component ``overlong`` falling linearly from 0 at ``max_tokens - overlong_buffer``
     tokens to ``-overlong_penalty`` at ``max_tokens`` (0 disables it).
+    ``credit`` (multi-turn runs): how each turn of an episode is credited
+    (``forge.slots.CREDIT``: ``episode``, ``turn_returns``, ``gigpo``; see
+    ``forge.losses.credit``); anything but ``episode`` gives per-token advantages.
     """
 
     prompts_per_step: int = 16  # groups per training step
@@ -48,6 +51,7 @@ class RolloutConfig:
     partial: bool = True
     reward_aggregator: Spec = "weighted_sum"
     advantage: Spec = "grpo"
+    credit: Spec = "episode"
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
 
@@ -55,6 +59,7 @@ class RolloutConfig:
         GROUP_FILTER.validate(self.filter, key="rollout.filter")
         REWARD_AGGREGATOR.validate(self.reward_aggregator, key="rollout.reward_aggregator")
         ADVANTAGE.validate(self.advantage, key="rollout.advantage")
+        CREDIT.validate(self.credit, key="rollout.credit")
         if self.over_sampling_factor < 1.0:
             raise ValueError(
                 f"rollout.over_sampling_factor must be >= 1, got {self.over_sampling_factor}"
@@ -68,6 +73,22 @@ class RolloutConfig:
     @property
     def episodes_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+
+def per_episode(credit: Spec) -> bool:
+    """Whether ``rollout.credit`` is the built-in ``episode`` (one advantage per episode)."""
+    return credit == "episode" or (isinstance(credit, PluginSpec) and credit.fn == "episode")
+
+
+def per_member(aggregator: Spec) -> bool:
+    """Whether the reward aggregator scores each member alone (``weighted_sum``), so that it
+    can also combine one turn's named rewards."""
+    from forge.rewards.vector import WeightedSum
+
+    name = aggregator.fn if isinstance(aggregator, PluginSpec) else aggregator
+    return name in ("weighted_sum", "forge.rewards.vector:WeightedSum") or isinstance(
+        aggregator, WeightedSum
+    )
 
 
 def check_rollout_overrides(phases) -> None:
@@ -115,6 +136,7 @@ class GroupScorer:
         self.cfg = cfg
         self.aggregate = REWARD_AGGREGATOR.resolve(cfg.reward_aggregator)
         self.advantage = ADVANTAGE.resolve(cfg.advantage)
+        self.credit = None if per_episode(cfg.credit) else CREDIT.resolve(cfg.credit)
 
     def switch(self, overrides: dict[str, Any], manager) -> None:
         """A phase's rollout settings (``RolloutConfig`` fields), applied to this scorer and

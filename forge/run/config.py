@@ -17,7 +17,12 @@ from forge.generation.backend import GeneratorConfig
 from forge.models.reward_model import RewardModelConfig
 from forge.plugins import Spec
 from forge.rollout.episodes import EnvConfig
-from forge.rollout.scoring import RolloutConfig, check_rollout_overrides
+from forge.rollout.scoring import (
+    RolloutConfig,
+    check_rollout_overrides,
+    per_episode,
+    per_member,
+)
 from forge.run.critic import check_ppo
 from forge.run.policy import PolicyConfig, check_policy, policy_defaults
 from forge.run.supervise import check_restarts
@@ -136,6 +141,7 @@ class RLConfig:
                     "the run's weights: section"
                 )
         check_ppo(self.critic, self.trainer.loss.type)
+        self._check_credit()
         validate_phases(self.phases, self.trainer.loss)
         check_rollout_overrides(self.phases)
         check_restarts(self.restart_on_failure, self.checkpoint_every)
@@ -150,6 +156,36 @@ class RLConfig:
             raise ValueError(
                 f"rollout.prompts_per_step*group_size={self.rollout.episodes_per_step} must "
                 f"divide by trainer_procs={self.trainer_procs}"
+            )
+
+    def _check_credit(self) -> None:
+        """Credit over turns needs turns (an env), a loss that takes per-token advantages,
+        and no critic (which then gives the advantages); a critic over turns needs an env."""
+        level = self.critic.level if self.critic is not None else "token"
+        if level == "turn" and self.env is None:
+            raise ValueError("critic.level=turn needs an env section (turns to credit)")
+        if per_episode(self.rollout.credit) and level == "token":
+            return
+        if not per_member(self.rollout.reward_aggregator):
+            raise ValueError(
+                "rollout.credit / critic.level=turn split rewards by turn, which needs a "
+                "per-member reward aggregator (weighted_sum); got rollout.reward_aggregator="
+                f"{self.rollout.reward_aggregator!r}"
+            )
+        if per_episode(self.rollout.credit):
+            return
+        what = "rollout.credit gives each turn its own advantage"
+        if self.env is None:
+            raise ValueError(f"{what}, but there is no env section (single-turn): remove it")
+        if self.critic is not None:
+            raise ValueError(
+                f"{what}, but a critic is set and its GAE gives the advantages; use "
+                "critic.level=turn for PPO over turns, or remove one of them"
+            )
+        if self.trainer.loss.type == "gspo":
+            raise ValueError(
+                f"{what} (per token), but trainer.loss.type=gspo takes one per sequence; "
+                "use grpo, ppo or reinforce"
             )
 
     def _check_env(self) -> None:

@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from forge.losses.value import ppo_advantages_for_batch
+from forge.losses.value import ppo_advantages_for_batch, turn_gae_advantages, whiten
 from forge.training.critic import CriticConfig
 from forge.types import TrainBatch
 
@@ -46,13 +46,29 @@ class GAECritic:
         values = await asyncio.gather(*(self.actor.values.call_one(b) for b in batches))
         targets = []
         for b, values_bt in zip(batches, values):
-            adv_bt, returns_bt = ppo_advantages_for_batch(
-                b, b.rewards_b, values_bt, self.cfg.gamma, self.cfg.lam,
-                whiten_advantages=self.whiten,
-            )  # fmt: skip
+            if self.cfg.level == "turn":
+                adv_bt, returns_bt = self.turn_advantages(b, values_bt)
+            else:
+                adv_bt, returns_bt = ppo_advantages_for_batch(
+                    b, b.rewards_b, values_bt, self.cfg.gamma, self.cfg.lam,
+                    whiten_advantages=self.whiten,
+                )  # fmt: skip
             b.advantages_b = adv_bt
             targets.append((returns_bt, values_bt))
         return targets
+
+    def turn_advantages(self, b: TrainBatch, values_bt) -> tuple[Any, Any]:
+        """PPO over turns: GAE at turn boundaries from the episodes' per-turn rewards."""
+        if b.turn_rewards is None:
+            raise ValueError(
+                "critic.level=turn needs per-turn rewards on every episode; they come from "
+                "multi-turn rollouts (an env section)"
+            )
+        mask_bt = b.response_mask_bt
+        adv_bt, returns_bt = turn_gae_advantages(
+            b.turn_rewards, values_bt.to(mask_bt.device), mask_bt, self.cfg.gamma, self.cfg.lam
+        )
+        return (whiten(adv_bt, mask_bt) if self.whiten else adv_bt), returns_bt
 
     async def train(self, batches: list[TrainBatch], targets) -> dict[str, float]:
         """One critic update per rank batch; returns the last update's metrics, prefixed."""

@@ -60,6 +60,9 @@ class CriticConfig:
     batch). ``value_clip_eps``: clip range of the value loss around the old values (``None``
     disables clipping). ``aggregation``: ``token_mean`` or ``seq_mean``. ``gamma`` / ``lam``:
     GAE's discount and lambda, read by the caller of ``ppo_advantages_for_batch``.
+    ``level``: ``token`` (GAE over tokens, one terminal reward) or ``turn`` (multi-turn: GAE
+    over turns from the environment's per-turn rewards, a turn's value read at its first
+    sampled token; ``forge.losses.value.turn_gae_advantages``).
     """
 
     model: str
@@ -71,6 +74,7 @@ class CriticConfig:
     aggregation: str = "token_mean"
     gamma: float = 1.0
     lam: float = 1.0
+    level: str = "token"
     seed: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -83,6 +87,7 @@ class CriticConfig:
         _choice("CriticConfig", "dtype", self.dtype, DTYPES)
         _choice("CriticConfig", "device", self.device, DEVICES)
         _choice("CriticConfig", "aggregation", self.aggregation, CRITIC_AGGREGATIONS)
+        _choice("CriticConfig", "level", self.level, ("token", "turn"))
         _positive("CriticConfig", "micro_batch_size", self.micro_batch_size)
         _positive("CriticConfig", "value_clip_eps", self.value_clip_eps, allow_zero=True)
         for key in ("gamma", "lam"):

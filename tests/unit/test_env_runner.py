@@ -151,6 +151,24 @@ async def test_three_turns_token_in_token_out(tok):
     ]
 
 
+class KeyedEnv(GuessEnv):
+    """GuessEnv whose second answer names its state (``info["state"]``)."""
+
+    async def step(self, action: str) -> StepResult:
+        result = await super().step(action)
+        if self.turns == 2:
+            result.info["state"] = ["after", 2]  # unhashable: kept as its repr
+        return result
+
+
+async def test_turn_states_default_to_the_observation_text(tok):
+    policy = ScriptedPolicy(tok, ["hello 7", "hello 40", " 42"])
+    traj = await run_episode(KeyedEnv(), {"q": "the answer?"}, policy, tok,
+                             sampling={"max_tokens": 32})  # fmt: skip
+    # Turn 0 answers the initial messages, turn 1 the text "higher", turn 2 the env's key.
+    assert traj.turn_states == ["Guess.\nthe answer?", "higher", "['after', 2]"]
+
+
 async def test_turn_cut_by_length_gets_the_closing_tokens(tok):
     policy = ScriptedPolicy(tok, ["hello...", "42"])
     traj = await run_episode(GuessEnv(), {"q": "?"}, policy, tok, sampling={"max_tokens": 32})

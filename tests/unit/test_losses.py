@@ -165,9 +165,13 @@ def test_grpo_uses_old_logprobs_when_given():
     assert m["ratio_mean"] == pytest.approx(1.0)
 
 
-def test_grpo_rejects_per_token_advantages():
-    with pytest.raises(ValueError, match="ppo_clip_loss"):
-        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2))
+def test_grpo_takes_per_token_advantages_and_checks_their_shape():
+    lp = _leaf([[0.0, 0.0]])
+    loss, _ = grpo_loss(lp, torch.zeros(1, 2), _t([[2.0, -4.0]]), _t([[1.0, 1.0]]))
+    loss.backward()  # credit over turns: each token its own advantage, -A / n_tokens
+    torch.testing.assert_close(lp.grad, _t([[-1.0, 2.0]]))
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 3), torch.ones(1, 2))
 
 
 def test_ppo_per_token_advantages():
