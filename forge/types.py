@@ -96,6 +96,7 @@ class Episode:
     loss_mask: list[int] | None = None
     token_advantages: list[float] | None = None
     turn_rewards: list[float] | None = None
+    bootstrap_at: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -124,3 +125,4 @@ class TrainBatch:
     policy_versions_b: Any = None
     rewards_b: Any = None  # each row's scalar reward (for value-based advantages, e.g. GAE)
     turn_rewards: Any = None
+    bootstrap_at_b: Any = None  # [B] int64: where to read a truncated row's final value, -1: none

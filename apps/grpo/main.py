@@ -161,7 +161,10 @@ def rollouts(cfg: Config, s: dict, log: MetricLog) -> tuple:
                          s["rewards"], log=log, reference=s["reference"],
                          reward_model=s["reward_model"])  # fmt: skip
     if cfg.env is not None:
-        scorer = EpisodeScorer(scorer, cfg.env, s["envs"], load_tokenizer(cfg.policy.model))
+        bootstrap = cfg.critic is not None and cfg.critic.bootstrap_truncated
+        scorer = EpisodeScorer(
+            scorer, cfg.env, s["envs"], load_tokenizer(cfg.policy.model), bootstrap
+        )
     manager = RolloutManager(scorer.produce, s["buffer"].add.call_one,
                              **scorer.manager_kwargs(cfg.max_policy_age))  # fmt: skip
     return scorer, manager

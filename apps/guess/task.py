@@ -76,7 +76,9 @@ class GuessNumber(Environment):
         self.turns += 1
         guess = parse_guess(action)
         if guess is None:
-            return StepResult("a number, please", info={"invalid": True})
+            return StepResult(
+                "a number, please", info={"invalid": True, "state": (self.low, self.high)}
+            )
         if guess == self.secret:
             reward = max(0.0, 1.0 - self.turn_cost * (self.turns - 1))
             return StepResult(
@@ -89,7 +91,12 @@ class GuessNumber(Environment):
             self.low, word = max(self.low, guess + 1), "higher"
         else:
             self.high, word = min(self.high, guess - 1), "lower"
-        return StepResult(feedback(word, self.low, self.high, self.hint_range))
+        # The interval left is the state (the word alone is not): credit over turns
+        # (rollout.credit: gigpo) compares guesses made with the same interval left.
+        return StepResult(
+            feedback(word, self.low, self.high, self.hint_range),
+            info={"state": (self.low, self.high)},
+        )
 
 
 class Secrets:
@@ -180,3 +187,21 @@ def optimal_success_rate(n: int = 16, max_turns: int = 6) -> tuple[float, float]
         if int(guesses[-1]["content"]) == secret:
             turns.append(len(guesses))
     return len(turns) / n, sum(turns) / max(1, len(turns))
+
+
+def random_success_rate(n: int = 16, max_turns: int = 6) -> float:
+    """Success rate (exact) of guessing uniformly among the numbers the feedback still
+    allows (what ``RandomGuessConversations`` teaches), the secret uniform in 1..n."""
+    from functools import lru_cache
+
+    @lru_cache
+    def win(size: int, turns: int) -> float:
+        if size == 0 or turns == 0:
+            return 0.0
+        total = 0.0
+        for g in range(1, size + 1):  # the guess's rank in the interval left
+            below, above = g - 1, size - g
+            total += (1 + below * win(below, turns - 1) + above * win(above, turns - 1)) / size
+        return total / size
+
+    return win(n, max_turns)

@@ -171,6 +171,7 @@ class _Settings:
     version_of: Callable[[Any], int] | None
     step_timeout_s: float | None
     end_on_length: bool
+    final_observation: bool = False
 
 
 async def run_episode(
@@ -187,6 +188,7 @@ async def run_episode(
     version_of: Callable[[Any], int] | None = None,
     step_timeout_s: float | None = None,
     end_on_length: bool = False,
+    final_observation: bool = False,
     aggregate_reward: Callable[[list[float | dict[str, float]]], float] = sum_rewards,
     task_id: str | None = None,
     close_env: bool = True,
@@ -209,6 +211,10 @@ async def run_episode(
         version_of: ``completion -> policy version`` (default ``generator_version``).
         step_timeout_s: bound on each ``env.reset``/``env.step`` call.
         end_on_length: end the episode ("length") when a turn hits ``max_tokens``.
+        final_observation: when the episode ends by ``max_turns`` (not done: truncated in
+            time), append the environment's last answer as context tokens (mask 0), so the
+            state after the last turn is in the trajectory (``info["final_state_at"]``: its
+            length then) for a critic to bootstrap from.
         aggregate_reward: ``turn_rewards -> reward`` (default: sum of scalar rewards).
         task_id: overrides the id taken from ``task``.
         close_env: call ``env.close()`` at the end (errors there are logged only).
@@ -225,7 +231,7 @@ async def run_episode(
         )
     settings = _Settings(
         max_turns, max_context_tokens, sampling, tools, parser or HermesToolParser(),
-        version_of, step_timeout_s, end_on_length,
+        version_of, step_timeout_s, end_on_length, final_observation,
     )  # fmt: skip
     tid, target = _task_fields(task, task_id)
     b = _Builder()
@@ -278,7 +284,8 @@ async def _play(env, task, generate, tokenizer, b: _Builder, s: _Settings) -> tu
         b.messages += new
         if done:
             return "done", False
-        if turn == s.max_turns - 1:
+        last = turn == s.max_turns - 1
+        if last and not s.final_observation:
             return "max_turns", False
         close = chat.close_ids(list(c.token_ids))
         fallbacks = chat.fallbacks
@@ -286,8 +293,11 @@ async def _play(env, task, generate, tokenizer, b: _Builder, s: _Settings) -> tu
         if chat.fallbacks > fallbacks:
             record_metric("env/template_fallbacks", chat.fallbacks - fallbacks, Reduce.SUM)
         if len(b.token_ids) + len(close) + len(suffix) >= s.max_context:
-            return "max_context", True
+            return ("max_turns", False) if last else ("max_context", True)
         b.add_context(close + suffix)
+        if last:
+            b.info["final_state_at"] = len(b.token_ids)
+            return "max_turns", False
     raise AssertionError("unreachable: the loop returns on its last turn")
 
 

@@ -165,13 +165,16 @@ def turn_gae_advantages(
     mask_bt: torch.Tensor,
     gamma: float = 1.0,
     lam: float = 1.0,
+    bootstrap_at_b: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the *turns* of each row; returns ``(advantages_bt, returns_bt)``.
 
     A turn is a run of counted tokens (an assistant turn of a multi-turn episode). Turn
     ``k``'s state value ``V_k`` is ``values_bt`` at its first counted token: the critic's
     estimate after reading everything before the turn (the last prompt token of the turn's
-    context). With ``r_k = turn_rewards[b][k]`` and ``V_K = 0`` after the last turn::
+    context). With ``r_k = turn_rewards[b][k]`` and ``V_K = 0`` after the last turn (or, for a
+    row cut short, ``V_K = values_bt[b, bootstrap_at_b[b]]`` when that index is >= 0: the
+    value of the state the episode was cut in)::
 
         delta_k = r_k + gamma * V_{k+1} - V_k
         A_k     = delta_k + gamma * lam * A_{k+1}
@@ -200,6 +203,8 @@ def turn_gae_advantages(
                 "turn rewards; pass one reward per turn that sampled tokens"
             )
         next_v = next_a = 0.0
+        if bootstrap_at_b is not None and int(bootstrap_at_b[b]) >= 0:
+            next_v = float(values_bt[b, int(bootstrap_at_b[b])])
         for (start, end), r in zip(reversed(runs), reversed(rewards)):
             v = float(values_bt[b, start])
             a = float(r) + gamma * next_v - v + gamma * lam * next_a

@@ -71,6 +71,10 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
         ref_logprobs_bt=ref_logprobs_bt,
         policy_versions_b=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
         rewards_b=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        bootstrap_at_b=torch.tensor(
+            [-1 if ep.bootstrap_at is None else ep.bootstrap_at for ep in episodes],
+            dtype=torch.long,
+        ),
         turn_rewards=(
             [list(ep.turn_rewards) for ep in episodes]
             if all(ep.turn_rewards is not None for ep in episodes)

@@ -99,10 +99,12 @@ def build_tools(specs: list[Spec], advertise: bool = True) -> ToolSet | None:
 class EpisodeScorer:
     """Makes one scored group of episodes per ``produce()`` call. ``scorer``: the run's
     single-turn ``GroupScorer`` (its config, services, aggregation and advantages);
-    ``envs``: an ``EnvActor`` service, or ``None`` to run environments in this process."""
+    ``envs``: an ``EnvActor`` service, or ``None`` to run environments in this process.
+    ``bootstrap``: episodes cut by ``max_turns`` keep the environment's last answer and mark
+    where a critic reads the value of the state after them (``Episode.bootstrap_at``)."""
 
-    def __init__(self, scorer, env_cfg: EnvConfig, envs, tokenizer) -> None:
-        self.base = scorer
+    def __init__(self, scorer, env_cfg: EnvConfig, envs, tokenizer, bootstrap: bool = False):
+        self.base, self.bootstrap = scorer, bootstrap
         self.env_cfg, self.envs, self.tokenizer = env_cfg, envs, tokenizer
         self.make_env = ENVIRONMENT.resolve(env_cfg.fn)
         self.tools = build_tools(env_cfg.tools, env_cfg.advertise_tools)
@@ -129,12 +131,23 @@ class EpisodeScorer:
                     max_turns=c.max_turns, max_context_tokens=c.max_context_tokens,
                     sampling={"max_tokens": max_tokens, "temperature": temperature},
                     tools=self.tools, step_timeout_s=c.step_timeout_s,
+                    final_observation=self.bootstrap,
                 )  # fmt: skip
             if traj.finish_reason != "env_error" and traj.turn_versions:
                 return traj
             log.add(M.RETRIED_EPISODES, [1.0])
         log.add(M.DROPPED_EPISODES, [1.0])
         return None
+
+    def mark_final_state(self, e: Episode) -> None:
+        """One more (masked) token after a truncated episode's last observation: the critic's
+        value at that position is the value of the state the episode was cut in."""
+        e.response_ids.append(_pad_id(self.tokenizer))
+        e.behavior_logprobs.append(0.0)
+        e.loss_mask.append(0)
+        if e.token_advantages is not None:
+            e.token_advantages.append(0.0)
+        e.bootstrap_at = e.num_tokens - 1
 
     async def produce(self) -> list[Episode] | None:
         r, temperature = self.base.cfg, self.base.temperature
@@ -159,10 +172,18 @@ class EpisodeScorer:
             e.turn_rewards = sampled_turn_rewards(t, self.base.aggregate)
         if self.base.credit is not None:  # per-turn advantages (rollout.credit)
             assign_credit(group, trajs, self.base.credit, self.base.aggregate, self.base.log)
+        for e, t in zip(group, trajs):
+            if "final_state_at" in t.info:
+                self.mark_final_state(e)
         self.base.log_group(totals, components)
         self.base.log.add(M.TURNS, [float(t.num_turns) for t in trajs])
         await self.base.add_reference(group)
         return group
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
 def episode_components(trajs: list[Trajectory]) -> list[dict[str, float]]:

@@ -65,9 +65,11 @@ class GAECritic:
                 "multi-turn rollouts (an env section)"
             )
         mask_bt = b.response_mask_bt
+        at_b = b.bootstrap_at_b if self.cfg.bootstrap_truncated else None
         adv_bt, returns_bt = turn_gae_advantages(
-            b.turn_rewards, values_bt.to(mask_bt.device), mask_bt, self.cfg.gamma, self.cfg.lam
-        )
+            b.turn_rewards, values_bt.to(mask_bt.device), mask_bt, self.cfg.gamma, self.cfg.lam,
+            at_b,
+        )  # fmt: skip
         return (whiten(adv_bt, mask_bt) if self.whiten else adv_bt), returns_bt
 
     async def train(self, batches: list[TrainBatch], targets) -> dict[str, float]:

@@ -62,7 +62,10 @@ class CriticConfig:
     GAE's discount and lambda, read by the caller of ``ppo_advantages_for_batch``.
     ``level``: ``token`` (GAE over tokens, one terminal reward) or ``turn`` (multi-turn: GAE
     over turns from the environment's per-turn rewards, a turn's value read at its first
-    sampled token; ``forge.losses.value.turn_gae_advantages``).
+    sampled token; ``forge.losses.value.turn_gae_advantages``). ``bootstrap_truncated``
+    (``level: turn``): an episode cut by ``max_turns`` keeps the environment's last answer
+    and its return is bootstrapped from the critic's value of the state it was cut in,
+    instead of counting as ended there.
     """
 
     model: str
@@ -75,6 +78,7 @@ class CriticConfig:
     gamma: float = 1.0
     lam: float = 1.0
     level: str = "token"
+    bootstrap_truncated: bool = False
     seed: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -88,6 +92,11 @@ class CriticConfig:
         _choice("CriticConfig", "device", self.device, DEVICES)
         _choice("CriticConfig", "aggregation", self.aggregation, CRITIC_AGGREGATIONS)
         _choice("CriticConfig", "level", self.level, ("token", "turn"))
+        if self.bootstrap_truncated and self.level != "turn":
+            raise ValueError(
+                "CriticConfig.bootstrap_truncated needs level=turn (it bootstraps episodes "
+                "cut by env.max_turns)"
+            )
         _positive("CriticConfig", "micro_batch_size", self.micro_batch_size)
         _positive("CriticConfig", "value_clip_eps", self.value_clip_eps, allow_zero=True)
         for key in ("gamma", "lam"):

@@ -103,6 +103,22 @@ def test_turn_gae_by_hand():
         turn_gae_advantages([[1.0]], values, mask)
 
 
+def test_turn_gae_bootstraps_a_truncated_row():
+    # Two turns at [1, 2) and [3, 4); the episode was cut after them, and position 5 holds
+    # the critic's value of the state it was cut in (0.6).
+    mask = torch.tensor([[0, 1, 0, 1, 0, 0]], dtype=torch.float32)
+    values = torch.tensor([[0.0, 0.3, 0.0, 0.4, 0.0, 0.6]])
+    gamma, lam = 0.5, 1.0
+    adv, ret = turn_gae_advantages([[0.0, 1.0]], values, mask, gamma, lam, torch.tensor([5]))
+    a1 = 1.0 + gamma * 0.6 - 0.4
+    a0 = 0.0 + gamma * 0.4 - 0.3 + gamma * lam * a1
+    assert adv[0].tolist() == pytest.approx([0, a0, 0, a1, 0, 0])
+    assert ret[0, 3].item() == pytest.approx(a1 + 0.4)
+    # -1: no bootstrap (the row ended)
+    adv, _ = turn_gae_advantages([[0.0, 1.0]], values, mask, gamma, lam, torch.tensor([-1]))
+    assert adv[0, 3].item() == pytest.approx(1.0 - 0.4)
+
+
 def _traj(turn_rewards, states, spans, length, prompt=2) -> Trajectory:
     mask = [0] * length
     for s, e in spans:

@@ -169,6 +169,21 @@ async def test_turn_states_default_to_the_observation_text(tok):
     assert traj.turn_states == ["Guess.\nthe answer?", "higher", "['after', 2]"]
 
 
+async def test_final_observation_keeps_the_state_a_truncated_episode_was_cut_in(tok):
+    policy = ScriptedPolicy(tok, ["hello 7", "hello 40"])
+    traj = await run_episode(GuessEnv(), {"q": "?"}, policy, tok, max_turns=2,
+                             sampling={"max_tokens": 32}, final_observation=True)  # fmt: skip
+    assert traj.finish_reason == "max_turns" and not traj.truncated
+    end = traj.turn_spans[-1][1]
+    assert traj.info["final_state_at"] == len(traj.token_ids) > end
+    tail = tok.decode(traj.token_ids[end:])
+    assert tail.endswith("user\nhigher<|im_end|>\n<|im_start|>assistant\n"), tail
+    assert sum(traj.loss_mask[end:]) == 0
+    plain = await run_episode(GuessEnv(), {"q": "?"}, ScriptedPolicy(tok, ["hello 7", "hello 40"]),
+                              tok, max_turns=2, sampling={"max_tokens": 32})  # fmt: skip
+    assert "final_state_at" not in plain.info and len(plain.token_ids) == end
+
+
 async def test_turn_cut_by_length_gets_the_closing_tokens(tok):
     policy = ScriptedPolicy(tok, ["hello...", "42"])
     traj = await run_episode(GuessEnv(), {"q": "?"}, policy, tok, sampling={"max_tokens": 32})

@@ -1,0 +1,1 @@
+"""Games for measuring credit assignment over turns (not shipped as demos)."""
