@@ -15,7 +15,8 @@ from a run's SFT model). Methods:
 
 Prints one row per run (greedy held-out success after SFT and after RL, mean sampled success
 over the last 10 steps, minutes) and a table per game of median [min-max] over seeds, with
-the optimal rule's and random legal play's success rates.
+the optimal rule's and random legal play's success rates. ``--report FILE [--trl X.json ..]``
+prints the tables of earlier runs (and of ``benchmarks/credit/trl_multiturn.py``'s).
 """
 
 from __future__ import annotations
@@ -60,11 +61,36 @@ def run_once(config: str, seed: int, overrides: list[str], run_dir: Path, timeou
             f"{config} seed {seed} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
         )
     row = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", lines[-1])}
+    row["rl_minutes"] = rl_minutes(run_dir / "run" / "grpo" / "metrics.jsonl")
     return {"seed": seed, "wall_minutes": (time.monotonic() - t0) / 60, **row}
+
+
+def rl_minutes(metrics: Path) -> float:
+    """Minutes of the RL stage's training loop (its last ``time/elapsed_s``): without start-up
+    and SFT, evaluations included."""
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    elapsed = [r["time/elapsed_s"] for r in rows if "time/elapsed_s" in r]
+    return elapsed[-1] / 60 if elapsed else float("nan")
 
 
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def report_rows(path: Path, keep: Path, trl: list[Path]) -> list[dict]:
+    """The runs of a ``--out`` file (RL minutes read from their kept directories when the
+    row lacks them), then TRL's runs of the subtraction game as method ``trl_grpo``."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    for r in rows:
+        if "rl_minutes" not in r:
+            metrics = keep / f"{r['game']}-{r['method']}-s{r['seed']}" / "run/grpo/metrics.jsonl"
+            r["rl_minutes"] = rl_minutes(metrics) if metrics.exists() else float("nan")
+    first = next((r for r in rows if r["game"] == "subtraction"), {"optimal": 1.0})
+    for t in trl:
+        d = json.loads(t.read_text())
+        rows.append({"game": "subtraction", "method": "trl_grpo", "optimal": first["optimal"],
+                     **d, "rl_minutes": d["minutes"]})  # fmt: skip
+    return rows
 
 
 def table(rows: list[dict]) -> str:
@@ -75,14 +101,14 @@ def table(rows: list[dict]) -> str:
         opt, rand = mine[0]["optimal"], mine[0]["random"]
         out += [f"\n{game}: optimal rule {opt:.3f}, random legal play {rand:.3f}\n",
                 "| method | seeds | after SFT | greedy after RL | sampled (last 10 steps) | "
-                "minutes |", "|---|---|---|---|---|---|"]  # fmt: skip
+                "RL minutes |", "|---|---|---|---|---|---|"]  # fmt: skip
         for method in dict.fromkeys(r["method"] for r in mine):
             rs = [r for r in mine if r["method"] == method]
             out.append(
                 f"| {method} | {len(rs)} | {_spread([r['baseline'] for r in rs])} | "
                 f"{_spread([r['success_rate'] for r in rs])} | "
                 f"{_spread([r['sampled'] for r in rs])} | "
-                f"{statistics.median(r['minutes'] for r in rs):.1f} |"
+                f"{statistics.median(r['rl_minutes'] for r in rs):.1f} |"
             )
     return "\n".join(out)
 
@@ -95,8 +121,13 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", help="append each run to this JSON-lines file")
     p.add_argument("--keep", default="/tmp/forge-credit", help="run directories go here")
+    p.add_argument("--report", help="print the tables of this JSON-lines file and stop")
+    p.add_argument("--trl", nargs="*", default=[], help="with --report: trl_multiturn JSONs")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     a = p.parse_args()
+    if a.report:
+        print(table(report_rows(Path(a.report), Path(a.keep), [Path(t) for t in a.trl])))
+        return
     rows = []
     for game in a.games:
         for seed in a.seeds:
