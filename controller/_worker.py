@@ -150,9 +150,16 @@ class Worker:
         key = (id(proto), cid)
         if prop.is_async:
             # Run the endpoint eagerly up to its first suspension (most calls finish without
-            # one); only a call that really waits becomes a Task. Saves a loop iteration.
+            # one). Saves a loop iteration.
             ctx = contextvars.copy_context()
             coro = self._run_async(proto, cid, key, inst, fn, args, kwargs)
+            if EAGER_TASKS:  # 3.12+: a Task started eagerly, so asyncio.timeout/wait_for work
+                task = asyncio.Task(coro, loop=self.loop, context=ctx, eager_start=True)
+                if not task.done():
+                    self.tasks[key] = task
+                return
+            # 3.10/3.11: the first step runs outside any Task (wait_for works there; an
+            # asyncio.timeout() entered before the endpoint's first await does not).
             try:
                 first = ctx.run(coro.send, None)
             except StopIteration:
@@ -188,6 +195,9 @@ class Worker:
 
 
 TEARDOWN_TIMEOUT_S = 10.0
+# asyncio.Task(..., eager_start=True) (Python 3.12+): the endpoint's first step runs inside
+# its Task, where Python 3.12's wait_for (built on asyncio.timeout) needs to be.
+EAGER_TASKS = sys.version_info >= (3, 12)
 
 
 async def _teardown(inst) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 
@@ -82,6 +83,19 @@ class Counter(Actor):
     async def wait_for(self, timeout: float) -> float:
         """Declares ``timeout`` itself, so the adverb passes it through."""
         return timeout
+
+    @endpoint
+    async def bounded_wait(self, seconds: float) -> str:
+        """Enters asyncio's timeouts before its first await (the replay buffer's pattern):
+        on Python 3.12 that needs the call to run inside a Task from its first step."""
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(seconds):
+                await asyncio.sleep(0)
+        return "bounded"
 
     def not_an_endpoint(self) -> int:
         return 1

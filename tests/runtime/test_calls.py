@@ -28,6 +28,12 @@ async def test_call_returns_one_value_per_rank():
     assert {w["world"] for w in where.values()} == {"3"}
 
 
+async def test_endpoints_may_bound_their_first_wait():
+    c = await Counter.options(procs=1).as_actor(0)
+    assert await c.bounded_wait.call_one(0.01) == "bounded"
+    await c.incr.call_one()  # the process still serves calls
+
+
 async def test_concurrent_calls_await_one_shared_future():
     # Endpoints run eagerly up to their first suspension; calls that arrive together and
     # await the same pending future must all get its result (asyncio's blocking flag).
