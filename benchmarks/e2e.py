@@ -277,35 +277,48 @@ def trl_reward(prompts, completions, target, **kwargs) -> list[float]:
 
 
 def trl_config(setup: Setup, out_dir: Path, seed: int, args: argparse.Namespace):
+    return cpu_grpo_config(
+        out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
+        lr=setup.lr, steps=setup.warmup + setup.steps, seed=seed, attn=args.trl_attn,
+        torch_compile=args.trl_compile,
+    )  # fmt: skip
+
+
+def cpu_grpo_config(
+    out_dir: Path, *, prompts: int, group: int, max_tokens: int, lr: float, steps: int,
+    seed: int, attn: str = "eager", **extra,
+):  # fmt: skip
+    """TRL's ``GRPOConfig`` as these comparisons run it: CPU, fp32, no KL, constant lr,
+    grad-norm clip 1.0, one generation batch (``prompts * group`` completions) per optimizer
+    step, no checkpoints or reports; ``extra`` adds or overrides fields."""
     from trl import GRPOConfig
 
-    per_step = setup.prompts * setup.group
-    return GRPOConfig(
+    fields = dict(
         output_dir=str(out_dir),
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,
-        torch_compile=args.trl_compile,
-        per_device_train_batch_size=per_step,  # completions, not prompts
+        per_device_train_batch_size=prompts * group,  # completions, not prompts
         gradient_accumulation_steps=1,  # -> steps_per_generation=1, generation_batch=per_step
-        num_generations=setup.group,
-        max_completion_length=setup.max_tokens,
+        num_generations=group,
+        max_completion_length=max_tokens,
         temperature=1.0,
-        learning_rate=setup.lr,
+        learning_rate=lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         max_grad_norm=1.0,
         beta=0.0,
         num_iterations=1,
-        max_steps=setup.warmup + setup.steps,
+        max_steps=steps,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=seed,
-        model_init_kwargs={"attn_implementation": args.trl_attn, "dtype": "float32"},
+        model_init_kwargs={"attn_implementation": attn, "dtype": "float32"},
     )
+    return GRPOConfig(**{**fields, **extra})
 
 
 def run_trl(model: Path, setup: Setup, out_dir: Path, seed: int, threads: int, args) -> dict:

@@ -60,6 +60,7 @@ import time
 from pathlib import Path
 
 from benchmarks.credit.subtraction import Piles, Subtraction, random_success_rate
+from benchmarks.e2e import cpu_grpo_config
 from forge.envs.chat import ChatRenderer
 from forge.envs.types import to_messages
 
@@ -158,34 +159,11 @@ def success_reward(prompts, completions, success, **kwargs) -> list[float]:
 
 
 def trl_config(out_dir: Path, steps: int, seed: int):
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=str(out_dir),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=PROMPTS * GROUP,  # episodes, not prompts
-        gradient_accumulation_steps=1,  # -> one generation batch per optimizer step
-        num_generations=GROUP,
-        max_completion_length=MAX_TOKENS,  # per turn (the rollout_func's generate)
-        temperature=1.0,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        num_iterations=1,
-        max_steps=steps,
-        shuffle_dataset=False,  # Piles(seed=2)'s stream in order
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=seed,
-        model_init_kwargs={"attn_implementation": "eager", "dtype": "float32"},
-    )
+    # max_tokens is per turn (the rollout_func's generate); the tasks keep Piles(seed=2)'s order.
+    return cpu_grpo_config(
+        out_dir, prompts=PROMPTS, group=GROUP, max_tokens=MAX_TOKENS, lr=LR, steps=steps,
+        seed=seed, shuffle_dataset=False,
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:

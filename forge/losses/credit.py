@@ -31,7 +31,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from statistics import fmean, pstdev
+
+import torch
+
+from forge.losses.advantages import dr_grpo_advantages, grpo_advantages
 
 __all__ = [
     "discounted_returns",
@@ -78,10 +81,11 @@ def episode_credit(
 
 
 def _normalised(values: list[float], scale: bool, eps: float) -> list[float]:
-    """``(v - mean) / (std + eps)`` (population std), or ``v - mean`` without ``scale``."""
-    mean = fmean(values)
-    std = pstdev(values) if scale else 0.0
-    return [(v - mean) / (std + eps) if scale else v - mean for v in values]
+    """The values as one group: GRPO's ``(v - mean) / (std + eps)`` (population std), or
+    Dr.GRPO's ``v - mean`` without ``scale``."""
+    v = torch.tensor(values, dtype=torch.float32)
+    out = grpo_advantages(v, len(values), eps) if scale else dr_grpo_advantages(v, len(values))
+    return out.tolist()
 
 
 def turn_returns_credit(

@@ -148,15 +148,12 @@ def gae_advantages(
 
 def _turn_runs(mask_row: torch.Tensor) -> list[tuple[int, int]]:
     """``[(start, end)]`` (end exclusive) of each run of counted tokens in one row."""
-    on = (mask_row > 0).int().tolist()
-    runs, start = [], None
-    for t, x in enumerate(on + [0]):
-        if x and start is None:
-            start = t
-        elif not x and start is not None:
-            runs.append((start, t))
-            start = None
-    return runs
+    on = mask_row > 0
+    before = torch.zeros_like(on)
+    before[1:] = on[:-1]
+    starts = (on & ~before).nonzero().flatten().tolist()
+    ends = _turn_ends_bt(mask_row.unsqueeze(0))[0].nonzero().flatten().tolist()
+    return [(s, e + 1) for s, e in zip(starts, ends)]
 
 
 def turn_gae_advantages(

@@ -45,6 +45,13 @@ __all__ = [
 Aggregator = Callable[[list[dict[str, float]]], list[float]]
 
 
+def pad_components(components: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
+    """The same names for every member (sorted; a name a member lacks is 0.0), as the
+    aggregators need."""
+    names = sorted(set().union(*components))
+    return [{n: float(c.get(n, 0.0)) for n in names} for c in components]
+
+
 def _component_names(components_g: Sequence[Mapping[str, float]]) -> list[str]:
     """The components shared by every member, in the first member's order; raises
     ``ValueError`` if members differ, a group member has none, or a value is not finite."""

@@ -14,6 +14,7 @@ from statistics import pstdev
 from forge.envs.types import Trajectory
 from forge.losses.credit import step_groups
 from forge.observability.names import M
+from forge.rewards.vector import pad_components
 from forge.types import Episode
 
 __all__ = ["assign_credit", "sampled_turn_rewards", "turn_scalars"]
@@ -29,9 +30,7 @@ def turn_scalars(traj: Trajectory, aggregate: Callable) -> list[float]:
     if all(not isinstance(r, dict) for r in rewards):
         return [float(r) for r in rewards]
     dicts = [r if isinstance(r, dict) else {"reward": float(r)} for r in rewards]
-    names = sorted(set().union(*dicts))
-    padded = [{n: float(d.get(n, 0.0)) for n in names} for d in dicts]
-    return [float(x) for x in aggregate(padded)]
+    return [float(x) for x in aggregate(pad_components(dicts))]
 
 
 def sampled_turn_rewards(traj: Trajectory, aggregate: Callable) -> list[float]:

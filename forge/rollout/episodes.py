@@ -24,6 +24,7 @@ from forge.envs import Tool, ToolSet, Trajectory, run_episode, tool
 from forge.envs.sandbox import python_tool
 from forge.observability.names import M
 from forge.plugins import Spec, import_string
+from forge.rewards.vector import pad_components
 from forge.rollout.credit import assign_credit, sampled_turn_rewards
 from forge.rollout.groups import group_episodes
 from forge.slots import ENVIRONMENT
@@ -195,8 +196,7 @@ def episode_components(trajs: list[Trajectory]) -> list[dict[str, float]]:
         if t.reward != 0.0 or not c:
             c["reward"] = t.reward
         comps.append(c)
-    names = sorted(set().union(*comps))
-    return [{n: c.get(n, 0.0) for n in names} for c in comps]
+    return pad_components(comps)
 
 
 def _as_completion(t: Trajectory) -> Completion:
