@@ -30,18 +30,18 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # PPO: a critic (value head on the SFT body), GAE(1, 1), whitened per-token advantages
     "ppo": ("ppo", []),
     # DAPO: clip-higher, token-mean aggregation, dynamic sampling, soft overlong penalty
-    "dapo": ("cpu", ["grpo.trainer.loss.clip_eps_high=0.28", "grpo.rollout.overlong_buffer=2"]),
+    "dapo": ("cpu", ["rl.trainer.loss.clip_eps_high=0.28", "rl.rollout.overlong_buffer=2"]),
     # REINFORCE leave-one-out advantages instead of GRPO's z-score
-    "rloo": ("cpu", ["grpo.rollout.advantage=rloo"]),
+    "rloo": ("cpu", ["rl.rollout.advantage=rloo"]),
     # GRPO with a KL penalty to an EMA reference (its model: the policy's), switched down
     # half-way by a phase
     "grpo_kl_ema": (
         "cpu",
         [
-            "grpo.reference.update.type=ema",
-            "grpo.reference.update.decay=0.95",
-            "grpo.trainer.loss.kl_coef=0.1",
-            "grpo.phases=[{at: 250, name: low-kl, loss: {kl_coef: 0.02}}]",
+            "rl.reference.update.type=ema",
+            "rl.reference.update.decay=0.95",
+            "rl.trainer.loss.kl_coef=0.1",
+            "rl.phases=[{at: 250, name: low-kl, loss: {kl_coef: 0.02}}]",
         ],
     ),
 }
@@ -54,8 +54,8 @@ def run_variant(name: str, args, root: Path) -> dict:
         sys.executable, "-m", "forge.cli", "run",
         "--config", str(REPO / "apps" / "sumdigits" / f"{config}.yaml"),
         "--run-dir", str(run_dir),
-        f"sft.steps={args.sft_steps}", f"grpo.steps={args.grpo_steps}",
-        f"grpo.trainer.schedule.total_steps={args.grpo_steps}",
+        f"sft.steps={args.sft_steps}", f"rl.steps={args.grpo_steps}",
+        f"rl.trainer.schedule.total_steps={args.grpo_steps}",
         *overrides,
     ]  # fmt: skip
     t0 = time.perf_counter()

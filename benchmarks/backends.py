@@ -33,15 +33,15 @@ def one_run(backend: str, steps: int) -> tuple[float, float]:
         t0 = time.monotonic()
         out = subprocess.run(
             [sys.executable, "-m", "forge.cli", "run", "--config", "apps/sumdigits/cpu.yaml",
-             "--run-dir", f"{tmp}/run", "sft.steps=20", f"grpo.steps={steps}",
-             "grpo.eval.every=0", "grpo.eval.at_start=false"],
+             "--run-dir", f"{tmp}/run", "sft.steps=20", f"rl.steps={steps}",
+             "rl.eval.every=0", "rl.eval.at_start=false"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         wall = time.monotonic() - t0
         if out.returncode != 0:
             raise RuntimeError(f"{backend} run failed:\n{out.stderr[-3000:]}")
         rows = [
-            json.loads(x) for x in Path(f"{tmp}/run/grpo/metrics.jsonl").read_text().splitlines()
+            json.loads(x) for x in Path(f"{tmp}/run/rl/metrics.jsonl").read_text().splitlines()
         ]
     steps_s = [r["time/step_s"] for r in rows if "time/step_s" in r][WARMUP:]
     return statistics.median(steps_s), wall

@@ -164,11 +164,11 @@ def counting_rollouts(app):
 def _overrides(args) -> list[str]:
     return [
         f"sft.steps={args.sft_steps}",
-        f"grpo.steps={args.grpo_steps}",
-        f"grpo.trainer.schedule.total_steps={args.grpo_steps}",
-        "grpo.replicas.generator=2",
-        "grpo.replicas.rewards=2",
-        f"grpo.eval.every={args.eval_every}",
+        f"rl.steps={args.grpo_steps}",
+        f"rl.trainer.schedule.total_steps={args.grpo_steps}",
+        "rl.replicas.generator=2",
+        "rl.replicas.rewards=2",
+        f"rl.eval.every={args.eval_every}",
     ]
 
 
@@ -180,7 +180,7 @@ async def _run(args, run_dir: Path) -> dict:
 
     config = REPO / "apps" / "sumdigits" / "cpu.yaml"
     _, cfg = load_app(config, _overrides(args))
-    rl_app = app_module(cfg.grpo.app, f"{config}: grpo", needs=("RolloutManager",))
+    rl_app = app_module(cfg.rl.app, f"{config}: grpo", needs=("RolloutManager",))
     dump_config(cfg, run_dir / "config.yaml")
     killer = Killer(args.every, args.seed)
     task = asyncio.create_task(killer.run())
@@ -197,7 +197,7 @@ async def _run(args, run_dir: Path) -> dict:
         "killer": killer,
         "counts": counts,
         "managers": managers,
-        "group_size": cfg.grpo.rollout.group_size,
+        "group_size": cfg.rl.rollout.group_size,
     }
 
 

@@ -188,18 +188,18 @@ def forge_config(model: Path, age: int, setup: Setup, threads: int | None = None
     from forge.launch import load_app
 
     overrides = [
-        f"grpo.policy.model={model}",
-        f"grpo.steps={setup.warmup + setup.steps}",
-        f"grpo.max_policy_age={age}",
-        f"grpo.rollout.prompts_per_step={setup.prompts}",
-        f"grpo.rollout.group_size={setup.group}",
-        f"grpo.rollout.max_tokens={setup.max_tokens}",
-        "grpo.rollout.filter=keep_all",
-        f"grpo.trainer.optimizer.lr={setup.lr}",
-        "grpo.eval.at_start=false",
-        "grpo.eval.at_end=false",
-        "grpo.eval.every=0",
-        "grpo.metrics=[]",
+        f"rl.policy.model={model}",
+        f"rl.steps={setup.warmup + setup.steps}",
+        f"rl.max_policy_age={age}",
+        f"rl.rollout.prompts_per_step={setup.prompts}",
+        f"rl.rollout.group_size={setup.group}",
+        f"rl.rollout.max_tokens={setup.max_tokens}",
+        "rl.rollout.filter=keep_all",
+        f"rl.trainer.optimizer.lr={setup.lr}",
+        "rl.eval.at_start=false",
+        "rl.eval.at_end=false",
+        "rl.eval.every=0",
+        "rl.metrics=[]",
     ]
     if threads is not None:
         overrides.append(f"grpo.threads_per_actor={threads}")

@@ -6,7 +6,7 @@ in a fresh cache (the mini model is rebuilt at that seed), and the demo's last s
 (``key=value ...``) is kept.
 
     python -m benchmarks.learning_spread --config apps/sumdigits/cpu.yaml --seeds 0 1 2 3 \\
-        --gain heldout_accuracy sft_accuracy -- grpo.steps=150 grpo.eval.every=0
+        --gain heldout_accuracy sft_accuracy -- rl.steps=150 rl.eval.every=0
 
 prints one row per run and the min / median / max of ``gain = a - b``; ``--out`` keeps them
 as JSON.

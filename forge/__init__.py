@@ -77,6 +77,7 @@ _EXPORTS: dict[str, str] = {
     "base_model": "forge.run.pipeline",
     "run_stage": "forge.run.pipeline",
     "sft_then_rl": "forge.run.pipeline",
+    "summary": "forge.run.pipeline",
     "M": "forge.observability.names",
     # rollouts: groups, episodes, environments
     "RolloutManager": "forge.rollout",

@@ -64,7 +64,7 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
 
 
 def _heldout(cfg: Config) -> list[dict]:
-    return DATA_SOURCE.resolve(cfg.grpo.data)().heldout()
+    return DATA_SOURCE.resolve(cfg.rl.data)().heldout()
 
 
 async def no_tool_accuracy(cfg: Config, run_dir: Path, resume: bool) -> float:

@@ -99,7 +99,8 @@ async def spawn(cfg: Config, roles) -> dict:
 
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:
-    """Run GRPO; returns ``{"history": [...], "eval": {step: score}, "version": v}``."""
+    """Run GRPO; returns ``{"history": [...], "eval": {step: score}, "version": v, "model":
+    <run_dir>/model}`` (the final policy, an HF directory)."""
     s = await spawn(cfg, roles or Roles())
     log = MetricLog(run_dir, cfg.metrics, cfg.steps)
     ckpt, state = (
@@ -150,8 +151,10 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     await flush.finish(version)
     if cfg.eval.at_end and version not in evaluate.scores:
         await evaluate(version)
+    await s["trainer"].export_hf.call(str(run_dir / "model"))  # the final policy, every run
     log.close()
-    return {"history": log.history, "eval": evaluate.scores, "version": version}
+    return {"history": log.history, "eval": evaluate.scores, "version": version,
+            "model": run_dir / "model"}  # fmt: skip
 
 
 def rollouts(cfg: Config, s: dict, log: MetricLog) -> tuple:
@@ -193,5 +196,5 @@ async def stage(cfg: Config, run_dir: Path, resume: bool) -> dict:
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    result = await stage(cfg, run_dir, resume)
-    print(f"[grpo] done: version {result['version']}, held-out accuracy {result['eval']}")
+    r = await stage(cfg, run_dir, resume)
+    print(f"[grpo] done: version {r['version']}, held-out {r['eval']}, policy in {r['model']}")

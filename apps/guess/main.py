@@ -29,9 +29,9 @@ __all__ = ["Config", "run"]
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
     r = await sft_then_rl(cfg, run_dir, resume, "guess")
-    env_kwargs = getattr(cfg.grpo.env.fn, "kwargs", {}) or {}
-    optimal, optimal_turns = optimal_success_rate(env_kwargs.get("n", 16), cfg.grpo.env.max_turns)
-    turns = _last_mean_turns(run_dir / "grpo" / "metrics.jsonl")
+    env_kwargs = getattr(cfg.rl.env.fn, "kwargs", {}) or {}
+    optimal, optimal_turns = optimal_success_rate(env_kwargs.get("n", 16), cfg.rl.env.max_turns)
+    turns = _last_mean_turns(run_dir / "rl" / "metrics.jsonl")
     print(
         f"[guess] binary search: success {optimal:.3f} in {optimal_turns:.2f} turns on average; "
         f"the policy: {turns:.2f} turns"

@@ -20,7 +20,7 @@ __all__ = ["Config", "run"]
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
     r = await sft_then_rl(cfg, run_dir, resume, "credit")
-    sampled = _sampled_success(run_dir / "grpo" / "metrics.jsonl")
+    sampled = _sampled_success(run_dir / "rl" / "metrics.jsonl")
     optimal, rand = baselines(cfg)
     print(
         f"success_rate={r['last']:.3f} baseline={r['first']:.3f} sampled={sampled[1]:.3f} "
@@ -32,16 +32,16 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
 
 def baselines(cfg: Config) -> tuple[float, float]:
     """The optimal rule's and random legal play's success rates in this run's game."""
-    fn = cfg.grpo.env.fn
+    fn = cfg.rl.env.fn
     name, kwargs = (fn, {}) if isinstance(fn, str) else (fn.fn, dict(fn.kwargs))
     if name.startswith("benchmarks.credit.subtraction"):
         from benchmarks.credit.subtraction import random_success_rate
 
-        data = cfg.grpo.data.kwargs if not isinstance(cfg.grpo.data, str) else {}
+        data = cfg.rl.data.kwargs if not isinstance(cfg.rl.data, str) else {}
         return 1.0, random_success_rate(data.get("low", 5), data.get("high", 15))
     from apps.guess.task import optimal_success_rate, random_success_rate
 
-    n, turns = kwargs.get("n", 16), cfg.grpo.env.max_turns
+    n, turns = kwargs.get("n", 16), cfg.rl.env.max_turns
     return optimal_success_rate(n, turns)[0], random_success_rate(n, turns)
 
 

@@ -35,11 +35,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 METHODS = {
     "episode": [],
-    "gigpo": ["grpo.rollout.credit=gigpo"],
+    "gigpo": ["rl.rollout.credit=gigpo"],
     "ppo_turns": [
-        "grpo.critic.level=turn",
-        "grpo.trainer.loss.type=ppo",
-        "grpo.critic.optimizer.lr=5e-4",
+        "rl.critic.level=turn",
+        "rl.trainer.loss.type=ppo",
+        "rl.critic.optimizer.lr=5e-4",
     ],
 }
 GAMES = {
@@ -61,7 +61,7 @@ def run_once(config: str, seed: int, overrides: list[str], run_dir: Path, timeou
             f"{config} seed {seed} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
         )
     row = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", lines[-1])}
-    row["rl_minutes"] = rl_minutes(run_dir / "run" / "grpo" / "metrics.jsonl")
+    row["rl_minutes"] = rl_minutes(run_dir / "run" / "rl" / "metrics.jsonl")
     return {"seed": seed, "wall_minutes": (time.monotonic() - t0) / 60, **row}
 
 
@@ -83,7 +83,7 @@ def report_rows(path: Path, keep: Path, trl: list[Path]) -> list[dict]:
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     for r in rows:
         if "rl_minutes" not in r:
-            metrics = keep / f"{r['game']}-{r['method']}-s{r['seed']}" / "run/grpo/metrics.jsonl"
+            metrics = keep / f"{r['game']}-{r['method']}-s{r['seed']}" / "run/rl/metrics.jsonl"
             r["rl_minutes"] = rl_minutes(metrics) if metrics.exists() else float("nan")
     first = next((r for r in rows if r["game"] == "subtraction"), {"optimal": 1.0})
     for t in trl:

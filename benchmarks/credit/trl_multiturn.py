@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
     from trl.models import unwrap_model_for_generation
 
     torch.set_num_threads(args.threads)
-    source = Piles(seed=2)  # the task stream of subtraction.yaml's grpo.data
+    source = Piles(seed=2)  # the task stream of subtraction.yaml's rl.data
     rows = [source.sample() for _ in range(PROMPTS * (args.steps + 1))]
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": r["prompt"]}], "pile": r["pile"]} for r in rows]

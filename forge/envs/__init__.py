@@ -23,7 +23,15 @@ from forge.envs.tool_parser import (
     build_tool_parser,
 )
 from forge.envs.tools import Tool, ToolResult, ToolSet, tool, tools_system_prompt
-from forge.envs.types import FINISH_REASONS, Message, StepResult, Trajectory, to_messages
+from forge.envs.types import (
+    FINISH_REASONS,
+    EnvContractError,
+    Message,
+    StepResult,
+    Trajectory,
+    as_step_result,
+    to_messages,
+)
 
 __all__ = [
     "FINISH_REASONS",
@@ -35,6 +43,8 @@ __all__ = [
     "Message",
     "SandboxResult",
     "StepResult",
+    "EnvContractError",
+    "as_step_result",
     "Tool",
     "ToolCall",
     "ToolCallError",

@@ -51,7 +51,13 @@ from forge.envs.base import call_env
 from forge.envs.chat import ChatRenderer
 from forge.envs.tool_parser import HermesToolParser, ToolParser
 from forge.envs.tools import ToolSet
-from forge.envs.types import Message, StepResult, Trajectory, to_messages
+from forge.envs.types import (
+    EnvContractError,
+    Message,
+    Trajectory,
+    as_observation,
+    as_step_result,
+)
 from forge.observability import Reduce, record_metric
 
 __all__ = ["EnvError", "run_episode", "sum_rewards"]
@@ -256,7 +262,7 @@ async def run_episode(
 
 async def _play(env, task, generate, tokenizer, b: _Builder, s: _Settings) -> tuple[str, bool]:
     """The turn loop; fills ``b``, returns ``(finish_reason, truncated)``."""
-    first = _observe(await _env_call(env.reset, task, s.step_timeout_s))
+    first = as_observation(await _env_call(env.reset, task, s.step_timeout_s), "env.reset")
     template_kwargs: dict[str, Any] = {}
     if s.tools is not None and len(s.tools):
         first, template_kwargs = s.tools.prepare(first, tokenizer)
@@ -313,11 +319,10 @@ async def _respond(env, text: str, b: _Builder, s: _Settings) -> tuple[list[Mess
         new = [r.message for r in results]
         b.state = _state_key(None, new)
         return new, False
-    result = await _env_call(env.step, text, s.step_timeout_s)
-    if not isinstance(result, StepResult):
-        raise EnvError(f"env.step returned {type(result).__name__}, not a StepResult")
+    result = as_step_result(await _env_call(env.step, text, s.step_timeout_s))
+    _check_reward(result.reward)
     b.turn_rewards.append(result.reward)
-    new = _observe(result.observation)
+    new = as_observation(result.observation, "env.step's observation")
     b.state = _state_key(result.info, new)
     return new, bool(result.done)
 
@@ -335,12 +340,15 @@ def _state_key(info: dict | None, messages: list[Message]) -> Any:
     return "\n".join(str(m.get("content", "")) for m in messages)
 
 
-def _observe(observation: Any) -> list[Message]:
-    """An environment's observation as messages; a malformed one is the env's error."""
-    try:
-        return to_messages(observation)
-    except TypeError as e:
-        raise EnvError(str(e)) from e
+def _check_reward(reward: Any) -> None:
+    ok = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+    if isinstance(reward, dict):
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward.values())
+    if not ok:
+        raise EnvContractError(
+            f"env.step gave the reward {reward!r:.120}; a reward is a float or a dict of "
+            "named floats"
+        )
 
 
 def _version(completion, version_of) -> int:

@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FINISH_REASONS", "Message", "StepResult", "Trajectory", "to_messages"]
+__all__ = [
+    "FINISH_REASONS",
+    "EnvContractError",
+    "Message",
+    "StepResult",
+    "Trajectory",
+    "as_observation",
+    "as_step_result",
+    "to_messages",
+]
 
 Message = dict[str, Any]
 
@@ -41,6 +50,49 @@ class StepResult:
     reward: float | dict[str, float] = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+
+
+class EnvContractError(TypeError):
+    """An environment returned something of the wrong shape. Unlike a failing step (which
+    ends only its episode), this is a bug that would fail every episode, so it stops the
+    run."""
+
+
+def as_step_result(result: Any, where: str = "env.step") -> StepResult:
+    """``step``'s return value as a :class:`StepResult`.
+
+    Besides a ``StepResult``, ``step`` may return the gym-style tuple ``(observation,
+    reward, done, info)`` or gymnasium's ``(observation, reward, terminated, truncated,
+    info)`` (``done`` is either flag; ``info["truncated"]`` keeps the second). Anything else
+    raises :class:`EnvContractError` naming ``where`` and what it returned.
+    """
+    if isinstance(result, StepResult):
+        return result
+    if isinstance(result, tuple) and len(result) in (4, 5):
+        obs, reward, *flags, info = result
+        ok_reward = isinstance(reward, (int, float, dict)) and not isinstance(reward, bool)
+        if ok_reward and isinstance(info, (dict, type(None))):
+            info = dict(info or {})
+            if len(flags) == 2:
+                info.setdefault("truncated", bool(flags[1]))
+            return StepResult(obs, reward, bool(any(flags)), info)
+    raise EnvContractError(
+        f"{where} returned {type(result).__name__} {result!r:.120}; return "
+        "StepResult(observation, reward, done, info) or the tuple (observation, reward, "
+        "done, info) with a float (or dict of floats) reward and a dict info"
+    )
+
+
+def as_observation(result: Any, where: str = "env.reset") -> list[Message]:
+    """``reset``'s return value (an observation, or gymnasium's ``(observation, info)``) or
+    a ``StepResult``'s observation, as messages; :class:`EnvContractError` when it is
+    neither a string, a message, a list of messages nor ``None``."""
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+        result = result[0]  # gymnasium's reset: (observation, info)
+    try:
+        return to_messages(result)
+    except TypeError as e:
+        raise EnvContractError(f"{where} returned {result!r:.120}: {e}") from None
 
 
 @dataclass

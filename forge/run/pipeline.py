@@ -3,8 +3,9 @@
     make_tiny_model ──▶ sft stage ──model dir──▶ rl stage ──▶ held-out scores
                                                    eval before ──┘└── eval after
 
-A stage is a config section naming its app (``app: apps.sft.main``); the app's ``Config``
-is the section's schema and its ``stage(cfg, run_dir, resume) -> dict`` runs it. Each
+A stage is a config section naming its app (``app: apps.sft.main``; ``sft:`` defaults to
+``apps.sft.main`` and ``rl:`` to ``apps.grpo.main``); the app's ``Config`` is the section's
+schema and its ``stage(cfg, run_dir, resume) -> dict`` runs it. Each
 stage's policy starts from the previous stage's result (``forge.run.policy.retarget``), so
 ``policy.model: from-run`` in a stage means "what the pipeline hands over". Nothing is
 downloaded: a demo's base model is built locally (``preset``, ``seed``) and cached.
@@ -23,7 +24,7 @@ from forge.observability.names import M
 from forge.observability.plot import plot_curves
 from forge.run.policy import retarget
 
-__all__ = ["PipelineConfig", "Stage", "run_stage", "sft_then_rl"]
+__all__ = ["PipelineConfig", "Stage", "run_stage", "sft_then_rl", "summary"]
 
 
 @dataclass
@@ -42,13 +43,13 @@ class Stage:
 
 @dataclass
 class PipelineConfig:
-    """SFT then RL: ``sft`` and ``grpo`` are stages (any apps with a ``stage`` entry);
+    """SFT then RL: ``sft`` and ``rl`` are stages (any apps with a ``stage`` entry);
     ``base_model``: the model SFT starts from (default: a ``preset`` model built with
     ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``)."""
 
     app: str
     sft: Stage
-    grpo: Stage
+    rl: Stage
     preset: str = "mini"
     seed: int = 0
     base_model: str = ""
@@ -59,9 +60,22 @@ class PipelineConfig:
         return with_stage_defaults(data)
 
 
+STAGE_APPS = {"sft": "apps.sft.main", "rl": "apps.grpo.main"}  # a stage's default app
+
+
 def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """A pipeline's plain data with its ``deterministic`` flag handed to every stage (a
-    section with an ``app`` key) that does not set its own."""
+    """A pipeline's plain data with each stage's default ``app`` filled in and its
+    ``deterministic`` flag handed to every stage (a section with an ``app`` key) that does
+    not set its own."""
+    if "grpo" in data and "rl" not in data:
+        raise ValueError(
+            "the pipeline's RL stage is now the section 'rl:' (it was 'grpo:'); rename the "
+            "section, and 'grpo.<key>=...' overrides to 'rl.<key>=...'"
+        )
+    data = {
+        k: {"app": STAGE_APPS[k], **v} if k in STAGE_APPS and isinstance(v, dict) else v
+        for k, v in data.items()
+    }
     if not data.get("deterministic"):
         return data
     return {
@@ -91,15 +105,18 @@ def base_model(cfg: PipelineConfig, name: str, corpus: list[str] | None = None) 
 
 async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: str) -> dict:
     """Build (or reuse) the base model, run the SFT stage, then the RL stage from its
-    result. Returns ``{"evals": {step: score}, "first", "last", "minutes", "history"}``
-    (``first``/``last``: the first and last evaluation, ``nan`` if none ran); writes
-    ``curves.png`` into ``run_dir``."""
+    result. Returns ``{"evals": {step: score}, "first", "last", "mean_turns", "minutes",
+    "history", "model"}`` (``first``/``last``: the first and last evaluation, ``nan`` if
+    none ran; ``mean_turns``: the last evaluation's, with an environment; ``model``: the
+    final policy's directory); writes ``curves.png`` into ``run_dir``."""
     t0 = time.perf_counter()
     retarget(cfg.sft, str(base_model(cfg, name)))
     sft = await run_stage(cfg.sft, run_dir / "sft", resume)
-    retarget(cfg.grpo, str(sft["model"]))
-    result = await run_stage(cfg.grpo, run_dir / "grpo", resume)
-    evals = {**_previous_evals(run_dir / "grpo" / "metrics.jsonl"), **result["eval"]}
+    retarget(cfg.rl, str(sft["model"]))
+    result = await run_stage(cfg.rl, run_dir / "rl", resume)
+    rows = _rows(run_dir / "rl" / "metrics.jsonl")
+    evals = {**_column(rows, M.HELDOUT_ACCURACY), **result["eval"]}
+    turns = _column(rows, M.MEAN_TURNS)
     plot_curves(result["history"], [M.REWARD, M.LOSS, M.HELDOUT_ACCURACY], run_dir / "curves.png")
     print(f"[{name}] curves: {run_dir / 'curves.png'}")
     nan = float("nan")
@@ -107,14 +124,30 @@ async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: st
         "evals": evals,
         "first": evals[min(evals)] if evals else nan,
         "last": evals[max(evals)] if evals else nan,
+        "mean_turns": turns[max(turns)] if turns else nan,
         "minutes": (time.perf_counter() - t0) / 60,
         "history": result["history"],
+        "model": result.get("model"),
     }
 
 
-def _previous_evals(path: Path) -> dict[int, float]:
-    """Evaluations logged before a resume (the SFT baseline among them)."""
+def summary(result: dict, env: bool) -> str:
+    """A pipeline's last line: ``success_rate= baseline= mean_turns= minutes=`` with an
+    environment, ``heldout_accuracy= baseline= minutes=`` without (``baseline``: the first
+    evaluation, normally the SFT model's)."""
+    r = result
+    if env:
+        head = f"success_rate={r['last']:.3f} baseline={r['first']:.3f} "
+        return head + f"mean_turns={r['mean_turns']:.2f} minutes={r['minutes']:.2f}"
+    return f"heldout_accuracy={r['last']:.3f} baseline={r['first']:.3f} minutes={r['minutes']:.2f}"
+
+
+def _rows(path: Path) -> list[dict]:
+    """The RL stage's metric rows (those logged before a resume among them)."""
     if not path.exists():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["step"]: r[M.HELDOUT_ACCURACY] for r in rows if M.HELDOUT_ACCURACY in r}
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _column(rows: list[dict], name: str) -> dict[int, float]:
+    return {r["step"]: r[name] for r in rows if name in r}

@@ -31,3 +31,18 @@ class Flaky(Environment):
             await asyncio.sleep(3600)
         ok = action.strip()[:1].isdigit()
         return StepResult("again", reward=float(ok), done=self.turns >= 2)
+
+
+class GymTuple(Environment):
+    """Returns gym-style tuples; ``bad=True`` returns a list instead (a contract error)."""
+
+    def __init__(self, bad: bool = False):
+        self.bad = bad
+
+    async def reset(self, task):
+        return task["prompt"]
+
+    async def step(self, action: str):
+        if self.bad:
+            return [None, 1.0, True, {}]
+        return None, float(action.strip()[:1].isdigit()), True, {}

@@ -37,7 +37,7 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--config", CONFIG, "--run-dir", str(run),
-         "grpo.eval.every=0"],
+         "rl.eval.every=0"],
         capture_output=True, text=True, cwd=REPO, timeout=1800,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
     )  # fmt: skip
@@ -49,7 +49,7 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     # ... and never ends below a strong start by more than two of the 64 questions.
     assert s["success_rate"] >= s["baseline"] - 2 / 64, s
     assert s["no_tool"] <= 0.05 and s["success_rate"] >= s["no_tool"] + 0.4, s
-    rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 100 and steps[-1]["env/tool_calls"] > 0
     reward = [r["rollout/reward"] for r in steps if "rollout/reward" in r]

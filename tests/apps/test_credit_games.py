@@ -10,27 +10,27 @@ import pytest
 
 from tests.helpers import REPO, forge_run, script_env
 
-SHORT = ["sft.steps=20", "grpo.steps=4", "grpo.eval.every=0", "grpo.eval.at_start=false",
-         "grpo.rollout.prompts_per_step=4"]  # fmt: skip
+SHORT = ["sft.steps=20", "rl.steps=4", "rl.eval.every=0", "rl.eval.at_start=false",
+         "rl.rollout.prompts_per_step=4"]  # fmt: skip
 
 
 def _steps(run) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "train/loss" in r]
 
 
 @pytest.mark.parametrize(
     ("method", "overrides"),
     [
-        ("gigpo", ["grpo.rollout.credit=gigpo"]),
+        ("gigpo", ["rl.rollout.credit=gigpo"]),
         # Three turns cut most games short: their returns bootstrap from the critic.
         (
             "ppo_turns",
             [
-                "grpo.critic.level=turn",
-                "grpo.trainer.loss.type=ppo",
-                "grpo.critic.bootstrap_truncated=true",
-                "grpo.env.max_turns=3",
+                "rl.critic.level=turn",
+                "rl.trainer.loss.type=ppo",
+                "rl.critic.bootstrap_truncated=true",
+                "rl.env.max_turns=3",
             ],
         ),
     ],

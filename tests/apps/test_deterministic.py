@@ -11,11 +11,11 @@ from tests.helpers import REPO, forge_run
 STEPS = [
     "deterministic=true",
     "sft.steps=20",
-    "grpo.steps=3",
-    "grpo.rollout.prompts_per_step=4",
-    "grpo.eval.at_start=false",
-    "grpo.eval.at_end=false",
-    "grpo.eval.every=0",
+    "rl.steps=3",
+    "rl.rollout.prompts_per_step=4",
+    "rl.eval.at_start=false",
+    "rl.eval.at_end=false",
+    "rl.eval.every=0",
 ]
 # Wall-clock measurements, and the buffer's size at the moment its metrics are flushed (the
 # rollout loop is already filling the next step by then, as far as it got).
@@ -24,7 +24,7 @@ VARYING = ("time/", "seconds", "tokens_per_s", "busy_fraction", "replay/size")
 
 def _metrics(run: Path) -> list[dict]:
     rows = []
-    for stage in ("sft", "grpo"):
+    for stage in ("sft", "rl"):
         for line in (run / stage / "metrics.jsonl").read_text().splitlines():
             row = json.loads(line)
             rows.append(

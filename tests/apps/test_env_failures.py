@@ -8,6 +8,9 @@ import asyncio
 import json
 import os
 import signal
+import time
+
+import pytest
 
 from apps.grpo.main import Config, train
 from forge.config.schema import config_from_dict
@@ -83,3 +86,20 @@ def test_an_env_replica_killed_mid_run(tmp_path):
     result = asyncio.run(main())
     assert killed and not wait_dead(killed, 5)
     assert result["version"] == 6  # the run finished every step
+
+
+def test_gym_tuples_train_and_a_wrong_shape_stops_the_run_at_once(tmp_path):
+    model = make_tiny_model(tmp_path / "model", preset="tiny")
+    cfg = _config(model, {"fn": "tests.apps.flaky_env:GymTuple"}, steps=2)
+    assert asyncio.run(train(cfg, tmp_path / "ok"))["version"] == 2
+    bad = _config(model, {"fn": {"fn": "tests.apps.flaky_env:GymTuple", "kwargs": {"bad": True}}})
+    bad.batch_timeout_s = 60
+    start = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        asyncio.run(train(bad, tmp_path / "bad"))
+    chain, e = [], caught.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("env.step returned list" in m for m in chain), chain
+    assert time.monotonic() - start < 50

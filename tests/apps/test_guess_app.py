@@ -15,7 +15,7 @@ from tests.helpers import REPO, forge_run, script_env
 def test_guess_demo_learns(tmp_path):
     run = tmp_path / "run"
     out = forge_run(
-        ["--config", str(REPO / "apps/guess/cpu.yaml"), "--run-dir", str(run), "grpo.eval.every=0"],
+        ["--config", str(REPO / "apps/guess/cpu.yaml"), "--run-dir", str(run), "rl.eval.every=0"],
         timeout=1200,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
     )
@@ -28,7 +28,7 @@ def test_guess_demo_learns(tmp_path):
     # 1.0. The held-out set is too small to show more than one game's gain, so the test
     # asks for no loss against the SFT start and the 0.875 every seed reached.
     assert s["success_rate"] >= max(s["baseline"], 0.875), s
-    rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 120
     assert {"env/turns", "rollout/reward/success", "env/sampled_tokens"} <= set(steps[-1])

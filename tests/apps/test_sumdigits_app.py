@@ -39,7 +39,7 @@ def test_cpu_demo_learns(tmp_path):
     """A shortened demo (fewer SFT and GRPO steps than cpu.yaml) must still visibly learn."""
     run = tmp_path / "run"
     out = _forge(
-        ["--config", CONFIG, "--run-dir", str(run), "grpo.steps=150", "grpo.eval.every=0"],
+        ["--config", CONFIG, "--run-dir", str(run), "rl.steps=150", "rl.eval.every=0"],
         tmp_path,
         timeout=900,
     )
@@ -51,7 +51,7 @@ def test_cpu_demo_learns(tmp_path):
     assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10, s
     assert s["heldout_accuracy"] >= 0.85, s
     assert (run / "curves.png").stat().st_size > 10_000
-    rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 150
     assert {"time/weight_sync_s", "rollout/reward", "buffer/sampled_policy_age_mean"} <= set(
@@ -69,10 +69,10 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
         "--run-dir",
         str(run),
         "sft.steps=30",
-        "grpo.steps=8",
-        "grpo.checkpoint_every=3",
-        "grpo.eval.at_start=false",
-        "grpo.eval.every=0",
+        "rl.steps=8",
+        "rl.checkpoint_every=3",
+        "rl.eval.at_start=false",
+        "rl.eval.every=0",
     ]
     env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.Popen(
@@ -98,25 +98,25 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     out = _forge(["--resume", str(run)], tmp_path, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"resumed from {run / 'grpo' / 'checkpoints' / 'step_000006'} (step 6)" in out.stdout
-    rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     resumed_steps = [r["step"] for r in rows if "train/loss" in r][-2:]
     assert resumed_steps == [7, 8]
 
 
 def test_config_mistakes_fail_before_spawning(tmp_path):
     out = _forge(
-        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "grpo.rollout.group_sise=4"],
+        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "rl.rollout.group_sise=4"],
         tmp_path,
         timeout=120,
     )
     assert out.returncode == 2
-    assert "grpo.rollout.group_sise" in out.stderr and "group_size" in out.stderr
+    assert "rl.rollout.group_sise" in out.stderr and "group_size" in out.stderr
     out = _forge(
-        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "grpo.steps=many"],
+        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "rl.steps=many"],
         tmp_path,
         timeout=120,
     )
-    assert out.returncode == 2 and "grpo.steps" in out.stderr
+    assert out.returncode == 2 and "rl.steps" in out.stderr
     # A misspelt reward name fails at load too, before the SFT stage spawns anything.
     t0 = time.monotonic()
     out = _forge(

@@ -57,8 +57,8 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
     py = shlex.quote(sys.executable)
     demo = (
         f"cd {shlex.quote(str(REPO))} && env {envs} {py} -m forge.cli run --config {CONFIG} "
-        f"--run-dir {run} sft.steps=20 grpo.steps={STEPS} grpo.eval.at_start=false "
-        f"grpo.eval.every=0 > {log} 2>&1; sleep 300"
+        f"--run-dir {run} sft.steps=20 rl.steps={STEPS} rl.eval.at_start=false "
+        f"rl.eval.every=0 > {log} 2>&1; sleep 300"
     )
     # tmux may hand its panes COLUMNS=80 LINES=24 (seen when started from pytest), which rich
     # would believe over the pane's real size

@@ -109,7 +109,7 @@ def _run(tmp_path: Path, cluster, args: list[str], resume: bool = False) -> subp
 
 
 def _steps(run: Path) -> list[dict]:
-    metrics = run / "grpo" / "metrics.jsonl"
+    metrics = run / "rl" / "metrics.jsonl"
     if not metrics.exists():
         return []
     return [r for r in map(json.loads, metrics.read_text().splitlines()) if "train/loss" in r]
@@ -229,9 +229,9 @@ def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
     """The CPU demo (150 GRPO steps, as the one-host slow test) with 3 generator replicas (one
     per host) and 2 reward replicas reaches its accuracy target; weights reach each generator
     host once; checkpoints reach the run directory on the controller's host."""
-    proc = _run(tmp_path, hosts, ["grpo.steps=150", "grpo.eval.every=0",  # as the one-host test
-                                  "grpo.replicas.generator=3", "grpo.replicas.rewards=2",
-                                  "grpo.checkpoint_every=50"])  # fmt: skip
+    proc = _run(tmp_path, hosts, ["rl.steps=150", "rl.eval.every=0",  # as the one-host test
+                                  "rl.replicas.generator=3", "rl.replicas.rewards=2",
+                                  "rl.checkpoint_every=50"])  # fmt: skip
     run = tmp_path / "run"
     try:
         _until_step(proc, run, 20, 600)
@@ -267,8 +267,8 @@ def test_a_killed_host_loses_nothing_and_its_replicas_come_back(hosts, tmp_path)
     replica comes back on a live host (timed), every step completes, and every replica ends
     serving the latest version."""
     steps = 80
-    proc = _run(tmp_path, hosts, [f"grpo.steps={steps}", "sft.steps=20", "grpo.eval.every=0",
-                                  "grpo.replicas.generator=3"])  # fmt: skip
+    proc = _run(tmp_path, hosts, [f"rl.steps={steps}", "sft.steps=20", "rl.eval.every=0",
+                                  "rl.replicas.generator=3"])  # fmt: skip
     run = tmp_path / "run"
     try:
         _until_step(proc, run, 5, 400)
@@ -311,7 +311,7 @@ def test_a_killed_host_loses_nothing_and_its_replicas_come_back(hosts, tmp_path)
 
 def test_the_trainer_host_dying_stops_the_run_which_resumes(hosts, tmp_path):
     steps = 30
-    args = [f"grpo.steps={steps}", "sft.steps=20", "grpo.eval.every=0", "grpo.checkpoint_every=5"]
+    args = [f"rl.steps={steps}", "sft.steps=20", "rl.eval.every=0", "rl.checkpoint_every=5"]
     proc = _run(tmp_path, hosts, args)
     run = tmp_path / "run"
     try:

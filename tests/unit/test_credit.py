@@ -182,12 +182,12 @@ def test_turn_rewards_of_named_components_and_empty_turns():
 @pytest.mark.parametrize(
     ("config", "overrides", "error"),
     [
-        ("apps/sumdigits/cpu.yaml", ["grpo.rollout.credit=gigpo"], "no env section"),
-        ("apps/guess/cpu.yaml", ["grpo.rollout.credit=gigpo", "grpo.trainer.loss.type=gspo"],
+        ("apps/sumdigits/cpu.yaml", ["rl.rollout.credit=gigpo"], "no env section"),
+        ("apps/guess/cpu.yaml", ["rl.rollout.credit=gigpo", "rl.trainer.loss.type=gspo"],
          "gspo takes one per sequence"),
-        ("apps/guess/cpu.yaml", ["grpo.rollout.credit=gigpo",
-                                 "grpo.rollout.reward_aggregator=min"], "per-member"),
-        ("apps/guess/cpu.yaml", ["grpo.rollout.credit=gipgo"], "rollout.credit"),
+        ("apps/guess/cpu.yaml", ["rl.rollout.credit=gigpo",
+                                 "rl.rollout.reward_aggregator=min"], "per-member"),
+        ("apps/guess/cpu.yaml", ["rl.rollout.credit=gipgo"], "rollout.credit"),
     ],
 )  # fmt: skip
 def test_run_config_checks_credit(config, overrides, error):
@@ -204,6 +204,6 @@ def test_run_config_takes_credit_with_kwargs():
 
     _, cfg = load_app(
         REPO / "apps/guess/cpu.yaml",
-        ["grpo.rollout.credit.fn=gigpo", "grpo.rollout.credit.kwargs.gamma=0.9"],
+        ["rl.rollout.credit.fn=gigpo", "rl.rollout.credit.kwargs.gamma=0.9"],
     )
-    assert cfg.grpo.rollout.credit.kwargs == {"gamma": 0.9}
+    assert cfg.rl.rollout.credit.kwargs == {"gamma": 0.9}

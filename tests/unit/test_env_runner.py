@@ -15,11 +15,13 @@ import pytest
 
 from forge.envs import (
     ChatRenderer,
+    EnvContractError,
     Environment,
     FunctionEnv,
     StepResult,
     ToolSet,
     Trajectory,
+    as_step_result,
     build_env,
     run_episode,
     tool,
@@ -276,17 +278,44 @@ async def test_env_errors_end_the_episode_without_raising(tok):
     assert traj.finish_reason == "env_error" and traj.token_ids == [] and traj.num_turns == 0
     assert "KeyError" in traj.info["error"]
 
-    traj = await run_episode(
-        FunctionEnv(lambda s, t: "hi", lambda s, a: "not a StepResult"),
-        {},
-        ScriptedPolicy(tok, ["1"]),
-        tok,
-    )
-    assert traj.finish_reason == "env_error" and "not a StepResult" in traj.info["error"]
 
-    bad_obs = FunctionEnv(lambda s, t: 42, lambda s, a: StepResult())
-    traj = await run_episode(bad_obs, {}, ScriptedPolicy(tok, ["1"]), tok)
-    assert traj.finish_reason == "env_error" and "observation must be" in traj.info["error"]
+async def test_a_wrongly_shaped_env_stops_the_run_instead_of_failing_every_episode(tok):
+    """A return value of the wrong shape is a bug, not a failed step: it raises out of the
+    episode (naming the method and the value), and the env is still closed."""
+    cases = [
+        (lambda s, t: "hi", lambda s, a: "not a StepResult", "env.step returned str"),
+        (lambda s, t: "hi", lambda s, a: ("obs", 1.0), "env.step returned tuple"),
+        (lambda s, t: "hi", lambda s, a: (None, "1", True, {}), "env.step returned tuple"),
+        (lambda s, t: "hi", lambda s, a: StepResult(None, reward=None), "a reward is a float"),
+        (lambda s, t: 42, lambda s, a: StepResult(), "env.reset returned 42"),
+        (lambda s, t: "hi", lambda s, a: StepResult(7), "env.step's observation returned 7"),
+    ]
+    for reset, step, message in cases:
+        closed = []
+        env = FunctionEnv(reset, step, closed.append)
+        with pytest.raises(EnvContractError, match=message):
+            await run_episode(env, {}, ScriptedPolicy(tok, ["1", "2"]), tok)
+        assert len(closed) == 1
+
+
+async def test_gym_style_tuples_are_step_results(tok):
+    """step may return (obs, reward, done, info) or gymnasium's five-tuple; reset may return
+    (obs, info)."""
+
+    def step(state, action):
+        state["n"] = state.get("n", 0) + 1
+        if state["n"] == 1:
+            return ("higher", -0.25, False, {"state": 1})
+        return (None, 1.0, False, True, None)  # gymnasium: truncated
+
+    env = FunctionEnv(lambda s, t: ("guess", {"seed": 3}), step)
+    traj = await run_episode(env, {}, ScriptedPolicy(tok, ["1", "2", "3"]), tok)
+    assert (traj.finish_reason, traj.num_turns) == ("done", 2)
+    assert traj.turn_rewards == [-0.25, 1.0] and traj.turn_states == ["guess", 1]
+    assert traj.messages[0] == {"role": "user", "content": "guess"}
+    r = as_step_result(("o", {"win": 1.0}, 1, {}))
+    assert (r.observation, r.reward, r.done, r.info) == ("o", {"win": 1.0}, True, {})
+    assert as_step_result(("o", 0.0, False, True, {})).info == {"truncated": True}
 
 
 async def test_tool_calls_are_executed_between_turns(tok):

@@ -73,12 +73,9 @@ class C:
 
 
 def test_builtin_slots_resolve():
+    needs = {"length": {"soft_limit": 5, "hard_limit": 10}, "reasoning_gym": {"name": "chain_sum"}}
     for name in REWARD.names():
-        REWARD.resolve(
-            name
-            if name != "length"
-            else {"fn": name, "kwargs": {"soft_limit": 5, "hard_limit": 10}}
-        )
+        REWARD.resolve({"fn": name, "kwargs": needs[name]} if name in needs else name)
     for name in ADVANTAGE.names() + KL.names() + REWARD_AGGREGATOR.names():
         slot = {
             **dict.fromkeys(ADVANTAGE.names(), ADVANTAGE),

@@ -141,10 +141,19 @@ def test_a_pipeline_hands_deterministic_to_its_stages():
     data = {
         "deterministic": True,
         "sft": {"app": "a"},
-        "grpo": {"app": "b", "deterministic": False},
+        "rl": {"app": "b", "deterministic": False},
     }
     out = with_stage_defaults(data)
-    assert out["sft"]["deterministic"] is True and out["grpo"]["deterministic"] is False
+    assert out["sft"]["deterministic"] is True and out["rl"]["deterministic"] is False
+
+
+def test_a_pipeline_fills_stage_apps_and_names_the_renamed_section():
+    from forge.run.pipeline import with_stage_defaults
+
+    out = with_stage_defaults({"sft": {"steps": 3}, "rl": {"app": "mine.main"}})
+    assert out["sft"]["app"] == "apps.sft.main" and out["rl"]["app"] == "mine.main"
+    with pytest.raises(ValueError, match="now the section 'rl:'"):
+        with_stage_defaults({"sft": {}, "grpo": {}})
 
 
 def test_deterministic_actors_need_fixed_threads():

@@ -1,0 +1,30 @@
+"""SFT, then RL, on any task: the generic pipeline app.
+
+Run:
+    forge run --config my_task.yaml
+
+    base model ──▶ sft: (apps.sft.main) ──model──▶ rl: (apps.grpo.main) ──▶ held-out scores
+                                                     eval before ──┘└── eval after
+
+The config names a base model (``base_model: <HF dir>``, or ``preset``/``seed`` for a tiny
+model built locally), an ``sft:`` section (apps/sft's config) and an ``rl:`` section
+(apps/grpo's config); ``policy.model: from-run`` in a section means "the previous stage's
+result". With an environment (``rl.env``) the last line reads ``success_rate=<after>
+baseline=<after SFT> mean_turns=<x> minutes=<z>``; without, ``heldout_accuracy=<after>
+baseline=<after SFT> minutes=<z>``. docs/environments.md shows a whole config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from forge import PipelineConfig as Config
+from forge import sft_then_rl, summary
+
+__all__ = ["Config", "run"]
+
+
+async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
+    r = await sft_then_rl(cfg, run_dir, resume, "pipeline")
+    print(f"[pipeline] final policy: {r['model']}")
+    print(summary(r, env=cfg.rl.env is not None), flush=True)
