@@ -58,15 +58,20 @@ def normalise_records(
     rows, source: str, prompt_field: str = "question", target_field: str = "answer"
 ) -> list[dict]:
     """``{"prompt", "target"}`` dicts from rows holding ``prompt``/``target`` or the named
-    fields. GSM8K's ``#### <answer>`` convention is reduced to the final answer."""
+    fields. A row without a target gets ``target: None`` (an environment or a reward that
+    needs none judges it); a ``{"messages": [...]}`` row (a chat transcript for SFT) is kept
+    as it is. GSM8K's ``#### <answer>`` convention is reduced to the final answer."""
     out = []
     for r in rows:
+        if "messages" in r:
+            out.append(dict(r))
+            continue
         prompt = r.get("prompt", r.get(prompt_field))
         target = r.get("target", r.get(target_field))
-        if prompt is None or target is None:
+        if prompt is None:
             raise ValueError(
-                f"{source}: a record lacks '{prompt_field}'/'{target_field}' (or "
-                f"prompt/target): keys {sorted(r)}"
+                f"{source}: a record has neither '{prompt_field}' nor 'prompt' (nor "
+                f"'messages'): keys {sorted(r)}; name its prompt field with prompt_field=..."
             )
         if target_field == "answer" and isinstance(target, str) and "####" in target:
             target = target.split("####")[-1].strip()
@@ -74,10 +79,30 @@ def normalise_records(
     return out
 
 
+def split_records(
+    rows: list[dict], source: str, split_field: str, heldout_split: str, heldout_size: int
+) -> tuple[list[dict], list[dict]]:
+    """``(train, held-out)``: with a ``split_field`` in the rows, the rows whose split is
+    ``heldout_split`` are held out (the first ``heldout_size`` of them) and the rows without
+    that split train; without one, the first ``heldout_size`` rows are held out."""
+    if not any(split_field in r for r in rows):
+        return rows[heldout_size:], rows[:heldout_size]
+    held = [r for r in rows if r.get(split_field) == heldout_split]
+    train = [r for r in rows if r.get(split_field) != heldout_split]
+    if not held:
+        seen = sorted({str(r.get(split_field)) for r in rows})
+        raise ValueError(
+            f"{source}: no row has {split_field}={heldout_split!r} (splits: {seen}); set "
+            "heldout_split=... to the split to hold out"
+        )
+    return train, held[:heldout_size]
+
+
 class JsonlSource(RecordSource):
-    """Records from a JSONL file; the first ``heldout_size`` lines are held out. A path that
-    is not on this host (an actor on another host than the controller's) is read from the
-    controller's host (``controller.files.stage_sync``)."""
+    """Records from a JSONL file. Held out: the rows whose ``split_field`` ("split") is
+    ``heldout_split`` ("test") when the rows have that field, else the first
+    ``heldout_size`` lines. A path that is not on this host (an actor on another host than
+    the controller's) is read from the controller's host (``controller.files.stage_sync``)."""
 
     def __init__(
         self,
@@ -86,6 +111,8 @@ class JsonlSource(RecordSource):
         target_field: str = "answer",
         heldout_size: int = 200,
         seed: int = 0,
+        split_field: str = "split",
+        heldout_split: str = "test",
     ):
         from controller import files
 
@@ -95,7 +122,8 @@ class JsonlSource(RecordSource):
         except FileNotFoundError:
             raise FileNotFoundError(f"JsonlSource: no such file {path!r}") from None
         rows = normalise_records(rows, path, prompt_field, target_field)
-        super().__init__(rows[heldout_size:], rows[:heldout_size], seed)
+        train, held = split_records(rows, path, split_field, heldout_split, heldout_size)
+        super().__init__(train, held, seed)
 
 
 class HFSource(RecordSource):

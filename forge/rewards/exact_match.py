@@ -35,6 +35,11 @@ class ExactMatch:
         return (last.group(1) if self._regex.groups else last.group(0)).strip()
 
     def __call__(self, prompt: str, response: str, target: Any) -> float:
+        if target is None:
+            raise ValueError(
+                "exact_match: the item has no target to compare with; give the data a target "
+                "field (data kwargs target_field=...) or use a reward that needs none"
+            )
         answer, expected = self.extract(response), str(target).strip()
         if answer is None:
             return 0.0

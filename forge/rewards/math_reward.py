@@ -82,6 +82,11 @@ class MathReward:
     def __call__(self, prompt: str, response: str, target: Any) -> float:
         from math_verify import verify
 
+        if target is None:
+            raise ValueError(
+                "math: the item has no target answer; give the data a target field "
+                "(data kwargs target_field=...)"
+            )
         gold = self._parse(str(target).strip())
         if not gold:
             raise ValueError(f"math-verify cannot parse the target {target!r}")

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
-from forge.envs import Tool, ToolSet, Trajectory, run_episode, tool
-from forge.envs.sandbox import python_tool
+from forge.envs import Trajectory, run_episode
+from forge.envs.tool_specs import ToolSpec, build_tools
 from forge.observability.names import M
-from forge.plugins import Spec, import_string
+from forge.plugins import Spec
 from forge.rewards.vector import pad_components
 from forge.rollout.credit import assign_credit, sampled_turn_rewards
 from forge.rollout.groups import group_episodes
@@ -41,16 +42,17 @@ class EnvConfig:
     per episode). Where it runs is the run's ``replicas.env``: 0 in the rollout loop's own
     process (cheap environments), N > 0 in an ``EnvActor`` service of N replicas, one
     episode per session.
-    ``tools``: callables the model may call (import strings of plain functions, which become
-    tools with a schema from their type hints, or of ``forge.envs.Tool`` objects; ``python``
-    is the sandboxed Python tool). ``advertise_tools: false`` leaves them out of the prompt
+    ``tools``: callables the model may call (``forge.envs.tool_specs``: import strings of
+    plain functions, which become tools with a schema from their type hints, or of
+    ``forge.envs.Tool`` objects; ``{name, fn, schema}`` dicts; ``python``, the sandboxed
+    Python tool). ``advertise_tools: false`` leaves them out of the prompt
     (for a model that learned them in SFT and whose context is too short for the listing).
     ``max_turns`` / ``max_context_tokens`` / ``step_timeout_s`` bound each episode;
     ``retries``: replays of an episode whose environment failed.
     """
 
     fn: Spec
-    tools: list[Spec] = field(default_factory=list)
+    tools: list[str | ToolSpec] = field(default_factory=list)
     advertise_tools: bool = True
     max_turns: int = 8
     max_context_tokens: int = 1024
@@ -65,36 +67,6 @@ class EnvConfig:
                 f"env: retries must be >= 0 and max_turns >= 1, got {self.retries}, "
                 f"{self.max_turns}"
             )
-
-
-def build_tools(specs: list[Spec], advertise: bool = True) -> ToolSet | None:
-    """A ToolSet from tool specs (see ``EnvConfig``); ``None`` when there are none."""
-    if not specs:
-        return None
-    tools = []
-    for i, spec in enumerate(specs):
-        name, kwargs = (spec, {}) if isinstance(spec, str) else (spec.fn, dict(spec.kwargs))
-        try:
-            if name == "python":  # the sandboxed Python tool, kwargs for its limits
-                tools.append(python_tool(**kwargs))
-                continue
-            obj = import_string(name)
-            if isinstance(obj, Tool):
-                tools.append(obj)
-            elif kwargs:  # a factory of a Tool, given its arguments
-                made = obj(**kwargs)
-                if not isinstance(made, Tool):
-                    raise TypeError(
-                        f"{name!r}(**{kwargs}) made a {type(made).__name__}, not a Tool"
-                    )
-                tools.append(made)
-            elif callable(obj):  # a plain function: its type hints give the schema
-                tools.append(tool(obj))
-            else:
-                raise TypeError(f"{name!r} is a {type(obj).__name__}, not a tool or function")
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"env.tools[{i}]: {e}") from None
-    return ToolSet(tools, advertise=advertise)
 
 
 class EpisodeScorer:
@@ -140,6 +112,23 @@ class EpisodeScorer:
         log.add(M.DROPPED_EPISODES, [1.0])
         return None
 
+    async def answer_components(self, task: dict, trajs: list[Trajectory]) -> list[dict]:
+        """The run's reward functions (``rewards:`` next to ``env:``) on each episode's
+        final answer: ``fn(prompt, last assistant message, target)``, where ``prompt`` is
+        the task's ``prompt`` (else the first observation's text). Their components join
+        the environment's (a name both give is an error)."""
+        items = [(_prompt_of(task, t), _final_answer(t), task.get("target")) for t in trajs]
+        scored = await self.base.rewards.evaluate_batch.route(items)
+        out = [dict(s.components) for s in scored]
+        for t, extra in zip(trajs, out):
+            clash = sorted(set(extra) & set(t.reward_components))
+            if clash:
+                raise ValueError(
+                    f"rewards: the reward functions and the environment both give {clash}; "
+                    "rename one (a component is one number per episode)"
+                )
+        return out
+
     def mark_final_state(self, e: Episode) -> None:
         """One more (masked) token after a truncated episode's last observation: the critic's
         value at that position is the value of the state the episode was cut in."""
@@ -161,6 +150,9 @@ class EpisodeScorer:
             self.base.log.add(M.DROPPED_GROUPS, [1.0])
             return None  # the manager gives the credit back and tries another task
         components = episode_components(trajs)
+        if self.base.rewards is not None:  # reward functions score the final answers too
+            for comp, extra in zip(components, await self.answer_components(task, trajs)):
+                comp.update(extra)
         totals = [float(t) for t in self.base.aggregate(components)]
         group = group_episodes(
             [_as_completion(t) for t in trajs], totals, task.get("target"), self.base.advantage,
@@ -180,6 +172,19 @@ class EpisodeScorer:
         self.base.log.add(M.TURNS, [float(t.num_turns) for t in trajs])
         await self.base.add_reference(group)
         return group
+
+
+def _prompt_of(task: Any, t: Trajectory) -> str:
+    if isinstance(task, dict) and isinstance(task.get("prompt"), str):
+        return task["prompt"]
+    first = next((m for m in t.messages if m.get("role") == "user"), {})
+    return str(first.get("content", ""))
+
+
+def _final_answer(t: Trajectory) -> str:
+    """The text of the episode's last assistant message ("" if it never spoke)."""
+    said = [m for m in t.messages if m.get("role") == "assistant"]
+    return str(said[-1].get("content", "")) if said else ""
 
 
 def _pad_id(tokenizer) -> int:

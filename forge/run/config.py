@@ -85,7 +85,7 @@ class RLConfig:
     generator: GeneratorConfig
     trainer: TrainerConfig
     data: Spec
-    rewards: list[Spec] = field(default_factory=list)  # (an env gives its own rewards)
+    rewards: list[Spec] = field(default_factory=list)  # with env: scored on final answers
     steps: int = 100
     max_policy_age: int = 1  # rollouts run at most this many versions ahead of training
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
@@ -190,7 +190,8 @@ class RLConfig:
 
     def _check_env(self) -> None:
         """Without an environment, rewards score completions; with one, the environment
-        scores episodes, and the knobs of single-turn scoring would be ignored: errors."""
+        scores episodes and ``rewards`` add components scored on each final answer; the
+        other knobs of single-turn scoring would be ignored: errors."""
         if self.env is None:
             if not self.rewards:
                 raise ValueError(
@@ -200,8 +201,14 @@ class RLConfig:
             if self.replicas.env:
                 raise ValueError(f"replicas.env={self.replicas.env} but there is no env section")
             return
+        turn_critic = self.critic is not None and self.critic.level == "turn"
+        if self.rewards and (not per_episode(self.rollout.credit) or turn_critic):
+            raise ValueError(
+                "rewards: with env, reward functions score each episode's final answer (one "
+                "number per episode), which credit over turns (rollout.credit) and a turn-level "
+                "critic cannot place on a turn; give those rewards from the environment's step()"
+            )
         ignored = {
-            "rewards": bool(self.rewards),
             "reward_model": self.reward_model is not None,
             "eval.reward": self.eval.reward is not None,
             "rollout.overlong_buffer": bool(self.rollout.overlong_buffer),

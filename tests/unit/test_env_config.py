@@ -1,0 +1,30 @@
+"""What an env section may sit next to: reward functions compose (they score the final
+answer), the single-turn-only knobs are errors that name themselves."""
+
+from __future__ import annotations
+
+import pytest
+
+from forge.launch import load_app
+from tests.helpers import REPO
+
+GUESS = REPO / "apps/guess/cpu.yaml"
+
+
+def test_rewards_next_to_an_env_load_and_score_final_answers():
+    _, cfg = load_app(GUESS, ["rl.rewards=[exact_match]"])
+    assert cfg.rl.rewards == ["exact_match"] and cfg.rl.env is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["rl.rewards=[exact_match]", "rl.rollout.credit=gigpo"], "final answer"),
+        (["rl.eval.reward=exact_match"], "eval.reward: set together with env"),
+        (["rl.rollout.overlong_buffer=2"], "rollout.overlong_buffer: set together with env"),
+        (["rl.replicas.env=1", "rl.env=null", "rl.rewards=[exact_match]"], "no env section"),
+    ],
+)
+def test_single_turn_knobs_next_to_an_env_are_errors(overrides, error):
+    with pytest.raises(ValueError, match=error):
+        load_app(GUESS, overrides)
