@@ -4,6 +4,7 @@
     forge run --config apps/sumdigits/cpu.yaml [a.b=c ...]
     forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
     forge top [RUN_DIR] [--once]
+    forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -43,6 +44,29 @@ def _top(args: argparse.Namespace) -> int:
         return 2
 
 
+def _episodes(args: argparse.Namespace) -> int:
+    from forge.observability.episodes import read_episodes, select, show_episodes
+
+    try:
+        records = read_episodes(args.run_dir)
+    except FileNotFoundError as e:
+        print(f"forge episodes: error: {e}", file=sys.stderr)
+        return 2
+    steps = sorted({r["step"] for r in records})
+    if args.step is not None and args.step not in steps:
+        print(
+            f"forge episodes: error: no episodes logged at step {args.step}; steps with "
+            f"episodes: {steps[0]}..{steps[-1]}"
+            if steps
+            else "none",
+            file=sys.stderr,
+        )
+        return 2
+    order = "best" if args.best else "worst" if args.worst else None
+    show_episodes(select(records, args.step, order, args.n))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -57,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     top.set_defaults(fn=_top)
+    eps = sub.add_parser("episodes", help="show the episodes a run wrote (what the policy does)")
+    eps.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or its rl stage)")
+    eps.add_argument("--step", type=int, help="the step to show (default: the last)")
+    which = eps.add_mutually_exclusive_group()
+    which.add_argument("--best", action="store_true", help="highest rewards first (all steps)")
+    which.add_argument("--worst", action="store_true", help="lowest rewards first (all steps)")
+    eps.add_argument("-n", type=int, default=4, help="how many episodes (default 4)")
+    eps.set_defaults(fn=_episodes)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "mini", "small", "llama"])

@@ -169,6 +169,7 @@ class EpisodeScorer:
             if "final_state_at" in t.info:
                 self.mark_final_state(e)
         self.base.log_group(totals, components)
+        self.base.sample_episodes(group, [t.messages for t in trajs], [t.num_turns for t in trajs])
         self.base.log.add(M.TURNS, [float(t.num_turns) for t in trajs])
         await self.base.add_reference(group)
         return group

@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from forge.envs.types import to_messages
+from forge.observability.episodes import episode_record
 from forge.observability.names import M
 from forge.plugins import PluginSpec, Spec
 from forge.rewards import length_penalty
@@ -40,6 +42,8 @@ class RolloutConfig:
     ``credit`` (multi-turn runs): how each turn of an episode is credited
     (``forge.slots.CREDIT``: ``episode``, ``turn_returns``, ``gigpo``; see
     ``forge.losses.credit``); anything but ``episode`` gives per-token advantages.
+    ``log_episodes``: how many of each step's episodes (whole groups first) are written to
+    ``<run_dir>/episodes.jsonl`` (``forge episodes RUN_DIR`` shows them; 0: none).
     """
 
     prompts_per_step: int = 16  # groups per training step
@@ -54,6 +58,7 @@ class RolloutConfig:
     credit: Spec = "episode"
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    log_episodes: int = 8
 
     def __post_init__(self) -> None:
         GROUP_FILTER.validate(self.filter, key="rollout.filter")
@@ -184,8 +189,21 @@ class GroupScorer:
         totals = [float(t) for t in self.aggregate(components)]
         group = group_episodes(completions, totals, item["target"], self.advantage, components)
         self.log_group(totals, components)
+        prompt = _as_messages(item["prompt"])
+        self.sample_episodes(
+            group, [[*prompt, {"role": "assistant", "content": x.text}] for x in completions]
+        )
         await self.add_reference(group)
         return group
+
+    def sample_episodes(self, group: list[Episode], messages: list[list[dict]], turns=None) -> None:
+        """Keep the group's episodes (their conversations: ``messages``) for the step's
+        sample in ``episodes.jsonl`` while it has room (``rollout.log_episodes``)."""
+        samples = getattr(self.log, "episodes", None)
+        if samples is None or not samples.room(self.cfg.log_episodes):
+            return
+        turns = turns or [1] * len(group)
+        samples.add([episode_record(e, m, n) for e, m, n in zip(group, messages, turns)])
 
     def log_group(self, totals: list[float], components: list[dict[str, float]]) -> None:
         """Per-step means: the scalar reward, each named component, zero-variance groups."""
@@ -200,3 +218,11 @@ class GroupScorer:
             refs = await self.reference.forward.route(group)
             for e, r in zip(group, refs):
                 e.ref_logprobs = r
+
+
+def _as_messages(prompt: Any) -> list[dict]:
+    """A prompt (text, chat messages or token ids) as chat messages, for the episode log."""
+    try:
+        return to_messages(prompt)
+    except TypeError:
+        return [{"role": "user", "content": str(prompt)}]

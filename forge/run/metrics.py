@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forge.observability import build_backends, get_collector, merge_states
+from forge.observability.episodes import EpisodeSamples
 from forge.observability.names import M
 from forge.observability.status import StepStatus
 
@@ -36,6 +37,7 @@ class MetricLog:
     def __init__(self, run_dir: Path, backends: list[str], steps: int | None = None):
         self.backends = build_backends(backends, run_dir)
         self.status = StepStatus(Path(run_dir).name, steps)
+        self.episodes = EpisodeSamples(run_dir)  # a sample of each step's episodes
         self.history: list[dict[str, float]] = []
         self._pending: dict[str, list[float]] = {}
         self._remote: list[dict] = []
@@ -75,6 +77,7 @@ class MetricLog:
         out[M.ELAPSED_S] = time.perf_counter() - self._t
         self.record(step, out)
         self.status.step(step, out)
+        self.episodes.write(step)
         return out
 
     def close(self) -> None:

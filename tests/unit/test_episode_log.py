@@ -1,0 +1,66 @@
+"""The episode sample of a run: records, the per-step file, selection and rendering."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from forge.cli import main
+from forge.observability.episodes import (
+    EpisodeSamples,
+    episode_record,
+    read_episodes,
+    select,
+    show_episodes,
+)
+from forge.types import Episode
+
+
+def _episode(reward: float, version: int = 3) -> Episode:
+    e = Episode("e", [1], [2, 3], [0.0, 0.0], reward=reward, policy_version=version,
+                group_id="g1", advantage=reward - 0.5, target={"key": object()},
+                reward_breakdown={"success": reward}, stop_reason="done")  # fmt: skip
+    e.turn_rewards = [0.0, {"success": reward}]
+    return e
+
+
+def test_records_are_written_per_step_and_selected(tmp_path):
+    samples = EpisodeSamples(tmp_path)
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "again"}, {"role": "assistant", "content": "b"}]  # fmt: skip
+    assert samples.room(3) == 3
+    samples.add([episode_record(_episode(r), chat, 2) for r in (0.0, 1.0)])
+    assert samples.room(3) == 1 and samples.room(2) == 0
+    samples.write(5)
+    samples.write(6)  # nothing pending: nothing written
+    samples.add([episode_record(_episode(0.5), chat)])
+    samples.write(7)
+    records = read_episodes(tmp_path)
+    assert [(r["step"], r["reward"]) for r in records] == [(5, 0.0), (5, 1.0), (7, 0.5)]
+    assert records[0]["target"].startswith("{'key': <object")  # not JSON: its repr
+    assert records[0]["turn_rewards"] == [0.0, {"success": 0.0}]
+    assert [r["reward"] for r in select(records, None, None, 5)] == [0.5]  # the last step
+    assert [r["reward"] for r in select(records, None, "best", 2)] == [1.0, 0.5]
+    assert [r["reward"] for r in select(records, 5, "worst", 1)] == [0.0]
+    from rich.console import Console
+
+    out = io.StringIO()
+    show_episodes(records[:2], Console(file=out, width=100))
+    text = out.getvalue()
+    assert "step 5 · v3 · reward 1.000" in text and "turn reward success=1" in text
+    assert "assistant: b" in text and "success=1 · target:" in text
+
+
+def test_the_command_names_what_is_missing(tmp_path, capsys):
+    assert main(["episodes", str(tmp_path)]) == 2
+    assert "no episodes.jsonl in" in capsys.readouterr().err
+    samples = EpisodeSamples(tmp_path / "rl")
+    (tmp_path / "rl").mkdir()
+    samples.add([episode_record(_episode(1.0), [{"role": "user", "content": "q"}])])
+    samples.write(4)
+    assert main(["episodes", str(tmp_path), "--step", "9"]) == 2
+    assert "steps with episodes: 4..4" in capsys.readouterr().err
+    assert main(["episodes", str(tmp_path)]) == 0
+    with pytest.raises(SystemExit):
+        main(["episodes", str(tmp_path), "--best", "--worst"])
