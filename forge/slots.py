@@ -2,7 +2,7 @@
 
 | slot | called as | built-ins |
 |---|---|---|
-| ``REWARD`` | ``fn(prompt, response, target) -> float | dict[str, float]`` | exact_match, math, thinking, length |
+| ``REWARD`` | ``fn(prompt, response, target) -> float | dict[str, float]`` | exact_match, math, thinking, length, reasoning_gym |
 | ``REWARD_AGGREGATOR`` | ``fn(components_g: list[dict]) -> list[float]`` (one group) | weighted_sum, min, pareto |
 | ``GROUP_FILTER`` | ``fn(group: list[Episode]) -> bool`` | nonzero_variance, keep_all |
 | ``ADVANTAGE`` | ``fn(rewards_b: Tensor, group_size: int) -> Tensor`` | grpo, dr_grpo, rloo |
@@ -10,8 +10,8 @@
 | ``LOSS`` | ``fn(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt, **_) -> (loss, metrics)`` | grpo, ppo, reinforce, gspo |
 | ``KL`` | ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` | k1, k2, k3 |
 | ``REFERENCE_UPDATE`` | ``fn(ref_sd, policy_sd, version) -> bool`` (edits ``ref_sd`` in place) | none, ema, reset (``ReferenceUpdateConfig.type``) |
-| ``DATA_SOURCE`` | a factory; the object has ``sample()`` and ``heldout()`` | jsonl, hf |
-| ``ENVIRONMENT`` | a factory; the object has ``reset(task)`` and ``step(action)`` | (apps provide them) |
+| ``DATA_SOURCE`` | a factory; the object has ``sample()`` and ``heldout()`` | jsonl, hf, reasoning_gym, verifiers |
+| ``ENVIRONMENT`` | a factory; the object has ``reset(task)`` and ``step(action)`` | verifiers, textarena, openenv |
 
 A YAML value is a built-in name, an import string ``pkg.module:attr``, or
 ``{fn: <either>, kwargs: {...}}``; Python callers pass the callable itself.
@@ -41,6 +41,7 @@ REWARD = Slot(
         "math": "forge.rewards.math_reward:MathReward",
         "thinking": "forge.rewards.format:ThinkingReward",
         "length": "forge.rewards.format:LengthPenalty",
+        "reasoning_gym": "forge.integrations.reasoning_gym:ReasoningGymReward",
     },
     call=("prompt", "response", "target"),
 )
@@ -102,8 +103,22 @@ REFERENCE_UPDATE = Slot(
 )
 DATA_SOURCE = Slot(
     "data source",
-    {"jsonl": "forge.data.sources:JsonlSource", "hf": "forge.data.sources:HFSource"},
+    {
+        "jsonl": "forge.data.sources:JsonlSource",
+        "hf": "forge.data.sources:HFSource",
+        "reasoning_gym": "forge.integrations.reasoning_gym:ReasoningGymSource",
+        "verifiers": "forge.integrations.verifiers:VerifiersSource",
+    },
     factory=True,
     needs=("sample", "heldout"),
 )
-ENVIRONMENT = Slot("environment", {}, factory=True, needs=("reset", "step"))
+ENVIRONMENT = Slot(
+    "environment",
+    {
+        "verifiers": "forge.integrations.verifiers:VerifiersEnv",
+        "textarena": "forge.integrations.textarena:TextArenaEnv",
+        "openenv": "forge.integrations.openenv:OpenEnvClient",
+    },
+    factory=True,
+    needs=("reset", "step"),
+)
