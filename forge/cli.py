@@ -5,6 +5,7 @@
     forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
     forge top [RUN_DIR] [--once]
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
+    forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -41,6 +42,18 @@ def _top(args: argparse.Namespace) -> int:
         return top_main(args.run_dir, once=args.once, interval=args.interval)
     except ValueError as e:
         print(f"forge top: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from controller._runtime import install_signal_handlers
+    from forge.evaluation.command import main as eval_main
+
+    install_signal_handlers()
+    try:
+        return eval_main(args.config, args.checkpoint, args.sets, args.out, args.overrides)
+    except ValueError as e:
+        print(f"forge eval: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -81,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     top.set_defaults(fn=_top)
+    ev = sub.add_parser("eval", help="evaluate a saved policy on a config's evaluation sets")
+    ev.add_argument("--config", required=True, help="an RL (or pipeline) run config")
+    ev.add_argument("--checkpoint", help="a model directory, or a run directory with one")
+    ev.add_argument("--sets", help="comma-separated set names (default: all)")
+    ev.add_argument("--out", help="the JSON file (default: <checkpoint>/eval.json)")
+    ev.add_argument("overrides", nargs="*", metavar="a.b=c", help="config overrides")
+    ev.set_defaults(fn=_eval)
     eps = sub.add_parser("episodes", help="show the episodes a run wrote (what the policy does)")
     eps.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or its rl stage)")
     eps.add_argument("--step", type=int, help="the step to show (default: the last)")

@@ -115,8 +115,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
         await sync.resume(version)
     flush = ActorMetrics(log, s["trainer"], s["generator"], s["buffer"])
     critic = GAECritic(s["critic"], cfg.critic, cfg.whiten_advantages) if cfg.critic else None
-    evaluate = Evaluator(scorer, s["generator"], await s["data"].heldout.call_one(),
-                         cfg.eval_reward_fn(), cfg.eval.max_tokens, log, before=sync.wait)  # fmt: skip
+    evaluate = Evaluator.of_run(cfg, scorer, s["generator"], await s["data"].heldout.call_one(),
+                                log, before=sync.wait)  # fmt: skip
     if cfg.eval.at_start and not resume:
         await evaluate(version)
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version

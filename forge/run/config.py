@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.evaluation.sets import EvalSet
 from forge.generation.backend import GeneratorConfig
 from forge.models.reward_model import RewardModelConfig
 from forge.plugins import Spec
@@ -49,13 +50,22 @@ RENAMED = {
 class EvalConfig:
     """Greedy evaluation on the data source's held-out items: before training (``at_start``),
     after it (``at_end``) and every ``every`` steps (0: never). ``reward`` scores held-out
-    answers (default: the first of ``rewards``); with an environment, its success decides."""
+    answers (default: the first of ``rewards``); with an environment, its success decides.
+    ``sets``: named evaluation sets evaluated at the same times (``forge.evaluation``:
+    other sources, environments, ``n`` samples for pass@k); ``forge eval`` runs them on a
+    saved policy."""
 
     at_start: bool = True
     at_end: bool = True
     every: int = 0
     max_tokens: int = 8
     reward: Spec | None = None
+    sets: list[EvalSet] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.sets]
+        if len(set(names)) < len(names):
+            raise ValueError(f"eval.sets: names must be unique, got {names}")
 
 
 @dataclass

@@ -1,13 +1,17 @@
-"""Greedy evaluation of the policy on held-out items, on the run's generator service.
+"""Evaluation of the policy during a run, on the run's generator service (rollouts go on).
 
-Single-turn: the exact reward of each greedy answer (``eval/heldout_accuracy``). Multi-turn:
-greedy episodes in the environment, their success rate and mean turns.
+The run's own held-out items: single-turn, the exact reward of each greedy answer
+(``eval/heldout_accuracy``); multi-turn, greedy episodes in the environment, their success
+rate and mean turns. Then each named set of ``eval.sets`` (``forge.evaluation``):
+``eval/<name>/pass@k``, ``eval/<name>/reward``... in the same row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from forge.evaluation.harness import Defaults, evaluate_set
 from forge.observability.names import M
 from forge.rollout.episodes import EpisodeScorer, heldout_success
 from forge.rollout.groups import heldout_accuracy
@@ -31,12 +35,30 @@ async def evaluate_policy(
 class Evaluator:
     """A run's evaluations: ``await evaluator(step)`` waits for ``before`` (e.g. the weight
     load in flight), evaluates, logs the metrics as a row of ``log`` and keeps the score in
-    ``scores`` (``{step: held-out accuracy or success rate}``)."""
+    ``scores`` (``{step: held-out accuracy or success rate}``). ``sets``: named evaluation
+    sets (``forge.evaluation.EvalSet``) evaluated after the held-out items; ``defaults``
+    what they leave out (``forge.evaluation.Defaults``); ``tokenizer`` plays their
+    episodes."""
 
-    def __init__(self, scorer, generator, heldout, reward_fn, max_tokens, log, before=None):
+    def __init__(self, scorer, generator, heldout, reward_fn, max_tokens, log, before=None,
+                 sets=(), defaults: Defaults | None = None, tokenizer: Any = None):  # fmt: skip
         self.scorer, self.generator, self.heldout = scorer, generator, heldout
         self.reward_fn, self.max_tokens, self.log, self.before = reward_fn, max_tokens, log, before
+        self.sets, self.defaults, self.tokenizer = list(sets), defaults or Defaults(), tokenizer
         self.scores: dict[int, float] = {}
+
+    @staticmethod
+    def of_run(cfg, scorer, generator, heldout: list[dict], log, before=None) -> Evaluator:
+        """The evaluator of an RL run config (``forge.run.config.RLConfig``)."""
+        reward = cfg.eval_reward_fn()
+        defaults = Defaults(heldout, [reward] if reward else [], cfg.env, cfg.eval.max_tokens)
+        tokenizer = getattr(scorer, "tokenizer", None)
+        if tokenizer is None and any(s.env is not None for s in cfg.eval.sets):
+            from forge.models import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.policy.model)
+        return Evaluator(scorer, generator, heldout, reward, cfg.eval.max_tokens, log,
+                         before, cfg.eval.sets, defaults, tokenizer)  # fmt: skip
 
     async def __call__(self, step: int) -> float:
         if self.before is not None:
@@ -44,6 +66,9 @@ class Evaluator:
         metrics = await evaluate_policy(
             self.scorer, self.generator, self.heldout, self.reward_fn, self.max_tokens
         )
+        for es in self.sets:
+            m = await evaluate_set(es, self.generator, self.tokenizer, self.defaults)
+            metrics.update({f"eval/{es.name}/{k}": v for k, v in m.items()})
         self.log.record(step, metrics)
         self.scores[step] = metrics[M.HELDOUT_ACCURACY]
         return self.scores[step]

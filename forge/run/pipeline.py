@@ -117,7 +117,9 @@ async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: st
     rows = _rows(run_dir / "rl" / "metrics.jsonl")
     evals = {**_column(rows, M.HELDOUT_ACCURACY), **result["eval"]}
     turns = _column(rows, M.MEAN_TURNS)
-    plot_curves(result["history"], [M.REWARD, M.LOSS, M.HELDOUT_ACCURACY], run_dir / "curves.png")
+    sets = [f"eval/{x.name}/pass@1" for x in getattr(getattr(cfg.rl, "eval", None), "sets", [])]
+    keys = [M.REWARD, M.LOSS, M.HELDOUT_ACCURACY, *sets]
+    plot_curves(result["history"], keys, run_dir / "curves.png")
     print(f"[{name}] curves: {run_dir / 'curves.png'}")
     nan = float("nan")
     return {
