@@ -46,3 +46,22 @@ def test_rows_need_no_target_and_transcripts_pass(tmp_path):
 def test_rewards_that_need_a_target_say_so():
     with pytest.raises(ValueError, match="exact_match: the item has no target"):
         ExactMatch()("q", "42", None)
+
+
+def test_the_documented_multi_turn_sft_row_trains(tmp_path):
+    """docs/environments.md's transcript example: a valid row whose assistant turns (the
+    tool call and the answer) are learned and whose tool result is not."""
+    import re
+
+    from forge.data.sft import sft_batch
+    from forge.models import load_tokenizer, make_tiny_model
+    from tests.helpers import REPO
+
+    doc = (REPO / "docs/environments.md").read_text()
+    row = json.loads(re.search(r'```json\n(\{"messages".*?)\n```', doc, re.S).group(1))
+    tok = load_tokenizer(str(make_tiny_model(tmp_path / "m", preset="tiny")))
+    batch = sft_batch(tok, [row])
+    learned = batch.input_ids_bt[0][batch.response_mask_bt[0].bool()].tolist()
+    text = tok.decode(learned)
+    assert '"name": "lookup"' in text and text.rstrip().endswith("17<|im_end|>")
+    assert text.count("17") == 1  # the answer, not the tool's result
