@@ -19,8 +19,9 @@ the string, what was wrong, and lists the built-ins::
 
 *Factory* slots (data sources, environments) hold something that is built later, in the
 process that uses it (a data source is built inside its actor); there, resolving checks the
-import and that the keyword arguments fit the constructor, and returns a zero-argument
-factory.
+import and that the keyword arguments fit the constructor, calls the factory's own
+``check_config(**kwargs)`` when it has one (a cheap check that builds nothing, e.g. that a
+game id exists), and returns a zero-argument factory.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ class Slot:
             )
         if not callable(obj):
             raise TypeError(f"{label!r} is a {type(obj).__name__}, not a callable {self.kind}")
-        if self.factory:
-            return self._factory(obj, label, kwargs)
+        if self.factory:  # a configured spec (not a Python object) is checked whole
+            return self._factory(obj, label, kwargs, check=isinstance(spec, PluginSpec))
         fn = self._bind(obj, label, kwargs)
         self._check_call(fn, label)
         return fn
@@ -200,10 +201,18 @@ class Slot:
         self._check_needs(obj, label)
         return functools.partial(obj, **kwargs) if kwargs else obj
 
-    def _factory(self, obj: Any, label: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
+    def _factory(
+        self, obj: Any, label: str, kwargs: dict[str, Any], check: bool = True
+    ) -> Callable[[], Any]:
         _check_kwargs(obj, label, kwargs)
         if inspect.isclass(obj):
             self._check_needs(obj, label)
+        check_config = getattr(obj, "check_config", None) if check else None
+        if callable(check_config):  # the factory's own cheap check of its arguments, at load
+            try:
+                check_config(**kwargs)
+            except (ValueError, TypeError, ImportError) as e:
+                raise ValueError(f"{label!r}: {e}") from None
         return functools.partial(obj, **kwargs)
 
     def _check_needs(self, obj: Any, label: str) -> None:

@@ -77,6 +77,12 @@ class OpenEnvClient(Environment):
         timeout_s: bound on connecting and on each answer (and on a server's start).
     """
 
+    @classmethod
+    def check_config(cls, **kwargs: Any) -> None:
+        """At config load: the arguments must make an environment (building one is cheap:
+        nothing is played or connected before ``reset``)."""
+        cls(**kwargs)
+
     def __init__(
         self,
         base_url: str = "",

@@ -107,6 +107,12 @@ class TextArenaEnv(Environment):
     same game, e.g. the random opponent answers a move the same way) and ``player_id``.
     """
 
+    @classmethod
+    def check_config(cls, **kwargs: Any) -> None:
+        """At config load: the arguments must make an environment (building one is cheap:
+        nothing is played or connected before ``reset``)."""
+        cls(**kwargs)
+
     def __init__(
         self,
         game: str,

@@ -118,6 +118,16 @@ class VerifiersEnv:
     agents the policy plays (default: its only one). Roles other than it are not served.
     """
 
+    @staticmethod
+    def check_config(load: str = "", kwargs: dict | None = None, role: str = "") -> None:
+        """At config load: an import-string ``load`` must import (nothing is built)."""
+        if not isinstance(load, str) or not load:
+            raise ValueError(
+                f"verifiers: load must be 'pkg.module:attr' or a taskset id, got {load!r}"
+            )
+        if ":" in load:
+            import_string(load)
+
     def __init__(self, load: str, kwargs: dict | None = None, role: str = "") -> None:
         self.env = load_env(load, kwargs)
         from verifiers.v1.configs.agent import agent_config_fields
