@@ -91,6 +91,19 @@ _EXPORTS: dict[str, str] = {
     "StepResult": "forge.envs",
     "Tool": "forge.envs",
     "tool": "forge.envs",
+    "ToolSpec": "forge.envs.tool_specs",
+    # evaluation
+    "EvalSet": "forge.evaluation",
+    "evaluate_set": "forge.evaluation",
+    "pass_at_k": "forge.evaluation",
+    # environments and datasets from the ecosystem (their packages load when built)
+    "ReasoningGymSource": "forge.integrations.reasoning_gym",
+    "ReasoningGymReward": "forge.integrations.reasoning_gym",
+    "VerifiersEnv": "forge.integrations.verifiers",
+    "VerifiersSource": "forge.integrations.verifiers",
+    "TextArenaEnv": "forge.integrations.textarena",
+    "TextArenaSeeds": "forge.integrations.textarena",
+    "OpenEnvClient": "forge.integrations.openenv",
     # extension points
     "PluginSpec": "forge.plugins",
     "Slot": "forge.plugins",

@@ -10,7 +10,7 @@
 | ``LOSS`` | ``fn(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt, **_) -> (loss, metrics)`` | grpo, ppo, reinforce, gspo |
 | ``KL`` | ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` | k1, k2, k3 |
 | ``REFERENCE_UPDATE`` | ``fn(ref_sd, policy_sd, version) -> bool`` (edits ``ref_sd`` in place) | none, ema, reset (``ReferenceUpdateConfig.type``) |
-| ``DATA_SOURCE`` | a factory; the object has ``sample()`` and ``heldout()`` | jsonl, hf, reasoning_gym, verifiers |
+| ``DATA_SOURCE`` | a factory; the object has ``sample()`` and ``heldout()`` | jsonl, hf, reasoning_gym, verifiers, seeds |
 | ``ENVIRONMENT`` | a factory; the object has ``reset(task)`` and ``step(action)`` | verifiers, textarena, openenv |
 
 A YAML value is a built-in name, an import string ``pkg.module:attr``, or
@@ -108,6 +108,7 @@ DATA_SOURCE = Slot(
         "hf": "forge.data.sources:HFSource",
         "reasoning_gym": "forge.integrations.reasoning_gym:ReasoningGymSource",
         "verifiers": "forge.integrations.verifiers:VerifiersSource",
+        "seeds": "forge.integrations.textarena:TextArenaSeeds",
     },
     factory=True,
     needs=("sample", "heldout"),
