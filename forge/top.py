@@ -183,7 +183,9 @@ def _progress(rl: dict[str, Any]) -> Table:
         grid.add_row("reward", f"{r}  {_spark(rl.get('reward_history') or [])}")
     ev = rl.get("eval")
     if ev:
-        vals = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in ev.items() if k != "step")
+        vals = "  ".join(
+            f"{k.removeprefix('eval/')} {v:.3f}" for k, v in ev.items() if _headline_eval(k)
+        )
         grid.add_row("last eval", f"step {ev['step']}: {vals}")
     buf = rl.get("buffer") or {}
     if buf:
@@ -324,3 +326,11 @@ def main(run_dir: str | None, once: bool = False, interval: float = 1.0) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _headline_eval(key: str) -> bool:
+    """The evaluation values worth a glance: the run's own held-out score and turns, and
+    each named set's pass@k and mean reward (not its counts and finish reasons)."""
+    if key.count("/") < 2:
+        return key != "step"
+    return key.rsplit("/", 1)[-1].startswith("pass@") or key.endswith("/reward")

@@ -190,6 +190,17 @@ def test_frame_shows_progress_versions_services_and_meshes():
         assert want in text, (want, text)
 
 
+def test_frame_shows_the_headline_of_named_eval_sets():
+    snap = status_snapshot()
+    snap["extra"]["rl"]["eval"].update(
+        {"eval/chain/pass@1": 0.25, "eval/chain/pass@4": 0.5, "eval/chain/reward": 0.3,
+         "eval/chain/tasks": 64.0, "eval/chain/finish/stop": 1.0}
+    )  # fmt: skip
+    text = _text(render(snap, "r/status.json"))
+    assert "chain/pass@1 0.250" in text and "chain/pass@4 0.500" in text, text
+    assert "chain/reward 0.300" in text and "chain/tasks" not in text and "finish" not in text
+
+
 def test_frame_shows_the_host_of_ranks_on_other_hosts():
     """On the Ray backend ranks listen on TCP: their pids are shown with their host."""
     snap = status_snapshot()
