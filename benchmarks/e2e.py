@@ -127,7 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--forge-threads",
         type=int,
         default=None,
-        help="Forge: grpo.threads_per_actor (default: the app's own default)",
+        help="Forge: rl.threads_per_actor (default: the app's own default)",
     )
     p.add_argument("--trl-attn", choices=["eager", "sdpa"], default="eager")
     p.add_argument("--trl-compile", action="store_true", help="TRL: torch_compile=True")
@@ -202,7 +202,7 @@ def forge_config(model: Path, age: int, setup: Setup, threads: int | None = None
         "rl.metrics=[]",
     ]
     if threads is not None:
-        overrides.append(f"grpo.threads_per_actor={threads}")
+        overrides.append(f"rl.threads_per_actor={threads}")
     return load_app(TASK_YAML, overrides)[1].grpo
 
 

@@ -7,7 +7,7 @@
       sets:
         - {name: heldout}                                  # the run's own held-out items
         - name: chain_sum
-          data: {fn: reasoning_gym, kwargs: {name: chain_sum, size: 64}}
+          data: {fn: reasoning_gym, kwargs: {name: chain_sum, heldout_size: 64}}
           rewards: [{fn: reasoning_gym, kwargs: {name: chain_sum}}]
           n: 4                                             # samples per task: pass@1..4
           k: [1, 4]

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from typing import Any
 
 from forge.data.sources import RecordSource
 
 __all__ = ["ReasoningGymReward", "ReasoningGymSource", "make_dataset"]
-
-# Keys of ReasoningGymSource itself, never handed to the dataset's config.
-_SOURCE_KEYS = ("size", "seed", "heldout_size", "heldout_seed", "system_prompt")
 
 
 def _registry() -> dict[str, tuple[type, type]]:
@@ -39,13 +37,10 @@ def _registry() -> dict[str, tuple[type, type]]:
     return DATASETS
 
 
-def _config_fields(config_cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(config_cls)]
-
-
-def check_config(name: str, config: dict[str, Any]) -> tuple[type, type]:
-    """``(dataset class, config class)`` of ``name``; ``ValueError`` for an unknown dataset
-    (with close names) or a key its config does not have (with the valid keys)."""
+def _dataset_config(name: str, config: dict[str, Any]) -> tuple[type, Any]:
+    """``(dataset class, validated config object)`` of ``name``: ``ValueError`` for an unknown
+    dataset (with close names), a key its config does not have (with the valid keys), or a
+    value its ``validate`` rejects. ``composite`` takes ``datasets`` as mappings."""
     registry = _registry()
     if name not in registry:
         close = difflib.get_close_matches(name, list(registry), n=3)
@@ -55,32 +50,36 @@ def check_config(name: str, config: dict[str, Any]) -> tuple[type, type]:
             "python -c 'from reasoning_gym.factory import DATASETS; print(sorted(DATASETS))')"
         )
     dataset_cls, config_cls = registry[name]
-    valid = _config_fields(config_cls)
+    valid = [f.name for f in dataclasses.fields(config_cls)]
     unknown = sorted(set(config) - set(valid))
     if unknown:
         raise ValueError(
-            f"reasoning_gym dataset {name!r} has no config key(s) {unknown}; its keys are "
-            f"{valid} (and the source's own: {list(_SOURCE_KEYS)})"
+            f"reasoning_gym dataset {name!r} has no config key(s) {unknown}; its keys are {valid}"
         )
-    return dataset_cls, config_cls
+    try:
+        if name == "composite" and config.get("datasets"):
+            from reasoning_gym.composite import DatasetSpec
+
+            specs = [
+                d if isinstance(d, DatasetSpec) else DatasetSpec(**d) for d in config["datasets"]
+            ]
+            config = {**config, "datasets": specs}
+        cfg = config_cls(**config)
+        if callable(getattr(cfg, "validate", None)):
+            cfg.validate()  # reasoning-gym validates by assert
+    except (AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"reasoning_gym dataset {name!r} rejects config {config}: {e}") from None
+    return dataset_cls, cfg
 
 
 def make_dataset(name: str, **config: Any) -> Any:
-    """``reasoning_gym.create_dataset(name, **config)`` with its errors made plain: an unknown
-    name or key, or a value the config's ``validate`` rejects, is a ``ValueError`` naming the
-    dataset. ``composite`` takes ``datasets`` as ``{name, weight, config}`` mappings."""
-    check_config(name, config)
-    if name == "composite" and config.get("datasets"):
-        from reasoning_gym.composite import DatasetSpec
-
-        config["datasets"] = [
-            d if isinstance(d, DatasetSpec) else DatasetSpec(**d) for d in config["datasets"]
-        ]
-    from reasoning_gym import create_dataset
-
+    """What ``reasoning_gym.create_dataset(name, **config)`` makes, its errors made plain: an unknown
+    name or key, or a value the config rejects, is a ``ValueError`` naming the dataset.
+    ``composite`` takes ``datasets`` as ``{name, weight, config}`` mappings."""
+    dataset_cls, cfg = _dataset_config(name, config)
     try:
-        return create_dataset(name, **config)
-    except (AssertionError, TypeError, ValueError) as e:  # reasoning-gym validates by assert
+        return dataset_cls(config=cfg)
+    except (AssertionError, TypeError, ValueError) as e:
         raise ValueError(f"reasoning_gym dataset {name!r} rejects config {config}: {e}") from None
 
 
@@ -115,8 +114,16 @@ class ReasoningGymSource(RecordSource):
             text: the prompt is then ``[system, user]`` chat messages.
         **config: the dataset's config (``min_terms``, ``max_digits``, ...).
 
-    An unknown ``name`` or config key is a ``ValueError`` listing close names / valid keys.
+    An unknown ``name`` or config key is a ``ValueError`` listing close names / valid keys;
+    ``check_config`` raises it when the run's config loads.
     """
+
+    @classmethod
+    def check_config(cls, name: str, **kwargs: Any) -> None:
+        """The constructor's errors for a bad dataset name, config key or value, with nothing
+        generated (``forge.plugins`` calls it when the config loads)."""
+        own = inspect.signature(cls.__init__).parameters
+        _dataset_config(name, {k: v for k, v in kwargs.items() if k not in own})
 
     def __init__(
         self,
@@ -130,16 +137,20 @@ class ReasoningGymSource(RecordSource):
     ):
         if size < 1 or heldout_size < 0:
             raise ValueError(f"need size >= 1 and heldout_size >= 0, got {size}, {heldout_size}")
-        check_config(name, config)
         self.name = name
+
+        def item(entry: dict, task_id: str) -> dict:
+            prompt = _prompt(entry["question"], system_prompt)
+            return {"prompt": prompt, "target": dict(entry), "task_id": task_id}
+
         held: dict[str, dict] = {}
         if heldout_size:
             data = make_dataset(name, **config, size=heldout_size, seed=heldout_seed)
             for i, entry in enumerate(data):
-                held.setdefault(entry["question"], self._item(entry, f"{name}-heldout-{i}"))
+                held.setdefault(entry["question"], item(entry, f"{name}-heldout-{i}"))
         data = make_dataset(name, **config, size=size, seed=seed)
         train = [
-            self._item(entry, f"{name}-{seed}-{i}")
+            item(entry, f"{name}-{seed}-{i}")
             for i, entry in enumerate(data)
             if entry["question"] not in held
         ]
@@ -148,19 +159,7 @@ class ReasoningGymSource(RecordSource):
                 f"reasoning_gym {name!r}: all {size} training entries are held-out questions; "
                 "raise size, lower heldout_size or widen the config"
             )
-        self._system_prompt = system_prompt
-        super().__init__(
-            [self._with_prompt(it) for it in train],
-            [self._with_prompt(it) for it in held.values()],
-            seed,
-        )
-
-    @staticmethod
-    def _item(entry: dict, task_id: str) -> dict:
-        return {"target": dict(entry), "task_id": task_id}
-
-    def _with_prompt(self, item: dict) -> dict:
-        return {"prompt": _prompt(item["target"]["question"], self._system_prompt), **item}
+        super().__init__(train, list(held.values()), seed)
 
 
 class ReasoningGymReward:
@@ -176,12 +175,11 @@ class ReasoningGymReward:
     Args:
         name: the reasoning-gym dataset whose ``score_answer`` scores.
         binary: full marks or nothing (see above).
-        **config: that dataset's config, as given to the source (some datasets score by it).
+        **config: that dataset's config, the source's ``**config`` (some datasets score by it).
     """
 
     def __init__(self, name: str, binary: bool = False, **config: Any):
-        self.name, self.binary = name, binary
-        self._config = {k: v for k, v in config.items() if k not in _SOURCE_KEYS}
+        self.name, self.binary, self._config = name, binary, config
         self._dataset = make_dataset(name, **self._config)  # a bad name fails at load
 
     def __getstate__(self) -> dict:

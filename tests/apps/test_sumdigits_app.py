@@ -83,7 +83,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
         env=env,
         cwd=REPO,
     )
-    latest = run / "grpo" / "checkpoints" / "latest"
+    latest = run / "rl" / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         if latest.exists() and json.loads(latest.read_text())["step"] >= 6:
@@ -97,7 +97,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
 
     out = _forge(["--resume", str(run)], tmp_path, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"resumed from {run / 'grpo' / 'checkpoints' / 'step_000006'} (step 6)" in out.stdout
+    assert f"resumed from {run / 'rl' / 'checkpoints' / 'step_000006'} (step 6)" in out.stdout
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     resumed_steps = [r["step"] for r in rows if "train/loss" in r][-2:]
     assert resumed_steps == [7, 8]
@@ -120,11 +120,11 @@ def test_config_mistakes_fail_before_spawning(tmp_path):
     # A misspelt reward name fails at load too, before the SFT stage spawns anything.
     t0 = time.monotonic()
     out = _forge(
-        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "grpo.rewards=[nope]"],
+        ["--config", CONFIG, "--run-dir", str(tmp_path / "r"), "rl.rewards=[nope]"],
         tmp_path,
         timeout=120,
     )
     assert out.returncode == 2 and time.monotonic() - t0 < 60
-    assert "grpo.rewards" in out.stderr or "rewards[0]" in out.stderr
+    assert "rl.rewards" in out.stderr or "rewards[0]" in out.stderr
     assert "'nope' is not a built-in reward function" in out.stderr and "exact_match" in out.stderr
     assert not (tmp_path / "r" / "sft").exists()

@@ -252,9 +252,9 @@ def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
     for h in hosts.hosts:  # a relayed copy on the host's own /dev/shm, the pushed file on one
         want = "forge-w-" if h.ns == trainer_host else "forge-w-relay-"
         assert want in shm[h.ns], (h.ns, shm[h.ns])
-    assert (run / "grpo" / "checkpoints" / "latest").exists()
-    latest = json.loads((run / "grpo" / "checkpoints" / "latest").read_text())["dir"]
-    assert (run / "grpo" / "checkpoints" / latest / "trainer" / "model.safetensors").exists()
+    assert (run / "rl" / "checkpoints" / "latest").exists()
+    latest = json.loads((run / "rl" / "checkpoints" / "latest").read_text())["dir"]
+    assert (run / "rl" / "checkpoints" / latest / "trainer" / "model.safetensors").exists()
 
 
 def _generator_replicas(run: Path) -> list[dict]:
