@@ -40,9 +40,7 @@ def one_run(backend: str, steps: int) -> tuple[float, float]:
         wall = time.monotonic() - t0
         if out.returncode != 0:
             raise RuntimeError(f"{backend} run failed:\n{out.stderr[-3000:]}")
-        rows = [
-            json.loads(x) for x in Path(f"{tmp}/run/rl/metrics.jsonl").read_text().splitlines()
-        ]
+        rows = [json.loads(x) for x in Path(f"{tmp}/run/rl/metrics.jsonl").read_text().splitlines()]
     steps_s = [r["time/step_s"] for r in rows if "time/step_s" in r][WARMUP:]
     return statistics.median(steps_s), wall
 
