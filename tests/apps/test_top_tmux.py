@@ -44,7 +44,7 @@ def _grpo_step(status: Path) -> int:
         rl = json.loads(status.read_text())["extra"].get("rl") or {}
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return 0
-    return rl.get("step", 0) if rl.get("stage") == "grpo" else 0
+    return rl.get("step", 0) if rl.get("stage") == "rl" else 0
 
 
 @pytest.mark.slow
