@@ -69,6 +69,7 @@ class EpisodeSamples:
     def write(self, step: int) -> None:
         if not self._pending:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             for r in self._pending:
                 f.write(json.dumps({"step": step, **r}) + "\n")

@@ -55,8 +55,7 @@ def test_records_are_written_per_step_and_selected(tmp_path):
 def test_the_command_names_what_is_missing(tmp_path, capsys):
     assert main(["episodes", str(tmp_path)]) == 2
     assert "no episodes.jsonl in" in capsys.readouterr().err
-    samples = EpisodeSamples(tmp_path / "rl")
-    (tmp_path / "rl").mkdir()
+    samples = EpisodeSamples(tmp_path / "rl")  # the directory is made on the first write
     samples.add([episode_record(_episode(1.0), [{"role": "user", "content": "q"}])])
     samples.write(4)
     assert main(["episodes", str(tmp_path), "--step", "9"]) == 2
