@@ -199,7 +199,10 @@ def test_sft_then_grpo_trains_on_tictactoe_episodes(tmp_path):
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 4
-    for r in steps:
+    # A step whose batch was all rolled out before the step began logs no rollout metrics.
+    played = [r for r in steps if "env/turns" in r]
+    assert len(played) >= 2, steps
+    for r in played:
         assert 1.0 <= r["env/turns"] <= 3.0 and r["env/sampled_tokens"] > 0
     # The game's components are logged once a batch has a finished game (3 turns rarely
     # finish one: most end at max_turns with no reward).
@@ -207,4 +210,4 @@ def test_sft_then_grpo_trains_on_tictactoe_episodes(tmp_path):
     # Untrained, every game is lost by two invalid moves (invalid -1, 2 turns); after the
     # SFT on valid moves, games go on.
     assert max(r.get("rollout/reward/invalid", 0.0) for r in steps) > -1.0
-    assert max(r["env/turns"] for r in steps) > 2.0
+    assert max(r["env/turns"] for r in played) > 2.0
