@@ -6,6 +6,7 @@
     forge top [RUN_DIR] [--once]
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
+    forge export RUN_DIR --merge OUT_DIR
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -80,6 +81,18 @@ def _episodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from forge.training.export import export_merged
+
+    try:
+        out = export_merged(args.run_dir, args.merge)
+    except FileNotFoundError as e:
+        print(f"forge export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"merged policy of {args.run_dir} written to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -109,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--worst", action="store_true", help="lowest rewards first (all steps)")
     eps.add_argument("-n", type=int, default=4, help="how many episodes (default 4)")
     eps.set_defaults(fn=_episodes)
+    exp = sub.add_parser("export", help="write a run's final policy as a plain HF model")
+    exp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or a model directory)")
+    exp.add_argument("--merge", required=True, metavar="OUT_DIR",
+                     help="where to write the model, LoRA adapters merged into the base")  # fmt: skip
+    exp.set_defaults(fn=_export)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "mini", "small", "llama"])

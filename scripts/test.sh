@@ -4,15 +4,15 @@
 #
 # Every optional part that runs on a CPU is installed, so its tests run rather than skip:
 # ray and monarch (the service suite also runs on Ray and on Monarch proc meshes), the titan
-# trainer backend, the tensorboard and wandb metric backends, and the ecosystem environments'
-# packages (reasoning-gym, verifiers, textarena, openenv-core). The vLLM generator tests run
+# trainer backend, the tensorboard and wandb metric backends, PEFT (LoRA), and the ecosystem
+# environments' packages (reasoning-gym, verifiers, textarena, openenv-core). The vLLM generator tests run
 # last, from a virtual environment of their own (scripts/test_vllm.sh); FORGE_CI_VLLM=0 leaves
 # them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 start=$SECONDS
-FORGE_EXTRAS=${FORGE_EXTRAS:-dev,ray,monarch,titan,tensorboard,wandb,envs} bash scripts/setup.sh
+FORGE_EXTRAS=${FORGE_EXTRAS:-dev,ray,monarch,titan,tensorboard,wandb,envs,lora} bash scripts/setup.sh
 echo "[test] setup took $((SECONDS - start)) s"
 
 echo "[test] fast tests"

@@ -89,7 +89,7 @@ async def spawn(cfg: Config, roles) -> dict:
         maybe(n.env, lambda: EnvActor.options(num_replicas=n.env, env=env).as_service(cfg.env.fn)),
         maybe(cfg.reward_model, lambda: RewardModel.options(num_replicas=n.reward_model, env=env)
               .as_service(cfg.reward_model)),
-        maybe(cfg.reference, lambda: ReferenceModel.options(env=env).as_service(cfg.reference)),
+        maybe(ref := cfg.reference_service, lambda: ReferenceModel.options(env=env).as_service(ref)),
         maybe(cfg.critic, lambda: Critic.options(env=env).as_actor(cfg.critic)),
     )  # fmt: skip
     s = dict(zip(names, parts))

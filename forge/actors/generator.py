@@ -16,7 +16,10 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
   (``None``: the latest there), swaps it in and returns the version now in use. ``mode``:
   ``"in_flight"`` (default) or ``"drain"``; see ``forge.generation.hf_backend``. With
   ``weights.share`` (default) an hf replica on CPU given a shm handle computes with the
-  pushed file in place (``forge.weights.lease_shm_file``): no copy, one copy per host.
+  pushed file in place (``forge.weights.lease_shm_file``): no copy, one copy per host. A
+  version that holds a LoRA adapter (``WeightHandle.is_adapter``, a trainer with ``lora``)
+  is pulled (a few KB to MBs) and applied to the base the replica holds
+  (``GeneratorConfig.lora_mode``, see ``forge.generation.hf_backend``).
 - ``on_recover() -> int``: called by the service layer after it restarted a crashed replica,
   before the replica takes traffic: loads the latest version published where the config
   says, by default the run's publication location (``forge.weights.pull``), if any (else

@@ -21,7 +21,8 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
     batch, the same on every rank: ``loss``, ``grad_norm`` (before clipping), ``lr``,
     ``tokens`` (response tokens), ``seconds``, ``step`` and the loss's own metrics.
 ``push_weights(version) -> WeightHandle | None``
-    Publishes the full HF-named state dict as ``version`` through ``forge.weights`` (shared
+    Publishes the full HF-named state dict (with ``lora``: only the adapter tensors and
+    their spec, ``forge.weights.adapter``) as ``version`` through ``forge.weights`` (shared
     memory by default, ``weights.type="safetensors_dir"`` for a shared filesystem) and
     returns the picklable handle on rank 0, ``None`` elsewhere. Under FSDP the shards are
     gathered to rank 0 first (a collective). Only rank 0 writes. ``weights.keep_last``
@@ -38,7 +39,9 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
     .checkpoint``); ``load`` returns the restored step.
 ``export_hf(path) -> str | None``
     Write the current weights as an HF model directory on rank 0 (e.g. an SFT result handed
-    to an RL run); the path on rank 0, ``None`` elsewhere.
+    to an RL run); the path on rank 0, ``None`` elsewhere. With ``lora``: the PEFT adapter
+    directory instead (its ``adapter_config.json`` names the base; ``forge export --merge``
+    makes a plain model of it).
 ``logprobs(batch) -> Tensor``
     ``[B, T]`` logprobs of every attended token (prompt too) of a ``TrainBatch`` at the
     current weights, no grad; for checks and trainer/reference comparisons.
@@ -175,7 +178,8 @@ class Trainer(ForgeActor):
 
     @endpoint
     def push_weights(self, version: int) -> WeightHandle | None:
-        state_dict = self.core.hf_state_dict()  # a collective under FSDP: every rank calls it
+        # A collective under FSDP: every rank calls it. With LoRA: only the adapter tensors.
+        state_dict = self.core.push_state_dict()
         if self.store is None:
             return None
         handle = self.store.push(state_dict, int(version))
@@ -206,6 +210,8 @@ class Trainer(ForgeActor):
 
         from forge.models import load_tokenizer, local_source
 
+        if self.cfg.lora is not None:
+            return self._export_adapter(path)
         state = self.core.hf_state_dict()
         if current_rank().rank != 0:
             return None
@@ -224,6 +230,19 @@ class Trainer(ForgeActor):
         with files.writing(path) as out:  # on the controller's host, wherever we run
             model.save_pretrained(out)
             load_tokenizer(source).save_pretrained(out)
+        return path
+
+    def _export_adapter(self, path: str) -> str | None:
+        """LoRA: the PEFT adapter directory (``adapter_config.json`` names the base model),
+        plus the tokenizer; ``forge export RUN_DIR --merge OUT`` merges it into a plain model,
+        and Forge's trainers and generators load it as its merged model."""
+        from forge.models import load_tokenizer, local_source
+
+        if current_rank().rank != 0:
+            return None
+        with files.writing(path) as out:
+            self.core.adapter.peft.save_pretrained(out, save_embedding_layers=False)
+            load_tokenizer(local_source(self.cfg.model)).save_pretrained(out)
         return path
 
     @endpoint

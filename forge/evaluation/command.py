@@ -26,12 +26,12 @@ __all__ = ["find_model", "run_eval"]
 
 
 def find_model(path: str | Path) -> Path:
-    """The HF model directory ``path`` names: itself, ``<path>/model`` or
+    """The HF model (or LoRA adapter) directory ``path`` names: itself, ``<path>/model`` or
     ``<path>/rl/model``. ``ValueError`` listing where it looked."""
     root = Path(path)
     for candidate in (root, root / "model", root / "rl" / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
+        if (candidate / "config.json").is_file() or (candidate / "adapter_config.json").is_file():
+            return candidate  # a model, or a LoRA adapter directory (loaded onto its base)
     raise ValueError(
         f"--checkpoint {path}: no model there (looked for config.json in {root}, "
         f"{root / 'model'} and {root / 'rl' / 'model'})"

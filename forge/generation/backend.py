@@ -25,6 +25,7 @@ import torch
 
 from forge.generation.prompts import Prompt
 from forge.types import Completion, SamplingParams
+from forge.weights.adapter import LORA_MODES
 from forge.weights.config import WeightTransportConfig
 
 __all__ = [
@@ -41,7 +42,7 @@ UPDATE_MODES = ("in_flight", "drain")
 # The GeneratorConfig fields only one backend reads; setting one for the other backend is an
 # error (it would be silently ignored).
 BACKEND_KNOBS: dict[str, tuple[str, ...]] = {
-    "hf": ("device", "attn_implementation", "prefix_cache_tokens"),
+    "hf": ("device", "attn_implementation", "prefix_cache_tokens", "lora_mode"),
     "vllm": ("engine_kwargs",),
 }
 
@@ -85,6 +86,7 @@ class GeneratorConfig:
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     prefix_cache_tokens: int = 32768
+    lora_mode: str = "merged"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -120,6 +122,11 @@ class GeneratorConfig:
             raise ValueError(
                 "GeneratorConfig.prefix_cache_tokens must be >= 0 (0 turns prefix reuse off), "
                 f"got {self.prefix_cache_tokens}"
+            )
+        if self.lora_mode not in LORA_MODES:
+            raise ValueError(
+                f"GeneratorConfig.lora_mode {self.lora_mode!r} is unknown; choose one of "
+                f"{LORA_MODES}"
             )
         if self.update_mode not in UPDATE_MODES:
             raise ValueError(

@@ -21,7 +21,11 @@ and reports it as ``generator_version``; no completion ever mixes two versions.
 - ``mode="drain"``: stop admitting, wait until nothing runs, copy in place, resume.
 
 Pushed tensors must match the model's names and shapes exactly; a dtype difference is cast
-to the model's dtype (a float32 trainer feeding a bfloat16 generator).
+to the model's dtype (a float32 trainer feeding a bfloat16 generator). A version that holds a
+LoRA adapter (``forge.weights.adapter``, pushed by a trainer with ``lora``) is applied to the
+base this replica holds (``forge.training.lora.LoraApplier``, ``GeneratorConfig.lora_mode``):
+it becomes the whole state dict with only the adapted tensors new, so the same in-place and
+in-flight paths load it, copying only what changed.
 
 Prefix reuse (``GeneratorConfig.prefix_cache_tokens``): each lane's engine keeps finished
 sequences' KV for the next turn of their conversation (see ``hf_engine``). The cache lives in
@@ -48,6 +52,7 @@ from forge.generation.backend import GeneratorBackend, GeneratorConfig
 from forge.generation.hf_engine import HFEngine
 from forge.generation.prompts import Prompt
 from forge.types import Completion, SamplingParams
+from forge.weights.adapter import unpack_adapter
 
 logger = logging.getLogger("forge.generator")
 
@@ -98,6 +103,7 @@ class HFBackend(GeneratorBackend):
         )
         self._stats.update(weight_updates=0, in_flight_updates=0, max_lanes=0)
         self._prefix_counters: Counter = Counter()  # shared by every lane's engine
+        self._lora = None  # a forge.training.lora.LoraApplier once an adapter is pushed
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -108,10 +114,12 @@ class HFBackend(GeneratorBackend):
         self._task = asyncio.create_task(self._serve(), name="hf-generator-serve")
 
     def _load(self):
-        from forge.models import load_model, load_tokenizer
+        from forge.models import load_tokenizer
+        from forge.training.lora import load_base_model
 
         cfg = self.config
-        model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.attn_implementation)
+        # (An exported LoRA policy, an adapter directory, loads as its merged model.)
+        model = load_base_model(cfg.model, cfg.dtype, cfg.device, cfg.attn_implementation)
         return model, load_tokenizer(cfg.model)
 
     def _new_lane(self, model, version: int) -> _Lane:
@@ -271,12 +279,14 @@ class HFBackend(GeneratorBackend):
                 try:
                     await self._drained.wait()
                     async with self._step_lock:
+                        state_dict = await self._full_weights(state_dict)
                         await self._swap_in_place(state_dict, version, lease)
                 finally:
                     self._paused = False
                     self._wake.set()
             else:
                 async with self._step_lock:
+                    state_dict = await self._full_weights(state_dict)
                     current = self._lanes[-1]
                     if current.futures or current.engine.has_work():
                         model = await asyncio.to_thread(
@@ -291,6 +301,26 @@ class HFBackend(GeneratorBackend):
                         await self._swap_in_place(state_dict, version, lease)
             self.version = version
             self._stats["weight_updates"] += 1
+
+    async def _full_weights(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A pushed LoRA adapter (``forge.weights.adapter``) as the tensors to load into the
+        current model (``GeneratorConfig.lora_mode``); full weights as they are. Runs under
+        the step lock: the first adapter changes the model (``forge.training.lora``)."""
+        adapter = unpack_adapter(state_dict)
+        if adapter is None:
+            return state_dict
+        from forge.training.lora import LoraApplier
+
+        spec, tensors = adapter
+        if spec.base_model != self.config.model:  # both are the policy's model, as configured
+            raise ValueError(
+                f"the pushed LoRA adapter is for base model {spec.base_model!r}, but this "
+                f"generator serves {self.config.model!r}; give both roles the policy's model"
+            )
+        if self._lora is None:
+            self._lora = LoraApplier(self.config.lora_mode)
+        model = self._lanes[-1].engine.model
+        return await asyncio.to_thread(self._lora.state_dict_for, model, spec, tensors)
 
     async def update_weights_from(self, pull, version: int, mode: str) -> None:
         """Idle replica (the common case between RL steps): pull straight into the model's
@@ -408,7 +438,8 @@ def match_weights(
 def load_in_place(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Copy ``state_dict`` into ``model``'s tensors (checked by ``match_weights``)."""
     for dst, src in match_weights(model, state_dict).values():
-        dst.copy_(src)
+        if dst.data_ptr() != src.data_ptr():  # (a LoRA update passes most tensors as they are)
+            dst.copy_(src)
 
 
 @torch.no_grad()

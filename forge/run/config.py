@@ -25,7 +25,7 @@ from forge.rollout.scoring import (
     per_member,
 )
 from forge.run.critic import check_ppo
-from forge.run.policy import PolicyConfig, check_policy, policy_defaults
+from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
 from forge.run.supervise import check_restarts
 from forge.slots import DATA_SOURCE, REWARD
 from forge.training.config import ReferenceConfig, TrainerConfig
@@ -143,6 +143,7 @@ class RLConfig:
             REWARD.validate(self.eval.reward, key="eval.reward")
         check_policy(self.policy, generator=self.generator, trainer=self.trainer,
                      reference=self.reference)  # fmt: skip
+        resolve_lora(self.trainer, self.generator, self.reference)
         for name, role in (("generator", self.generator), ("reference", self.reference)):
             if role is not None and _where(role.weights) != _where(self.trainer.weights):
                 raise ValueError(
@@ -230,6 +231,13 @@ class RLConfig:
                 "reward of an episode (its named components are the reward components); "
                 "score inside the environment's step() instead, or remove them"
             )
+
+    @property
+    def reference_service(self) -> ReferenceConfig | None:
+        """The reference to run as a ``ReferenceModel`` service: ``None`` without one or when
+        the trainer computes it (LoRA, ``reference.mode=adapter_disabled``)."""
+        ref = self.reference
+        return ref if ref is not None and ref.mode == "separate" else None
 
     def reward_fns(self) -> list[Callable]:
         """The resolved reward functions."""

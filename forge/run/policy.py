@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PolicyConfig", "check_policy", "policy_defaults", "retarget"]
+__all__ = ["PolicyConfig", "check_policy", "policy_defaults", "resolve_lora", "retarget"]
 
 SAME_MODEL = ("generator", "trainer")  # these are the policy: same model, no exceptions
 OWN_MODEL_ALLOWED = ("reference", "critic")  # may name another model on purpose
@@ -86,6 +86,45 @@ def check_policy(policy: PolicyConfig, **roles: Any) -> None:
                 f"skew every policy ratio; remove {name}.temperature (it follows "
                 "policy.temperature)"
             )
+
+
+def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
+    """A LoRA policy (``trainer.lora``): generators must apply pushed adapters (hf backend),
+    and the reference's ``mode: auto`` becomes ``adapter_disabled`` (the trainer's own model
+    with the adapter off; no reference service) or, without LoRA, ``separate``. Sets
+    ``trainer.lora.disabled_reference`` accordingly; ``ValueError`` for what cannot work."""
+    lora = trainer.lora
+    if reference is not None and reference.mode == "auto":
+        reference.mode = "separate" if lora is None else "adapter_disabled"
+    if lora is None:
+        if reference is not None and reference.mode == "adapter_disabled":
+            raise ValueError(
+                "reference.mode=adapter_disabled needs trainer.lora (the reference is the "
+                "trainer's model with its adapter disabled); add trainer.lora or set "
+                "reference.mode: separate"
+            )
+        return
+    if generator.backend != "hf":
+        raise ValueError(
+            f"trainer.lora pushes LoRA adapters, which generator.backend {generator.backend!r} "
+            "cannot apply yet (vLLM's enable_lora path is not implemented); use "
+            "generator.backend: hf, or remove trainer.lora"
+        )
+    if reference is not None and reference.update.type != "none":
+        raise ValueError(
+            f"reference.update.type={reference.update.type!r} moves the reference towards "
+            "pushed versions, which with trainer.lora are adapters the reference cannot apply "
+            "yet; use reference.update.type: none (the base model) or full fine-tuning"
+        )
+    lora.disabled_reference = reference is not None and reference.mode == "adapter_disabled"
+    if not lora.disabled_reference:
+        return
+    if reference.model != trainer.model:
+        raise ValueError(
+            f"reference.model={reference.model!r} is not the policy's base model "
+            f"{trainer.model!r}, so it cannot be the trainer's model with the adapter "
+            "disabled; set reference.mode: separate to run it as its own service"
+        )
 
 
 def retarget(cfg: Any, model: str) -> None:

@@ -10,16 +10,21 @@ next step's credits so new rollouts run on it.
 
 With ``overlap`` (rollouts may be a version old) the replicas load the weights beside the
 trainer's next step: its next batch is (mostly) already in the buffer. The previous load is
-always finished before the next push, which may reuse its files.
+always finished before the next push, which may reuse its files. Each push logs its size
+(``weights/push_bytes``) and the trainer's time publishing it (``weights/push_s``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WeightSync"]
+__all__ = ["PUSH_BYTES", "PUSH_S", "WeightSync"]
+
+PUSH_BYTES = "weights/push_bytes"  # bytes the trainer published for the step's version
+PUSH_S = "weights/push_s"  # seconds of the trainer's push_weights call
 
 
 class WeightSync:
@@ -43,7 +48,11 @@ class WeightSync:
         """Publish ``version`` from the trainer and start loading it on the replicas
         (awaited here unless ``overlap``)."""
         await self.wait()  # the last version's pull ends before the next push reuses it
+        t0 = time.perf_counter()
         handle = (await self.trainer.push_weights.call(version)).item(procs=0)
+        if self.log is not None:  # (a LoRA policy pushes only its adapter: a few KB to MBs)
+            self.log.add(PUSH_BYTES, [float(handle.nbytes)])
+            self.log.add(PUSH_S, [time.perf_counter() - t0])
         self._pending = asyncio.ensure_future(self._load(version, handle))
         if not self.overlap:
             await self.wait()

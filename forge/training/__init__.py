@@ -1,16 +1,24 @@
 """Training internals the ``Trainer`` and ``ReferenceModel`` actors wrap (testable without
 processes): typed configs, the LR schedule, DDP/FSDP2 wrapping, the optimisation core,
-checkpoints, and the reference model's logprob computation. ``forge.training.titan`` (the
+checkpoints, the reference model's logprob computation, and LoRA (``forge.training.lora``,
+which needs ``forge[lora]`` only when ``trainer.lora`` is set). ``forge.training.titan`` (the
 torchtitan backend) is imported only when ``backend="titan"`` is chosen.
 """
 
 from forge.training.checkpoint import load_checkpoint, save_checkpoint
-from forge.training.config import OptimizerConfig, ReferenceConfig, ScheduleConfig, TrainerConfig
+from forge.training.config import (
+    LoraConfig,
+    OptimizerConfig,
+    ReferenceConfig,
+    ScheduleConfig,
+    TrainerConfig,
+)
 from forge.training.hf_trainer import TrainerCore, loss_denominator
 from forge.training.reference import ReferenceCore
 from forge.training.schedule import build_scheduler, lr_multiplier
 
 __all__ = [
+    "LoraConfig",
     "OptimizerConfig",
     "ReferenceConfig",
     "ReferenceCore",

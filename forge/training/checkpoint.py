@@ -4,6 +4,8 @@ Layout of a checkpoint directory::
 
     model.safetensors     full HF-named weights (with config.json: loadable by load_model)
     config.json
+    adapter.safetensors   instead of model.safetensors with ``trainer.lora``: the adapter's
+                          tensors only (PEFT's keys); the base is the config's model
     trainer_state.pt      optimizer state keyed by parameter name, scheduler, step
     rng_rank<r>.pt        python, numpy, torch (and CUDA) RNG states of rank r
 
@@ -28,6 +30,7 @@ from forge.training import parallel
 __all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
 
 MODEL_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter.safetensors"
 STATE_FILE = "trainer_state.pt"
 
 
@@ -65,12 +68,13 @@ def save_checkpoint(path: str | Path, core) -> Path:
     """Write ``core`` (a ``TrainerCore``) to ``path``. Call on every rank (collectives)."""
     path = Path(path)
     rank, _ = parallel.rank_and_world()
-    weights = parallel.full_state_dict(core.model)
+    lora = core.cfg.lora is not None
+    weights = _adapter(core) if lora else parallel.full_state_dict(core.model)
     state = core.state()
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
         # Native names: a titan model's checkpoint reloads into a titan model.
-        save_file(_unaliased(weights), str(path / MODEL_FILE))
+        save_file(_unaliased(weights), str(path / (ADAPTER_FILE if lora else MODEL_FILE)))
         core.adapter.save_config(path)
         torch.save(state, path / STATE_FILE)
     _barrier()  # the directory exists before other ranks write into it
@@ -89,12 +93,37 @@ def load_checkpoint(path: str | Path, core) -> None:
             f"{path} is not a complete trainer checkpoint for rank {rank} (needs {MODEL_FILE}, "
             f"{STATE_FILE} and {rng_file.name}); write one with Trainer.save(dir)"
         )
-    weights = load_file(str(path / MODEL_FILE), device="cpu")
-    model_sd = parallel.unwrap(core.model).state_dict()
-    # Tied parameters share one tensor: the file holds each name, loading them all is fine.
-    weights = {k: v.to(model_sd[k].device) for k, v in weights.items() if k in model_sd}
-    parallel.load_full_state_dict(core.model, weights)
+    if core.cfg.lora is not None:
+        _load_adapter(core, path / ADAPTER_FILE)
+    else:
+        weights = load_file(str(path / MODEL_FILE), device="cpu")
+        model_sd = parallel.unwrap(core.model).state_dict()
+        # Tied parameters share one tensor: the file holds each name, loading them all is fine.
+        weights = {k: v.to(model_sd[k].device) for k, v in weights.items() if k in model_sd}
+        parallel.load_full_state_dict(core.model, weights)
     # weights_only=False: the file holds numpy RNG state and scheduler dicts written by us.
     core.load_state(torch.load(path / STATE_FILE, weights_only=False))
     set_rng_state(torch.load(rng_file, weights_only=False))
     _barrier()
+
+
+def _adapter(core) -> dict[str, torch.Tensor]:
+    from forge.training.lora import adapter_tensors
+
+    return adapter_tensors(core.adapter.peft)
+
+
+def _load_adapter(core, file: Path) -> None:
+    if not file.exists():
+        raise FileNotFoundError(
+            f"{file.parent} has no {ADAPTER_FILE}: it is not a checkpoint of a LoRA trainer "
+            "(trainer.lora must match the run that wrote it)"
+        )
+    from forge.training.lora import import_peft
+
+    tensors = load_file(str(file), device=core.device)
+    result = import_peft().set_peft_model_state_dict(core.adapter.peft, tensors)
+    if result.unexpected_keys:
+        raise ValueError(
+            f"{file}: adapter tensors {result.unexpected_keys[:3]} do not fit the model"
+        )

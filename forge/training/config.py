@@ -25,6 +25,7 @@ from forge.weights.config import WeightTransportConfig
 __all__ = [
     "BACKENDS",
     "DECAYS",
+    "LoraConfig",
     "OLD_LOGPROBS",
     "OPTIMIZERS",
     "PARALLELISMS",
@@ -40,6 +41,7 @@ PARALLELISMS = ("ddp", "fsdp")
 BACKENDS = ("hf", "titan")
 OLD_LOGPROBS = ("generator", "current")
 DEVICES = ("auto", "cpu", "cuda")
+REFERENCE_MODES = ("auto", "adapter_disabled", "separate")
 
 
 def _choice(owner: str, key: str, value: object, choices: tuple[str, ...]) -> None:
@@ -117,6 +119,49 @@ class ScheduleConfig:
                 )
 
 
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (PEFT's LoRA) instead of full fine-tuning; needs ``forge[lora]``.
+
+    ``rank`` and ``alpha`` (the update is ``B @ A * alpha / rank``), ``dropout`` on the
+    adapter's input while training, ``target_modules``: the leaf names of the linear layers
+    that get adapters (the default suits Qwen2/Llama; a name the model lacks is an error at
+    model build that lists the model's linear layers). Only adapter parameters train; pushes,
+    checkpoints and exports carry only them (``forge.training.lora``).
+    ``disabled_reference``: the KL term's reference logprobs come from this trainer's own
+    model with the adapter disabled (the base), computed in ``train_step``; set by the run
+    config when ``reference.mode`` is ``adapter_disabled``.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    disabled_reference: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("LoraConfig", "rank", self.rank)
+        _positive("LoraConfig", "alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.target_modules, str):
+            self.target_modules = (self.target_modules,)
+        self.target_modules = tuple(self.target_modules)
+        if not self.target_modules or not all(isinstance(t, str) for t in self.target_modules):
+            raise ValueError(
+                "LoraConfig.target_modules must be a non-empty list of linear layer names "
+                f"(e.g. q_proj, v_proj), got {self.target_modules!r}"
+            )
+
+    @property
+    def scaling(self) -> float:
+        """The factor of ``B @ A`` in the update (PEFT's ``lora_alpha / r``)."""
+        return self.alpha / self.rank
+
+
 @dataclass
 class TrainerConfig:
     """Everything the trainer needs.
@@ -136,7 +181,8 @@ class TrainerConfig:
     wherever the padded positions saved exceed ``bucket_cost_tokens`` (what one more
     forward/backward costs, in token positions) per extra micro-batch. ``weights``: how
     ``push_weights`` publishes versions (``forge.weights.WeightTransportConfig``, the same
-    type generators and reference models pull with).
+    type generators and reference models pull with). ``lora``: train low-rank adapters
+    only (``LoraConfig``; hf backend); ``None``: full fine-tuning.
     """
 
     model: str
@@ -156,6 +202,7 @@ class TrainerConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -174,8 +221,11 @@ class TrainerConfig:
             ("schedule", ScheduleConfig),
             ("loss", LossConfig),
             ("weights", WeightTransportConfig),
+            ("lora", LoraConfig),
         ):
             value = getattr(self, key)
+            if key == "lora" and value is None:
+                continue
             if isinstance(value, dict):  # convenience for Python callers: nested dicts
                 setattr(self, key, cls(**value))
             elif not isinstance(value, cls):
@@ -183,6 +233,20 @@ class TrainerConfig:
                     f"TrainerConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
                     f"got {type(value).__name__}"
                 )
+        if self.lora is not None:
+            self._check_lora()
+
+    def _check_lora(self) -> None:
+        if self.backend != "hf":
+            raise ValueError(
+                f"TrainerConfig.lora needs trainer.backend hf (PEFT wraps transformers "
+                f"models); got backend {self.backend!r}: set backend: hf or remove lora"
+            )
+        if self.parallelism == "fsdp":
+            raise ValueError(
+                "TrainerConfig.lora with parallelism fsdp is not supported yet (FSDP2 would "
+                "shard frozen and trainable parameters together); use parallelism: ddp"
+            )
 
 
 @dataclass
@@ -194,10 +258,15 @@ class ReferenceConfig:
     default; ``ema``; ``reset``; see ``forge.training.reference_update``). ``weights``: where
     ``update_weights`` looks versions up when given a number and no handle: a
     ``WeightTransportConfig``, the trainer's transport (as for the generator; by default the
-    run's shm publication location).
+    run's shm publication location). ``mode``: with a LoRA policy, ``adapter_disabled`` (the
+    default then) computes the reference logprobs in the trainer, from its own model with the
+    adapter disabled (no second copy of the weights, no reference service); ``separate``
+    runs this reference model as its own service (the only mode without LoRA). ``auto``
+    picks between them (``forge.run.config``).
     """
 
     model: str
+    mode: str = "auto"
     dtype: str = "float32"
     device: str = "auto"
     attn_implementation: str = "eager"
@@ -212,6 +281,7 @@ class ReferenceConfig:
                 f"ReferenceConfig.model must be a model directory or hub id, got {self.model!r}"
             )
         _choice("ReferenceConfig", "device", self.device, DEVICES)
+        _choice("ReferenceConfig", "mode", self.mode, REFERENCE_MODES)
         _positive("ReferenceConfig", "micro_batch_size", self.micro_batch_size)
         _positive("ReferenceConfig", "temperature", self.temperature, allow_zero=True)
         for key, cls in (("update", ReferenceUpdateConfig), ("weights", WeightTransportConfig)):

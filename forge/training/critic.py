@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from forge.losses.value import clipped_value_loss
-from forge.models import load_model, position_ids_from_mask
+from forge.models import position_ids_from_mask
 from forge.models.loading import DTYPES
 from forge.training.config import (
     DEVICES,
@@ -40,6 +40,7 @@ from forge.training.config import (
     resolve_device,
 )
 from forge.training.hf_trainer import loss_denominator
+from forge.training.lora import load_base_model
 from forge.training.schedule import build_optimizer, build_scheduler
 from forge.types import TrainBatch
 
@@ -159,7 +160,8 @@ class CriticCore:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        lm = load_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
+        # (An exported LoRA policy, an adapter directory, loads as its merged model.)
+        lm = load_base_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
         self.model = ValueModel(lm.get_decoder(), lm.config.hidden_size).to(self.device)
         del lm  # the LM head is not part of the value model
         self.model.train()

@@ -42,7 +42,7 @@ import torch
 
 from controller import threads
 from forge.losses import LossConfig, build_loss
-from forge.models import gather_logprobs, load_model, position_ids_from_mask, token_logprobs
+from forge.models import gather_logprobs, position_ids_from_mask, token_logprobs
 from forge.models.logprobs import effective_temperature
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
@@ -92,9 +92,17 @@ class HFAdapter:
     name = "hf"
 
     def __init__(self, cfg: TrainerConfig, device: str) -> None:
-        self.model = load_model(cfg.model, cfg.dtype, device, cfg.attn_implementation)
+        from forge.training import lora
+
+        # (An exported LoRA policy, an adapter directory, loads as its merged model.)
+        self.model = lora.load_base_model(cfg.model, cfg.dtype, device, cfg.attn_implementation)
+        self.peft = None  # with cfg.lora: the PeftModel around self.model (adapters in place)
+        if cfg.lora is not None:
+            self.peft = lora.wrap_with_lora(self.model, cfg.lora, lora.base_name(cfg.model))
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.peft is not None:  # frozen embeddings: checkpointed blocks need grad inputs
+                self.model.enable_input_require_grads()
         rebalance_per_layer(self.model)
 
     def logprobs(self, model, input_ids_bt, attention_mask_bt, temperature: float) -> torch.Tensor:
@@ -238,7 +246,10 @@ class TrainerCore:
         self.adapter = build_adapter(cfg, self.device)
         self.adapter.model.train()
         self.model = parallel.wrap_model(self.adapter.model, cfg.parallelism, self.device)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        # With LoRA only the adapter trains: the optimizer never sees (or keeps state for) the
+        # frozen base.
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(trainable, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule)
         self.loss_fn = build_loss(cfg.loss)
         self.aggregation = cfg.loss.resolved_aggregation()
@@ -375,7 +386,7 @@ class TrainerCore:
         lengths = lengths_b.tolist()
         return _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes)
 
-    def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def _rows_logprobs(self, b: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
         lp_bt = None
         if self.adapter.name == "hf" and self.world == 1:  # a group's prompt runs once
             lp_bt = shared_prefix_logprobs(
@@ -390,8 +401,29 @@ class TrainerCore:
             used = max(1, int(b.attention_mask_bt[rows].sum(-1).max()))
             lp_bt = self.logprobs(b.input_ids_bt[rows, :used], b.attention_mask_bt[rows, :used])
             lp_bt = torch.nn.functional.pad(lp_bt, (0, width - used))
+        return lp_bt
+
+    def base_logprobs(self, b: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+        """LoRA: the rows' logprobs under the base model (the adapter disabled), no grad."""
+        with torch.no_grad(), self.adapter.peft.disable_adapter():
+            return self._rows_logprobs(b, rows)
+
+    def _reference_from_base(self, b: TrainBatch) -> bool:
+        lora = self.cfg.lora
+        return (
+            b.ref_logprobs_bt is None
+            and lora is not None
+            and lora.disabled_reference
+            and self.cfg.loss.kl_coef > 0
+        )
+
+    def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        lp_bt = self._rows_logprobs(b, rows)
         old_bt = lp_bt.detach() if self.cfg.old_logprobs == "current" else None
-        ref_bt = None if b.ref_logprobs_bt is None else b.ref_logprobs_bt[rows]
+        if self._reference_from_base(b):  # the KL's reference: this model, adapter disabled
+            ref_bt = self.base_logprobs(b, rows)
+        else:
+            ref_bt = None if b.ref_logprobs_bt is None else b.ref_logprobs_bt[rows]
         mask_bt = b.response_mask_bt[rows].float()
         gen_bt = b.behavior_logprobs_bt[rows]
         loss, metrics = self.loss_fn(
@@ -447,9 +479,27 @@ class TrainerCore:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named weights: on every rank (DDP, one process) or on rank 0 only (FSDP,
-        others get ``{}``). A collective under FSDP: call on every rank."""
+        others get ``{}``). A collective under FSDP: call on every rank. With LoRA: the base
+        weights with the adapter merged in."""
         sd = parallel.full_state_dict(self.model)
+        if self.cfg.lora is not None:
+            from forge.training.lora import merged_hf_state_dict
+
+            return merged_hf_state_dict(sd, self.cfg.lora.scaling)
         return self.adapter.to_hf(sd) if sd else {}
+
+    def push_state_dict(self) -> dict[str, torch.Tensor]:
+        """What ``push_weights`` publishes: ``hf_state_dict()``, or with LoRA only the
+        adapter's tensors and its spec (``forge.weights.adapter``). A collective under FSDP."""
+        if self.cfg.lora is None:
+            return self.hf_state_dict()
+        from forge.training.lora import adapter_tensors
+        from forge.weights.adapter import AdapterSpec, pack_adapter
+
+        lora = self.cfg.lora
+        spec = AdapterSpec(self.cfg.model, lora.rank, lora.alpha, lora.target_modules)
+        tensors = {k: v.detach() for k, v in adapter_tensors(self.adapter.peft).items()}
+        return pack_adapter(tensors, spec)
 
     def state(self) -> dict[str, Any]:
         """Optimizer (keyed by parameter name), scheduler and step, for checkpoints."""

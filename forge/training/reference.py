@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from forge.models import load_model, token_logprobs
+from forge.models import token_logprobs
 from forge.replay import collate_episodes
 from forge.training.config import ReferenceConfig, resolve_device
 from forge.training.reference_update import apply_update_, should_update
@@ -44,7 +44,9 @@ class ReferenceCore:
     def __init__(self, cfg: ReferenceConfig) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
-        self.model = load_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
+        from forge.training.lora import load_base_model  # an adapter directory: merged
+
+        self.model = load_base_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
         self.model.eval().requires_grad_(False)
         self.applied_version = 0  # the policy version the weights last moved to (0: initial)
         self.seen_version = 0  # the newest version offered, applied or skipped by the rule

@@ -9,6 +9,7 @@ tensors in place, read-only, with no copy); ``broadcast_state_dict`` sends weigh
 an existing ``torch.distributed`` group. Importing touches no file and no process group.
 """
 
+from forge.weights.adapter import ADAPTER_KEY, AdapterSpec, pack_adapter, unpack_adapter
 from forge.weights.config import WeightTransportConfig
 from forge.weights.dist import broadcast_state_dict, plan_buckets
 from forge.weights.pull import run_weights_prefix
@@ -24,6 +25,8 @@ from forge.weights.store import (
 )
 
 __all__ = [
+    "ADAPTER_KEY",
+    "AdapterSpec",
     "TRANSPORTS",
     "SafetensorsDirTransport",
     "SharedMemoryTransport",
@@ -37,7 +40,9 @@ __all__ = [
     "broadcast_state_dict",
     "build_transport",
     "lease_shm_file",
+    "pack_adapter",
     "plan_buckets",
     "pull_handle",
     "run_weights_prefix",
+    "unpack_adapter",
 ]

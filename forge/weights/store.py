@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from forge.weights.adapter import ADAPTER_KEY
+
 __all__ = [
     "TensorMeta",
     "WeightHandle",
@@ -61,6 +63,11 @@ class WeightHandle:
     # number is pushed again after a restart from a checkpoint, with other bytes).
     source: str = ""
     uid: str = ""
+
+    @property
+    def is_adapter(self) -> bool:
+        """Whether this version holds LoRA adapter tensors (``forge.weights.adapter``)."""
+        return ADAPTER_KEY in self.manifest
 
     @property
     def nbytes(self) -> int:
