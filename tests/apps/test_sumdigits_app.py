@@ -54,9 +54,9 @@ def test_cpu_demo_learns(tmp_path):
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 150
-    assert {"time/weight_sync_s", "rollout/reward", "buffer/sampled_policy_age_mean"} <= set(
-        steps[-1]
-    )
+    assert {"time/weight_sync_s", "buffer/sampled_policy_age_mean"} <= set(steps[-1])
+    # A step trained only on groups rolled out before it began logs no rollout metrics.
+    assert sum("rollout/reward" in r for r in steps) >= 100
     assert max(r["buffer/sampled_policy_age_mean"] for r in steps) <= 1.0  # max_policy_age
 
 
