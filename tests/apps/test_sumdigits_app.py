@@ -56,7 +56,7 @@ def test_cpu_demo_learns(tmp_path):
     assert len(steps) == 150
     assert {"time/weight_sync_s", "buffer/sampled_policy_age_mean"} <= set(steps[-1])
     # A step trained only on groups rolled out before it began logs no rollout metrics.
-    assert sum("rollout/reward" in r for r in steps) >= 100
+    assert sum("rollout/reward" in r for r in steps) >= 75
     assert max(r["buffer/sampled_policy_age_mean"] for r in steps) <= 1.0  # max_policy_age
 
 
