@@ -11,7 +11,7 @@ next step's credits so new rollouts run on it.
 With ``overlap`` (rollouts may be a version old) the replicas load the weights beside the
 trainer's next step: its next batch is (mostly) already in the buffer. The previous load is
 always finished before the next push, which may reuse its files. Each push logs its size
-(``weights/push_bytes``) and the trainer's time publishing it (``weights/push_s``).
+(``weights/push_bytes``) and the trainer's time publishing it (``time/weight_push_s``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["PUSH_BYTES", "PUSH_S", "WeightSync"]
 
 PUSH_BYTES = "weights/push_bytes"  # bytes the trainer published for the step's version
-PUSH_S = "weights/push_s"  # seconds of the trainer's push_weights call
+PUSH_S = "time/weight_push_s"  # seconds of the trainer's push_weights call
 
 
 class WeightSync:
