@@ -7,6 +7,7 @@
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
     forge export RUN_DIR --merge OUT_DIR
+    forge serve [--config serve.yaml] [--host H] [--port P] [--api-key tml-...]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -93,6 +94,18 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from controller._runtime import install_signal_handlers
+    from forge.serve.server import main as serve_main
+
+    install_signal_handlers()
+    try:
+        return serve_main(args.config, args.host, args.port, args.api_key)
+    except (ValueError, ImportError) as e:
+        print(f"forge serve: error: {e}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--merge", required=True, metavar="OUT_DIR",
                      help="where to write the model, LoRA adapters merged into the base")  # fmt: skip
     exp.set_defaults(fn=_export)
+    srv = sub.add_parser("serve", help="serve the Tinker API (LoRA training and sampling)")
+    srv.add_argument("--config", help="a serve config (default: the tiny CPU model)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="0: any free port")
+    srv.add_argument("--api-key", help="the key clients must send (default: $FORGE_API_KEY)")
+    srv.set_defaults(fn=_serve)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "mini", "small", "llama"])

@@ -30,6 +30,9 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
 ``accumulate(batch) -> float`` / ``apply_accumulated() -> dict``
     Trajectory streaming (one trainer rank): forward/backward each part of a step's batch as
     it arrives, then one optimizer update equal to ``train_step`` on all parts together.
+``forward_backward_datums(datums, loss_fn, config, forward_only)`` / ``optim_step(adam)``
+    Token datums with the Tinker API's losses and an explicit Adam step (one rank; used by
+    ``forge serve``, see ``forge.training.datums``).
 ``set_loss(loss_cfg)``
     Train with this ``LossConfig`` from the next ``train_step`` on (a schedule phase that
     changes the loss type, ``kl_coef``, clipping, ...; see ``forge.training.phases``). The
@@ -171,6 +174,32 @@ class Trainer(ForgeActor):
         """Step on the parts ``accumulate`` gathered; returns ``train_step``'s metrics."""
         with self.busy(), threads.compute():
             return self.core.apply_accumulated()
+
+    @endpoint
+    def forward_backward_datums(
+        self,
+        datums: list[dict],
+        loss_fn: str,
+        config: dict | None = None,
+        forward_only: bool = False,
+    ) -> tuple[list[dict], dict[str, float]]:
+        """Token datums with the Tinker API's losses (``forge.training.datums``): gradients
+        add up until ``optim_step``. One trainer rank (the ``forge serve`` trainers)."""
+        from forge.training import datums as ops
+
+        if _world() != 1:
+            raise ValueError("forward_backward_datums runs on a trainer of one rank")
+        with self.busy(), threads.compute():
+            return ops.forward_backward(self.core, datums, loss_fn, config, forward_only)
+
+    @endpoint
+    def optim_step(self, adam: dict) -> dict[str, float]:
+        """Apply the gradients ``forward_backward_datums`` gathered with these Adam
+        parameters, then clear them (``forge.training.datums.optim_step``)."""
+        from forge.training import datums as ops
+
+        with self.busy(), threads.compute():
+            return ops.optim_step(self.core, adam)
 
     @endpoint
     def set_loss(self, loss_cfg: LossConfig) -> None:

@@ -116,9 +116,10 @@ def wrap_with_lora(model: torch.nn.Module, cfg: LoraConfig, base: str):
 
 
 def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under PEFT's stable keys (``...q_proj.lora_A.weight``)."""
+    """The adapter's tensors under PEFT's stable keys (``...q_proj.lora_A.weight``); an
+    adapted ``lm_head`` contributes its A and B only, not its (frozen, maybe tied) base."""
     peft = import_peft()
-    return dict(peft.get_peft_model_state_dict(peft_model))
+    return dict(peft.get_peft_model_state_dict(peft_model, save_embedding_layers=False))
 
 
 def delta_weight(a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:

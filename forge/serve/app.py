@@ -1,0 +1,365 @@
+"""The HTTP routes of the Tinker API as the pinned ``tinker`` SDK calls them (``/api/v1/...``),
+on ``ServerState``. Every route needs the server's API key in ``X-API-Key`` (a wrong or
+missing key: 401, before the body is read). Queued calls (``create_model``,
+``forward_backward``, ``optim_step``, ``save_weights*``, ``load_weights``, ``asample``)
+answer a future at once and run in the background, a training client's calls in the order
+the SDK numbered them; ``retrieve_future`` returns their results. A route the SDK has and
+this server does not serve answers the API's error shape naming it."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from forge.serve import wire
+from forge.serve.futures import FutureTable, UserError
+from forge.serve.state import SamplingSession, ServerState, parse_path
+
+logger = logging.getLogger("forge.serve")
+
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "credential_default_source": "api_key",
+    "use_pyqwest_transport": False,
+    "proto_compress_fwdbwd": False,
+    "parallel_fwdbwd_chunks": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+    "sample_enable_stuck_detection": False,
+}
+UNSUPPORTED_SAMPLE_FIELDS = {
+    "prompt_logprobs": "prompt logprobs (compute_logprobs)",
+    "topk_prompt_logprobs": "top-k prompt logprobs",
+    "topk_sample_logprobs": "top-k sample logprobs",
+    "target_prompt_logprobs": "target prompt logprobs",
+    "prompt_alt_tokens_k": "prompt alternative tokens",
+    "record_stability_info": "stability info",
+    "prompt_logprobs_last_n": "prompt logprobs",
+}
+
+
+def build_app(state: ServerState, api_key: str):
+    """The FastAPI application serving ``state`` to clients holding ``api_key``."""
+    app = FastAPI(title="forge serve (Tinker API)")
+    futures = FutureTable(state.cfg.future_wait_s)
+    app.state.futures = futures
+    key = api_key.encode()
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        given = request.headers.get("x-api-key", "").encode()
+        if not hmac.compare_digest(given, key):
+            return JSONResponse(
+                {"detail": "invalid or missing API key (X-API-Key): give the key forge serve "
+                 "was started with (--api-key or FORGE_API_KEY)"},
+                status_code=401,
+            )  # fmt: skip
+        return await call_next(request)
+
+    @app.exception_handler(UserError)
+    async def user_error(request: Request, e: UserError):
+        return JSONResponse({"detail": str(e)}, status_code=400)
+
+    def post(path: str):
+        return app.post(f"/api/v1/{path}")
+
+    # -- service ---------------------------------------------------------------------------
+
+    @app.get("/api/v1/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities():
+        return {"supported_models": [
+            {"model_name": m.name, "max_context_length": m.max_context_length,
+             "trainable": True, "sampleable": True} for m in state.cfg.models
+        ]}  # fmt: skip
+
+    @post("client/config")
+    async def client_config():
+        return CLIENT_CONFIG
+
+    @post("client/dynamic_config")
+    async def dynamic_config():
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @post("telemetry")
+    async def telemetry():
+        return {"status": "accepted"}
+
+    @post("create_session")
+    async def create_session(request: Request):
+        await request.json()
+        return {"type": "create_session", "session_id": state.new_session()}
+
+    @post("session_heartbeat")
+    async def heartbeat(request: Request):
+        state.check_session((await request.json())["session_id"])
+        return {"type": "session_heartbeat"}
+
+    # -- models ----------------------------------------------------------------------------
+
+    @post("create_model")
+    async def create_model(request: Request):
+        body = await request.json()
+        state.check_session(body["session_id"])
+        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise UserError(f"optimizer {optimizer!r} is not supported by this server (adamw only)")
+
+        async def work():
+            model_id = await state.create_model(body["base_model"], body.get("lora_config"))
+            return {"model_id": model_id, "type": "create_model"}
+
+        return futures.submit(work())
+
+    @post("get_info")
+    async def get_info(request: Request):
+        m = state.model((await request.json())["model_id"])
+        return {
+            "type": "get_info", "model_id": m.model_id, "model_name": m.base.name,
+            "is_lora": True, "lora_rank": m.rank,
+            "model_data": {"arch": "causal_lm", "model_name": m.base.name, "tokenizer_id": m.path},
+        }  # fmt: skip
+
+    # -- training --------------------------------------------------------------------------
+
+    @post("forward_backward")
+    async def forward_backward(request: Request):
+        body = await request.body()
+        if request.headers.get("content-encoding") == "zstd":
+            import zstandard
+
+            body = zstandard.ZstdDecompressor().decompress(body)
+        call = wire.decode_forward_backward(body)
+        m = state.model(call.model_id)
+
+        async def run():
+            outputs, metrics = await m.trainer.forward_backward_datums.call_one(
+                call.datums, call.loss_fn, call.loss_fn_config, call.forward_only
+            )
+            return wire.encode_forward_backward_output(outputs, metrics)
+
+        return futures.submit(m.ordered(call.seq_id, run, state.cfg.order_wait_s), m.model_id)
+
+    @post("optim_step")
+    async def optim_step(request: Request):
+        body = await request.json()
+        m = state.model(body["model_id"])
+        params = body.get("adam_params")
+        if params is None:
+            kind = (body.get("optimizer_params") or {}).get("type", "?")
+            raise UserError(f"optimizer params of type {kind!r} are not supported (Adam only)")
+        adam = {k: v for k, v in params.items() if k != "type"}
+        defaults = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
+                        weight_decay=0.0, grad_clip_norm=0.0)  # fmt: skip
+        adam = {**defaults, **adam}
+
+        async def run():
+            metrics = await m.trainer.optim_step.call_one(adam)
+            return {"type": "optim_step", "metrics": {f"{k}:mean": v for k, v in metrics.items()}}
+
+        return futures.submit(
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+        )
+
+    # -- weights ---------------------------------------------------------------------------
+
+    @post("save_weights_for_sampler")
+    async def save_for_sampler(request: Request):
+        body = await request.json()
+        m = state.model(body["model_id"])
+        if body.get("path") is None and body.get("sampling_session_seq_id") is None:
+            raise UserError("save_weights_for_sampler needs a name (path)")
+
+        async def run():
+            version = await state.push_for_sampling(m)
+            out = {"type": "save_weights_for_sampler"}
+            if body.get("path") is not None:
+                path = f"tinker://{m.model_id}/sampler_weights/{body['path']}"
+                m.samplers[path] = version
+                out["path"] = path
+            if body.get("sampling_session_seq_id") is not None:
+                session = SamplingSession(m.generator, m.base.name, m.model_id, version)
+                out["sampling_session_id"] = state.new_sampling_session(session)
+            return out
+
+        return futures.submit(
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+        )
+
+    @post("save_weights")
+    async def save_weights(request: Request):
+        body = await request.json()
+        m = state.model(body["model_id"])
+        name = body.get("path") or f"step-{int(time.time())}"
+        target = state.checkpoint_dir(m.model_id, name)
+        if target.exists() and not body.get("overwrite"):
+            raise UserError(f"checkpoint {name!r} of {m.model_id} exists; pass overwrite=True")
+
+        async def run():
+            await m.trainer.save.call_one(str(target))
+            return {"type": "save_weights", "path": f"tinker://{m.model_id}/weights/{name}"}
+
+        return futures.submit(
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+        )
+
+    @post("load_weights")
+    async def load_weights(request: Request):
+        body = await request.json()
+        if body.get("model_id") is None:
+            raise UserError(
+                "creating a training client from a checkpoint is not supported by this server; "
+                "create a LoRA training client and call load_state on it"
+            )
+        m = state.model(body["model_id"])
+        source_id, kind, name = parse_path(body["path"])
+        if kind != "weights":
+            raise UserError(
+                f"{body['path']!r} is not a save_state checkpoint (tinker://.../weights/...)"
+            )
+        if not body.get("optimizer", False):
+            raise UserError(
+                "loading weights without the optimizer state is not supported by this server; "
+                "use load_state_with_optimizer"
+            )
+        source = state.checkpoint_dir(source_id, name)
+        if not source.exists():
+            raise UserError(f"no checkpoint {body['path']!r} on this server")
+
+        async def run():
+            await m.trainer.load.call_one(str(source))
+            return {"type": "load_weights", "path": body["path"], "model_id": m.model_id}
+
+        return futures.submit(
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+        )
+
+    # -- sampling --------------------------------------------------------------------------
+
+    @post("create_sampling_session")
+    async def create_sampling_session(request: Request):
+        body = await request.json()
+        state.check_session(body["session_id"])
+        session = await state.sampling_for_path(body.get("model_path"), body.get("base_model"))
+        return {"type": "create_sampling_session",
+                "sampling_session_id": state.new_sampling_session(session)}  # fmt: skip
+
+    @post("asample")
+    async def asample(request: Request):
+        body = await request.json()
+        for name, what in UNSUPPORTED_SAMPLE_FIELDS.items():
+            if body.get(name):
+                raise UserError(f"{what} ({name}) is not supported by this server")
+        sid = body.get("sampling_session_id")
+        if sid is not None:
+            if sid not in state.sampling:
+                raise UserError(f"unknown sampling session {sid!r}")
+            session = state.sampling[sid]
+        else:
+            session = await state.sampling_for_path(body.get("model_path"), body.get("base_model"))
+        prompt = wire.prompt_tokens(body["prompt"], "asample")
+        sampling = sampling_kwargs(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
+                                   state.cfg.max_tokens)  # fmt: skip
+        out = futures.submit(sample(state, session, prompt, sampling))
+        out["sample_sequence_ids"] = [f"{out['request_id']}-{i}" for i in range(sampling["n"])]
+        return out
+
+    @post("retrieve_future")
+    async def retrieve_future(request: Request):
+        result = await futures.retrieve((await request.json())["request_id"])
+        if isinstance(result, bytes):
+            return Response(result, media_type=wire.PROTO_CONTENT_TYPE)
+        return result
+
+    @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def unsupported(rest: str):
+        return JSONResponse(
+            {"detail": f"forge serve does not support /api/v1/{rest} (see docs/tinker.md "
+             "for what it serves)"},
+            status_code=404,
+        )  # fmt: skip
+
+    return app
+
+
+def sampling_kwargs(params: dict, n: int, default_max_tokens: int) -> dict:
+    """Forge ``generate`` keywords for the API's ``SamplingParams``."""
+    params = dict(params)
+    stop = params.pop("stop", None)
+    out = {
+        "n": n,
+        "max_tokens": params.pop("max_tokens", None) or default_max_tokens,
+        "temperature": float(params.pop("temperature", 1.0)),
+        "top_p": float(params.pop("top_p", 1.0)),
+        "top_k": max(0, int(params.pop("top_k", -1))),
+        "seed": params.pop("seed", None),
+    }
+    if params:
+        raise UserError(f"sampling parameters {sorted(params)} are not supported by this server")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not stop:
+            raise UserError(
+                "stop=[] (no stop at all, not even EOS) is not supported by this server"
+            )
+        out["stop"] = list(stop)
+    return out
+
+
+async def sample(
+    state: ServerState, session: SamplingSession, prompt: list[int], sampling: dict
+) -> bytes:
+    """Sample at the session's version; protobuf ``SampleResponse`` bytes."""
+    stop = sampling.pop("stop", None)
+    if stop is not None:
+        stop = _stop_strings(state, session, stop)
+        if stop:
+            sampling["stop"] = stop
+    if session.model_id is not None:
+        m = state.model(session.model_id)
+        if session.version != m.version:
+            raise UserError(
+                f"this sampling client holds version {session.version} of {m.model_id}, but its "
+                f"generator moved on to version {m.version}; this server samples only the newest "
+                "weights saved for sampling (create a sampling client for them)"
+            )
+    completions = await session.generator.generate.route(prompt, **sampling)
+    if session.model_id is not None and any(
+        c.generator_version != session.version for c in completions
+    ):
+        raise UserError("the weights changed while sampling; sample again from a new client")
+    return wire.encode_sample_response(
+        [
+            (c.token_ids, c.logprobs, "length" if c.stop_reason == "length" else "stop")
+            for c in completions
+        ]  # fmt: skip
+    )
+
+
+def _stop_strings(state: ServerState, session: SamplingSession, stop: list) -> list[str]:
+    """Stop strings for Forge's generator: token-id stops become their text; EOS is implicit."""
+    if all(isinstance(s, str) for s in stop):
+        return stop
+    from forge.models import load_tokenizer
+    from forge.serve.config import resolve_path
+
+    tok = load_tokenizer(resolve_path(state.cfg.base(session.base)))
+    out = []
+    for s in stop:
+        if isinstance(s, str):
+            out.append(s)
+        elif int(s) != tok.eos_token_id:
+            text = tok.decode([int(s)])
+            if not text:
+                raise UserError(f"stop token {s} decodes to no text; this server stops on strings")
+            out.append(text)
+    return out

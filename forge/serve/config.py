@@ -1,0 +1,94 @@
+"""``forge serve``'s configuration (a YAML file, ``--config``; every field has a default, so
+no file serves the tiny CPU model the demos build)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServedBase:
+    """A base model clients may train adapters on and sample from.
+
+    ``name``: what clients pass as ``base_model``; ``path``: a local HF model directory (or a
+    hub id already in the local cache), or a tiny-model preset name (``tiny``, ``mini``,
+    ``small``: built locally on first use, nothing downloaded)."""
+
+    name: str
+    path: str
+    max_context_length: int = 2048
+
+
+@dataclass
+class ServeConfig:
+    """Args:
+    models: the base models served (default: ``forge/tiny``, the ``tiny`` preset).
+    dir: where ``save_state`` checkpoints go (``<dir>/<model_id>/<name>``).
+    max_lora_rank: the largest LoRA rank a client may ask for.
+    lora_alpha: the adapters' alpha (their update is ``B @ A * alpha / rank``).
+    max_models: training clients (each a trainer and a generator process) alive at once.
+    max_batch_size: sequences a generator decodes together.
+    max_tokens: the sampling length when a request gives none.
+    threads_per_actor: torch threads per process (0: the host's thread budget).
+    future_wait_s: how long one ``retrieve_future`` waits for a result before the
+        client is told to try again.
+    order_wait_s: how long a training request waits for the requests numbered before it
+        (the SDK numbers them) before it runs anyway.
+    device: ``cpu`` or ``cuda`` for trainers and generators.
+    """
+
+    models: list[ServedBase] = field(default_factory=lambda: [ServedBase("forge/tiny", "tiny")])
+    dir: str = "forge-serve"
+    max_lora_rank: int = 64
+    lora_alpha: float = 32.0
+    max_models: int = 8
+    max_batch_size: int = 32
+    max_tokens: int = 256
+    threads_per_actor: int = 0
+    future_wait_s: float = 10.0
+    order_wait_s: float = 30.0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("serve.models is empty: name at least one base model")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"serve.models names a base model twice: {names}")
+        for key in ("max_lora_rank", "max_models", "max_batch_size", "max_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"serve.{key} must be >= 1, got {getattr(self, key)}")
+
+    def base(self, name: str) -> ServedBase:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(
+            f"base model {name!r} is not served here; this server has: "
+            f"{', '.join(m.name for m in self.models)}"
+        )
+
+
+def resolve_path(base: ServedBase) -> str:
+    """The local directory of ``base`` (a preset is built on first use)."""
+    from forge.models.tiny import PRESETS, ensure_tiny_model
+
+    if base.path in PRESETS:
+        return str(ensure_tiny_model(base.path))
+    return base.path
+
+
+def load_config(path: str | None, overrides: dict | None = None) -> ServeConfig:
+    """``ServeConfig`` from a YAML file (keys as the fields; unknown keys are errors)."""
+    import yaml
+
+    from forge.config.schema import config_from_dict
+
+    data = {}
+    if path:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a serve config is a mapping of ServeConfig's fields")
+    data.update(overrides or {})
+    return config_from_dict(ServeConfig, data, source=path or "<defaults>")

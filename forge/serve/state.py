@@ -1,0 +1,254 @@
+"""What ``forge serve`` holds: sessions, training clients (each a LoRA ``Trainer`` actor and a
+``Generator`` service over one base model) and sampling sessions (a generator at a weight
+version), and the operations the Tinker routes run on them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forge.serve.config import ServeConfig, ServedBase, resolve_path
+from forge.serve.futures import UserError
+
+logger = logging.getLogger("forge.serve")
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class SamplingSession:
+    """Samples from ``generator`` at ``version`` (0: the base model)."""
+
+    generator: Any
+    base: str
+    model_id: str | None  # None: a base-model session
+    version: int
+
+
+@dataclass
+class ServedModel:
+    """One training client: a LoRA adapter over ``base``, trained by ``trainer`` and sampled
+    by ``generator`` (which holds the newest version saved for sampling)."""
+
+    model_id: str
+    base: ServedBase
+    path: str
+    rank: int
+    trainer: Any
+    generator: Any
+    version: int = 0  # the newest version pushed to the generator
+    samplers: dict[str, int] = field(default_factory=dict)  # tinker path -> version
+    _next_seq: int = 1
+    _cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def ordered(self, seq_id: int | None, work, wait_s: float):
+        """Run ``work()`` after the requests the client numbered before ``seq_id`` (the SDK
+        numbers a training client's requests and expects them run in that order), one at a
+        time; a gap in the numbers is waited for at most ``wait_s``."""
+        if seq_id is not None:
+            async with self._cond:
+                try:
+                    await asyncio.wait_for(
+                        self._cond.wait_for(lambda: self._next_seq >= seq_id), wait_s
+                    )
+                except asyncio.TimeoutError:
+                    logger.warning(
+                        "%s: request %d ran before %d..%d, which never came",
+                        self.model_id, seq_id, self._next_seq, seq_id - 1,
+                    )  # fmt: skip
+        async with self._lock:
+            try:
+                return await work()
+            finally:
+                if seq_id is not None:
+                    async with self._cond:
+                        self._next_seq = max(self._next_seq, seq_id + 1)
+                        self._cond.notify_all()
+
+
+class ServerState:
+    """Sessions, models and sampling sessions of one server process."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.sessions: set[str] = set()
+        self.models: dict[str, ServedModel] = {}
+        self.sampling: dict[str, SamplingSession] = {}
+        self.base_generators: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._spawn_lock = asyncio.Lock()
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def new_session(self) -> str:
+        sid = f"session-{uuid.uuid4().hex[:12]}"
+        self.sessions.add(sid)
+        return sid
+
+    def check_session(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            raise UserError(f"unknown session {session_id!r}; create one with create_session")
+
+    def model(self, model_id: str) -> ServedModel:
+        if model_id not in self.models:
+            raise UserError(f"unknown model_id {model_id!r} (a restarted server forgets models)")
+        return self.models[model_id]
+
+    # -- spawning ---------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        from forge.run import actor_env
+
+        return actor_env(self.cfg.threads_per_actor)
+
+    def lora_for(self, lora: dict | None, base: ServedBase):
+        """Forge's ``LoraConfig`` for the API's ``lora_config`` (rank and the layer groups)."""
+        from forge.training.config import LoraConfig
+
+        lora = dict(lora or {})
+        rank = int(lora.pop("rank", 32))
+        seed = lora.pop("seed", None)
+        attn, mlp = lora.pop("train_attn", True), lora.pop("train_mlp", True)
+        unembed = lora.pop("train_unembed", True)
+        if lora:
+            raise UserError(f"lora_config keys {sorted(lora)} are not supported by this server")
+        if not 1 <= rank <= self.cfg.max_lora_rank:
+            raise UserError(
+                f"LoRA rank {rank} is outside 1..{self.cfg.max_lora_rank} (serve.max_lora_rank)"
+            )
+        targets = (ATTN if attn else ()) + (MLP if mlp else ()) + (("lm_head",) if unembed else ())
+        if not targets:
+            raise UserError(
+                "train_attn, train_mlp and train_unembed are all False: nothing to train"
+            )
+        return LoraConfig(rank=rank, alpha=self.cfg.lora_alpha, target_modules=targets), seed
+
+    async def create_model(self, base_name: str, lora: dict | None) -> str:
+        """Spawn a trainer and a generator for a new adapter over ``base_name``."""
+        from forge.actors import Generator, Trainer
+        from forge.generation.backend import GeneratorConfig
+        from forge.training import TrainerConfig
+        from forge.weights import WeightTransportConfig
+
+        try:
+            base = self.cfg.base(base_name)
+        except KeyError as e:
+            raise UserError(str(e.args[0])) from None
+        lora_cfg, seed = self.lora_for(lora, base)
+        async with self._spawn_lock:
+            if len(self.models) >= self.cfg.max_models:
+                raise UserError(
+                    f"this server already holds {len(self.models)} training clients "
+                    f"(serve.max_models); start it with a larger max_models"
+                )
+            model_id = f"model-{next(self._ids)}"
+            path = resolve_path(base)
+            weights = WeightTransportConfig(prefix=f"serve-{model_id}", keep_last=2)
+            tcfg = TrainerConfig(
+                model=path, lora=lora_cfg, weights=weights, device=self.cfg.device,
+                seed=0 if seed is None else int(seed),
+            )  # fmt: skip
+            gcfg = GeneratorConfig(
+                model=path, weights=weights, device=self.cfg.device,
+                max_batch_size=self.cfg.max_batch_size, lora_mode=generator_lora_mode(path, lora_cfg),
+            )  # fmt: skip
+            env = self._env()
+            logger.info("%s: spawning a trainer and a generator (%s, rank %d)",
+                        model_id, base.name, lora_cfg.rank)  # fmt: skip
+            trainer, generator = await asyncio.gather(
+                Trainer.options(procs=1, env=env, mesh_name=f"trainer-{model_id}").as_actor(tcfg),
+                Generator.options(num_replicas=1, env=env).as_service(gcfg),
+            )
+            self.models[model_id] = ServedModel(
+                model_id, base, path, lora_cfg.rank, trainer, generator
+            )
+        return model_id
+
+    async def base_generator(self, base_name: str):
+        """The generator of the base model itself (spawned on first use)."""
+        from forge.actors import Generator
+        from forge.generation.backend import GeneratorConfig
+
+        try:
+            base = self.cfg.base(base_name)
+        except KeyError as e:
+            raise UserError(str(e.args[0])) from None
+        async with self._spawn_lock:
+            if base_name not in self.base_generators:
+                cfg = GeneratorConfig(model=resolve_path(base), device=self.cfg.device,
+                                      max_batch_size=self.cfg.max_batch_size)  # fmt: skip
+                self.base_generators[base_name] = await Generator.options(
+                    num_replicas=1, env=self._env()
+                ).as_service(cfg)
+        return self.base_generators[base_name]
+
+    # -- weights ----------------------------------------------------------------------------
+
+    async def push_for_sampling(self, m: ServedModel) -> int:
+        """Publish the trainer's adapter as a new version and load it into the generator."""
+        version = m.version + 1
+        handle = await m.trainer.push_weights.call_one(version)
+        await m.generator.update_weights.fanout(version, handle)
+        m.version = version
+        return version
+
+    def new_sampling_session(self, session: SamplingSession) -> str:
+        sid = f"sampler-{uuid.uuid4().hex[:12]}"
+        self.sampling[sid] = session
+        return sid
+
+    async def sampling_for_path(
+        self, model_path: str | None, base_model: str | None
+    ) -> SamplingSession:
+        """A sampling session for a ``tinker://`` sampler path or a base model."""
+        if model_path:
+            model_id = parse_path(model_path)[0]
+            m = self.model(model_id)
+            if model_path not in m.samplers:
+                raise UserError(
+                    f"{model_path!r} was not saved for sampling on this server "
+                    f"(saved: {sorted(m.samplers) or 'none'})"
+                )
+            return SamplingSession(m.generator, m.base.name, model_id, m.samplers[model_path])
+        if not base_model:
+            raise UserError("a sampling client needs a model_path or a base_model")
+        return SamplingSession(await self.base_generator(base_model), base_model, None, 0)
+
+    def checkpoint_dir(self, model_id: str, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise UserError(f"checkpoint name {name!r}: use a plain name (no '/')")
+        return Path(self.cfg.dir).resolve() / model_id / name
+
+    async def close(self) -> None:
+        """Drop pushed weight files (the controller's shutdown stops the processes)."""
+        for m in self.models.values():
+            try:
+                await asyncio.wait_for(m.trainer.close.call_one(), 10)
+            except Exception as e:  # noqa: BLE001 - best effort while shutting down
+                logger.warning("%s: closing the trainer failed: %s", m.model_id, e)
+
+
+def generator_lora_mode(path: str, lora) -> str:
+    """``merged`` (measured faster), except for an adapted unembedding tied to the input
+    embeddings: merging it would change the embeddings too, so it stays a LoRA layer."""
+    import json
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    tied = config.get("tie_word_embeddings", True)
+    return "unmerged" if "lm_head" in lora.target_modules and tied else "merged"
+
+
+def parse_path(path: str) -> tuple[str, str, str]:
+    """``tinker://<model_id>/<kind>/<name>`` -> (model_id, kind, name)."""
+    prefix = "tinker://"
+    parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
+    if len(parts) != 3 or not all(parts):
+        raise UserError(f"{path!r} is not a tinker://<model_id>/<kind>/<name> path")
+    return parts[0], parts[1], parts[2]

@@ -1,0 +1,120 @@
+"""The Tinker API's binary bodies: forward/backward requests in, forward/backward outputs and
+samples out, as protobuf messages of the pinned ``tinker`` SDK's own schema
+(``tinker.proto.tinker_public_pb2``), so the server reads and writes exactly what that SDK
+version writes and reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PROTO_CONTENT_TYPE = "application/x-protobuf"
+
+
+class WireError(ValueError):
+    """A request body this server cannot use (the caller's mistake or an unsupported input)."""
+
+
+def _pb():
+    from tinker.proto import tinker_public_pb2
+
+    return tinker_public_pb2
+
+
+@dataclass
+class ForwardBackwardCall:
+    """A decoded ``/api/v1/forward_backward`` body; ``datums`` as ``forge.training.datums``
+    takes them."""
+
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_fn_config: dict
+    forward_only: bool
+    datums: list[dict]
+
+
+def _tensor_to_numpy(msg) -> np.ndarray:
+    from tinker.proto.response_conv import _tensor_data_from_proto
+
+    return _tensor_data_from_proto(msg).to_numpy(pad_value=0).reshape(-1)
+
+
+def _chunk_tokens(chunk, where: str) -> list[int]:
+    kind = chunk.WhichOneof("chunk")
+    if kind not in (None, "encoded_text"):
+        raise WireError(f"{where}: {kind} chunks are not supported by this server (text only)")
+    return np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).astype(np.int64).tolist()
+
+
+def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
+    """Parse a forward/backward request (zstd already undone)."""
+    msg = _pb().ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise WireError(f"forward_backward: the body is not a ForwardBackwardRequest ({e})") from e
+    config: dict = {}
+    for key, value in msg.loss_fn_config_v2.items():
+        config[key] = value.text if value.WhichOneof("value") == "text" else value.number
+    for key, value in msg.loss_fn_config.items():
+        config.setdefault(key, value)
+    datums = []
+    for i, d in enumerate(msg.data):
+        tokens: list[int] = []
+        for chunk in d.model_input:
+            tokens += _chunk_tokens(chunk, f"datum {i}")
+        inputs = {name: _tensor_to_numpy(t) for name, t in d.loss_fn_inputs.items()}
+        datums.append({"tokens": tokens, "inputs": inputs})
+    return ForwardBackwardCall(
+        msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), datums
+    )
+
+
+def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict) -> bytes:
+    """One ``ArrayRecord`` with a batched float32 ``logprobs`` field (per-datum offsets)."""
+    pb = _pb()
+    out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    for k, v in metrics.items():
+        out.metrics[k] = float(v)
+    record = out.loss_fn_outputs.add()
+    record.type_tag = "ArrayRecord"
+    record.num_datums = len(outputs)
+    names = sorted({name for o in outputs for name in o})
+    for name in names:
+        arrays = [np.asarray(o[name], dtype=np.float32).reshape(-1) for o in outputs]
+        offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
+        field = record.fields[name]
+        field.dtype = pb.DTYPE_FLOAT32
+        field.data = b"".join(a.tobytes() for a in arrays)
+        field.offsets = offsets.tobytes()
+    return out.SerializeToString()
+
+
+def encode_sample_response(sequences: list[tuple[list[int], list[float] | None, str]]) -> bytes:
+    """``sequences``: (tokens, logprobs or None, stop reason ``"stop"`` | ``"length"``)."""
+    pb = _pb()
+    reasons = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
+    out = pb.SampleResponse()
+    for tokens, logprobs, reason in sequences:
+        seq = out.sequences.add()
+        seq.stop_reason = reasons[reason]
+        seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
+        if logprobs is not None:
+            seq.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+    return out.SerializeToString()
+
+
+def prompt_tokens(model_input: dict, where: str) -> list[int]:
+    """The token ids of a JSON ``ModelInput`` (``{"chunks": [{"type": "encoded_text",
+    "tokens": [...]}, ...]}``)."""
+    tokens: list[int] = []
+    for chunk in model_input.get("chunks", []):
+        kind = chunk.get("type", "encoded_text")
+        if kind != "encoded_text":
+            raise WireError(f"{where}: {kind} chunks are not supported by this server (text only)")
+        tokens += [int(t) for t in chunk["tokens"]]
+    if not tokens:
+        raise WireError(f"{where}: the prompt has no tokens")
+    return tokens

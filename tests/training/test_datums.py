@@ -1,0 +1,108 @@
+"""Token-datum training (the Tinker API's losses): each loss against its formula computed
+independently, gradient accumulation over calls, the Adam step's parameters, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from forge.training import OptimizerConfig, TrainerConfig, TrainerCore
+from forge.training import datums as ops
+
+
+def _core(model: str) -> TrainerCore:
+    return TrainerCore(TrainerConfig(model=model, optimizer=OptimizerConfig(lr=1e-3)))
+
+
+def _datum(tokens, **inputs):
+    return {"tokens": list(tokens), "inputs": {k: np.asarray(v) for k, v in inputs.items()}}
+
+
+def _reference_logprobs(core, tokens, targets) -> torch.Tensor:
+    with torch.no_grad():
+        logits = core.model(input_ids=torch.tensor([tokens])).logits[0].float()
+    return torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(targets)]
+
+
+def test_cross_entropy_is_the_weighted_sum_and_outputs_target_logprobs(tiny_model):
+    core = _core(tiny_model)
+    a, b = [5, 9, 13, 21], [7, 8, 30]
+    ta, tb = [9, 13, 21, 2], [8, 30, 2]
+    wa, wb = [0, 1, 1, 0.5], [1, 1, 0]
+    out, metrics = ops.forward_backward(
+        core, [_datum(a, target_tokens=ta, weights=wa), _datum(b, target_tokens=tb, weights=wb)],
+        "cross_entropy", None, forward_only=True,
+    )  # fmt: skip
+    la, lb = _reference_logprobs(core, a, ta), _reference_logprobs(core, b, tb)
+    np.testing.assert_allclose(out[0]["logprobs"], la.numpy(), atol=1e-5)
+    np.testing.assert_allclose(out[1]["logprobs"], lb.numpy(), atol=1e-5)  # padding ignored
+    expected = -(la * torch.tensor(wa)).sum() - (lb * torch.tensor(wb)).sum()
+    assert metrics["loss:sum"] == pytest.approx(float(expected), rel=1e-5)
+    assert metrics["tokens:sum"] == 7
+    assert all(p.grad is None for p in core.model.parameters())  # forward only
+
+
+def test_gradients_add_up_over_calls_until_the_optimizer_step(tiny_model):
+    core = _core(tiny_model)
+    d = _datum([5, 9, 13], target_tokens=[9, 13, 2], weights=[1, 1, 1])
+    ops.forward_backward(core, [d], "cross_entropy", None, forward_only=False)
+    p = next(p for p in core.model.parameters() if p.grad is not None)
+    once = p.grad.clone()
+    ops.forward_backward(core, [d], "cross_entropy", None, forward_only=False)
+    torch.testing.assert_close(p.grad, 2 * once)
+    before = p.detach().clone()
+    adam = dict(learning_rate=0.01, beta1=0.5, beta2=0.9, eps=1e-8, weight_decay=0.0,
+                grad_clip_norm=0.0)  # fmt: skip
+    metrics = ops.optim_step(core, adam)
+    assert metrics["grad_norm"] > 0 and metrics["step"] == 1
+    assert p.grad is None
+    group = core.optimizer.param_groups[0]
+    assert group["lr"] == 0.01 and group["betas"] == (0.5, 0.9)
+    # Adam's first step moves each weight by about lr (sign of the gradient).
+    moved = (p.detach() - before)[once.abs() > 1e-5].abs()
+    assert moved.median().item() == pytest.approx(0.01, rel=1e-2)
+
+
+def test_importance_sampling_gradient_is_the_advantage_weighted_ratio(tiny_model):
+    core = _core(tiny_model)
+    tokens, targets = [5, 9, 13, 21], [9, 13, 21, 2]
+    lp = _reference_logprobs(core, tokens, targets)
+    sampled = (lp - 0.3).numpy()  # the sampler's logprobs: ratio exp(0.3) everywhere
+    adv = np.array([0.0, 1.0, -2.0, 0.5], dtype=np.float32)
+    _, metrics = ops.forward_backward(
+        core, [_datum(tokens, target_tokens=targets, logprobs=sampled, advantages=adv)],
+        "importance_sampling", None, forward_only=True,
+    )  # fmt: skip
+    assert metrics["loss:sum"] == pytest.approx(-np.exp(0.3) * adv.sum(), rel=1e-4)
+
+
+def test_ppo_clips_the_ratio_where_the_advantage_is_positive(tiny_model):
+    core = _core(tiny_model)
+    tokens, targets = [5, 9, 13], [9, 13, 21]
+    lp = _reference_logprobs(core, tokens, targets)
+    sampled = (lp - 1.0).numpy()  # ratio e ~ 2.72, above any clip
+    adv = np.array([1.0, 1.0, -1.0], dtype=np.float32)
+    cfg = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+    _, metrics = ops.forward_backward(
+        core, [_datum(tokens, target_tokens=targets, logprobs=sampled, advantages=adv)],
+        "ppo", cfg, forward_only=True,
+    )  # fmt: skip
+    # min(r A, clip(r) A): 1.1 for each positive advantage, -e for the negative one.
+    assert metrics["loss:sum"] == pytest.approx(-(1.1 + 1.1 - np.e), rel=1e-4)
+
+
+def test_bad_requests_are_named_before_any_compute(tiny_model):
+    core = _core(tiny_model)
+    d = _datum([5, 9], target_tokens=[9, 2])
+    with pytest.raises(ops.DatumError, match="'cispo' is not supported"):
+        ops.forward_backward(core, [d], "cispo", None, forward_only=False)
+    with pytest.raises(ops.DatumError, match="needs loss_fn_inputs\\['logprobs'\\]"):
+        ops.forward_backward(core, [d], "importance_sampling", None, forward_only=False)
+    with pytest.raises(ops.DatumError, match="same length"):
+        ops.forward_backward(core, [_datum([5, 9, 1], target_tokens=[9, 2])],
+                             "cross_entropy", None, forward_only=False)  # fmt: skip
+    with pytest.raises(ops.DatumError, match="not used by 'cross_entropy'"):
+        ops.forward_backward(core, [d], "cross_entropy", {"clip_low_threshold": 0.5}, False)
+    with pytest.raises(ops.DatumError, match="unknown Adam parameters"):
+        ops.optim_step(core, {"learning_rate": 1e-3, "momentum": 0.9})
