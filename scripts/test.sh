@@ -4,7 +4,7 @@
 #
 # Every optional part that runs on a CPU is installed, so its tests run rather than skip:
 # ray and monarch (the service suite also runs on Ray and on Monarch proc meshes), the titan
-# trainer backend, the tensorboard and wandb metric backends, PEFT (LoRA), and the ecosystem
+# trainer backend, the tensorboard and wandb metric backends, PEFT (LoRA), the tinker SDK (forge serve's tests), and the ecosystem
 # environments' packages (reasoning-gym, verifiers, textarena, openenv-core). The vLLM generator tests run
 # last, from a virtual environment of their own (scripts/test_vllm.sh); FORGE_CI_VLLM=0 leaves
 # them out.
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 start=$SECONDS
-FORGE_EXTRAS=${FORGE_EXTRAS:-dev,ray,monarch,titan,tensorboard,wandb,envs,lora} bash scripts/setup.sh
+FORGE_EXTRAS=${FORGE_EXTRAS:-dev,ray,monarch,titan,tensorboard,wandb,envs,lora,serve} bash scripts/setup.sh
 echo "[test] setup took $((SECONDS - start)) s"
 
 echo "[test] fast tests"

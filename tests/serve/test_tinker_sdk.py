@@ -1,0 +1,164 @@
+"""``forge serve`` driven by the real ``tinker`` SDK: the supervised and RL loops of
+apps/tinker learn, keys are checked, state saves and loads, unsupported calls are named, and
+no process outlives the server."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("tinker")
+pytest.importorskip("peft")
+pytest.importorskip("fastapi")
+
+import tinker  # noqa: E402
+from tinker import types  # noqa: E402
+
+from tests.helpers import REPO, script_env, wait_dead  # noqa: E402
+
+pytestmark = pytest.mark.slow
+KEY = "tml-forge-test"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A ``forge serve`` process on a free port; its URL. Stopped (and checked: no process
+    left) after the module's tests."""
+    import psutil
+
+    work = tmp_path_factory.mktemp("serve")
+    (work / "serve.yaml").write_text(f"dir: {work / 'ckpt'}\nmax_models: 6\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forge.cli", "serve", "--config", str(work / "serve.yaml"),
+         "--port", "0", "--api-key", KEY],
+        cwd=str(REPO), env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    deadline = time.monotonic() + 120
+    url = None
+    while url is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if m := re.search(r"Tinker API on (http://\S+)", line):
+            url = m.group(1)
+    assert url, "forge serve did not start:\n" + "".join(lines)
+    drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=open(work / "server.log", "w"))
+    yield url
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        drain.wait(10)
+    assert proc.returncode is not None
+    assert not wait_dead([c for c in children if c != drain.pid], 30), (
+        "processes outlived forge serve"
+    )
+
+
+def _run_app(module: str, url: str, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--base-url", url, *args],
+        cwd=str(REPO), env=script_env(TINKER_API_KEY=KEY), capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def _last(line_prefix: str, text: str) -> dict[str, float]:
+    line = [x for x in text.splitlines() if x.startswith(line_prefix)][-1]
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.]+)", line)}
+
+
+def test_the_rl_loop_learns_through_the_sdk(server):
+    result = _last("first=", _run_app("apps.tinker.rl_loop", server, "--steps", "16"))
+    assert result["first"] < 0.2 and result["last"] > 0.8, result
+
+
+def test_the_supervised_loop_learns_its_facts(server):
+    result = _last("loss_first=", _run_app("apps.tinker.sl_loop", server))
+    assert result["loss_last"] < 0.3 * result["loss_first"], result
+    assert result["exact"] >= 0.75, result
+
+
+def test_a_wrong_key_gets_401(server):
+    r = httpx.post(f"{server}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-bad"})
+    assert r.status_code == 401 and "API key" in r.json()["detail"]
+    assert httpx.get(f"{server}/api/v1/healthz").status_code == 401
+    client = tinker.ServiceClient(base_url=server, api_key="tml-wrong")
+    with pytest.raises(tinker.AuthenticationError):
+        client.get_server_capabilities()
+
+
+@pytest.fixture(scope="module")
+def training(server):
+    service = tinker.ServiceClient(base_url=server, api_key=KEY)
+    return service, service.create_lora_training_client(base_model="forge/tiny", rank=4).result()
+
+
+def _datum(tokens):
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+
+
+def test_state_saves_and_loads_with_the_optimizer(training):
+    _, tc = training
+    d = _datum([5, 9, 13, 21, 30, 44])
+    tc.forward_backward([d], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = tc.save_state("ckpt-a").result().path
+    assert path.endswith("/weights/ckpt-a")
+    at_save = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    for _ in range(3):
+        tc.forward_backward([d], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    moved = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert moved != pytest.approx(at_save, abs=1e-4)
+    tc.load_state_with_optimizer(path).result()
+    back = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert back == pytest.approx(at_save, abs=1e-5)
+
+
+def test_sampling_returns_tokens_with_the_trainers_logprobs(training):
+    _, tc = training
+    sampler = tc.save_weights_and_get_sampling_client(name="check").result()
+    prompt = [5, 9, 13]
+    out = sampler.sample(types.ModelInput.from_ints(prompt), 3,
+                         types.SamplingParams(max_tokens=6, seed=1)).result()  # fmt: skip
+    assert len(out.sequences) == 3
+    seq = out.sequences[0]
+    assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
+    tokens = prompt + list(seq.tokens)
+    lp = tc.forward([_datum(tokens)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    assert lp.tolist()[len(prompt) - 1 :] == pytest.approx(seq.logprobs, abs=1e-3)
+
+
+def test_unsupported_calls_are_named(training, server):
+    service, tc = training
+    d = _datum([5, 9, 13])
+    with pytest.raises(tinker.RequestFailedError, match="'cispo' is not supported"):
+        tc.forward_backward([d], "cispo").result()
+    with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs\\['logprobs'\\]"):
+        tc.forward_backward([d], "importance_sampling").result()
+    sampler = tc.save_weights_and_get_sampling_client(name="unsupported").result()
+    with pytest.raises(tinker.BadRequestError, match="prompt logprobs"):
+        sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 13])).result()
+    with pytest.raises(tinker.RequestFailedError, match="not served here.*forge/tiny"):
+        service.create_lora_training_client(base_model="Qwen/Qwen3-8B").result()
+    r = httpx.post(f"{server}/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})
+    assert r.status_code == 404 and "does not support /api/v1/copy_weights" in r.json()["detail"]
