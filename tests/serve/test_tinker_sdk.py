@@ -52,16 +52,17 @@ def server(tmp_path_factory):
         if m := re.search(r"Tinker API on (http://\S+)", line):
             url = m.group(1)
     assert url, "forge serve did not start:\n" + "".join(lines)
-    drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=open(work / "server.log", "w"))
-    yield url
-    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        drain.wait(10)
+    with open(work / "server.log", "w") as log:
+        drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
+        yield url
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            drain.wait(10)
     assert proc.returncode is not None
     assert not wait_dead([c for c in children if c != drain.pid], 30), (
         "processes outlived forge serve"
