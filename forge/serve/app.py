@@ -46,7 +46,7 @@ UNSUPPORTED_SAMPLE_FIELDS = {
 def build_app(state: ServerState, api_key: str):
     """The FastAPI application serving ``state`` to clients holding ``api_key``."""
     app = FastAPI(title="forge serve (Tinker API)")
-    futures = FutureTable(state.cfg.future_wait_s)
+    futures = FutureTable(state.cfg.future_wait_s, state.stats)
     app.state.futures = futures
     key = api_key.encode()
 
@@ -117,7 +117,7 @@ def build_app(state: ServerState, api_key: str):
             model_id = await state.create_model(body["base_model"], body.get("lora_config"))
             return {"model_id": model_id, "type": "create_model"}
 
-        return futures.submit(work())
+        return futures.submit(work(), kind="create_model")
 
     @post("get_info")
     async def get_info(request: Request):
@@ -141,12 +141,15 @@ def build_app(state: ServerState, api_key: str):
         m = state.model(call.model_id)
 
         async def run():
-            outputs, metrics = await m.trainer.forward_backward_datums.call_one(
-                call.datums, call.loss_fn, call.loss_fn_config, call.forward_only
-            )
+            async with state.stats.timed("forward_backward"):
+                outputs, metrics = await m.trainer.forward_backward_datums.call_one(
+                    call.datums, call.loss_fn, call.loss_fn_config, call.forward_only
+                )
             return wire.encode_forward_backward_output(outputs, metrics)
 
-        return futures.submit(m.ordered(call.seq_id, run, state.cfg.order_wait_s), m.model_id)
+        return futures.submit(
+            m.ordered(call.seq_id, run, state.cfg.order_wait_s), m.model_id, "forward_backward"
+        )
 
     @post("optim_step")
     async def optim_step(request: Request):
@@ -162,11 +165,12 @@ def build_app(state: ServerState, api_key: str):
         adam = {**defaults, **adam}
 
         async def run():
-            metrics = await m.trainer.optim_step.call_one(adam)
+            async with state.stats.timed("optim_step"):
+                metrics = await m.trainer.optim_step.call_one(adam)
             return {"type": "optim_step", "metrics": {f"{k}:mean": v for k, v in metrics.items()}}
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id, "optim_step"
         )
 
     # -- weights ---------------------------------------------------------------------------
@@ -179,7 +183,8 @@ def build_app(state: ServerState, api_key: str):
             raise UserError("save_weights_for_sampler needs a name (path)")
 
         async def run():
-            version = await state.push_for_sampling(m)
+            async with state.stats.timed("save_weights_for_sampler"):
+                version = await state.push_for_sampling(m)
             out = {"type": "save_weights_for_sampler"}
             if body.get("path") is not None:
                 path = f"tinker://{m.model_id}/sampler_weights/{body['path']}"
@@ -191,7 +196,9 @@ def build_app(state: ServerState, api_key: str):
             return out
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s),
+            m.model_id,
+            "save_weights_for_sampler",
         )
 
     @post("save_weights")
@@ -208,7 +215,7 @@ def build_app(state: ServerState, api_key: str):
             return {"type": "save_weights", "path": f"tinker://{m.model_id}/weights/{name}"}
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id, "save_weights"
         )
 
     @post("load_weights")
@@ -239,7 +246,7 @@ def build_app(state: ServerState, api_key: str):
             return {"type": "load_weights", "path": body["path"], "model_id": m.model_id}
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id
+            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id, "load_weights"
         )
 
     # -- sampling --------------------------------------------------------------------------
@@ -268,7 +275,7 @@ def build_app(state: ServerState, api_key: str):
         prompt = wire.prompt_tokens(body["prompt"], "asample")
         sampling = sampling_kwargs(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
                                    state.cfg.max_tokens)  # fmt: skip
-        out = futures.submit(sample(state, session, prompt, sampling))
+        out = futures.submit(sample(state, session, prompt, sampling), kind="sample")
         out["sample_sequence_ids"] = [f"{out['request_id']}-{i}" for i in range(sampling["n"])]
         return out
 
@@ -278,6 +285,11 @@ def build_app(state: ServerState, api_key: str):
         if isinstance(result, bytes):
             return Response(result, media_type=wire.PROTO_CONTENT_TYPE)
         return result
+
+    @app.get("/forge/v1/stats")
+    async def stats():
+        """Per kind of call: count, seconds submission-to-result, seconds in the actors."""
+        return {"kinds": state.stats.kinds, "pending": futures.pending()}
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def unsupported(rest: str):
@@ -332,7 +344,8 @@ async def sample(
                 f"generator moved on to version {m.version}; this server samples only the newest "
                 "weights saved for sampling (create a sampling client for them)"
             )
-    completions = await session.generator.generate.route(prompt, **sampling)
+    async with state.stats.timed("sample"):
+        completions = await session.generator.generate.route(prompt, **sampling)
     if session.model_id is not None and any(
         c.generator_version != session.version for c in completions
     ):

@@ -9,6 +9,7 @@ for a request this server refuses (bad input, unsupported call), ``server`` othe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -42,6 +43,31 @@ def message(e: BaseException) -> str:
     return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
 
 
+class Stats:
+    """Per kind of call: how many, seconds from submission to result (``total_s``) and
+    seconds inside Forge's actors (``actor_s``); the rest of ``total_s`` is waiting for
+    earlier calls. ``GET /forge/v1/stats`` returns them (benchmarks/tinker_loop.py)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, dict[str, float]] = {}
+
+    def _kind(self, kind: str) -> dict[str, float]:
+        return self.kinds.setdefault(kind, {"n": 0, "total_s": 0.0, "actor_s": 0.0})
+
+    def finished(self, kind: str, seconds: float) -> None:
+        k = self._kind(kind)
+        k["n"] += 1
+        k["total_s"] += seconds
+
+    @contextlib.asynccontextmanager
+    async def timed(self, kind: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._kind(kind)["actor_s"] += time.perf_counter() - t0
+
+
 @dataclass
 class _Entry:
     task: asyncio.Task
@@ -51,17 +77,22 @@ class _Entry:
 class FutureTable:
     """Request ids to running or finished work."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(self, wait_s: float, stats: Stats | None = None) -> None:
         self.wait_s = wait_s
+        self.stats = stats or Stats()
         self._entries: dict[str, _Entry] = {}
         self._ids = itertools.count(1)
 
-    def submit(self, work: Awaitable[Any], model_id: str | None = None) -> dict:
+    def submit(
+        self, work: Awaitable[Any], model_id: str | None = None, kind: str = "other"
+    ) -> dict:
         """Start ``work``; the API's ``UntypedAPIFuture`` for it."""
         self._evict()
         request_id = f"forge-{next(self._ids)}"
         task = asyncio.ensure_future(work)
         task.add_done_callback(_log_failure(request_id))
+        t0 = time.perf_counter()
+        task.add_done_callback(lambda _: self.stats.finished(kind, time.perf_counter() - t0))
         self._entries[request_id] = _Entry(task, time.monotonic())
         out = {"request_id": request_id}
         if model_id is not None:

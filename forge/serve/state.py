@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.serve.config import ServeConfig, ServedBase, resolve_path
-from forge.serve.futures import UserError
+from forge.serve.futures import Stats, UserError
 
 logger = logging.getLogger("forge.serve")
 
@@ -84,6 +84,7 @@ class ServerState:
         self.base_generators: dict[str, Any] = {}
         self._ids = itertools.count(1)
         self._spawn_lock = asyncio.Lock()
+        self.stats = Stats()
 
     # -- sessions ---------------------------------------------------------------------------
 
