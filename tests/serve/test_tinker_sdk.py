@@ -4,12 +4,9 @@ no process outlives the server."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -21,7 +18,8 @@ pytest.importorskip("fastapi")
 import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
-from tests.helpers import REPO, script_env, wait_dead  # noqa: E402
+from tests.helpers import REPO, script_env  # noqa: E402
+from tests.serve.server import serve_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
 KEY = "tml-forge-test"
@@ -29,44 +27,10 @@ KEY = "tml-forge-test"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A ``forge serve`` process on a free port; its URL. Stopped (and checked: no process
-    left) after the module's tests."""
-    import psutil
-
+    """A ``forge serve`` process on a free port; its URL (stopped and checked after)."""
     work = tmp_path_factory.mktemp("serve")
-    (work / "serve.yaml").write_text(f"dir: {work / 'ckpt'}\nmax_models: 6\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "forge.cli", "serve", "--config", str(work / "serve.yaml"),
-         "--port", "0", "--api-key", KEY],
-        cwd=str(REPO), env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    lines = []
-    deadline = time.monotonic() + 120
-    url = None
-    while url is None and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if m := re.search(r"Tinker API on (http://\S+)", line):
-            url = m.group(1)
-    assert url, "forge serve did not start:\n" + "".join(lines)
-    with open(work / "server.log", "w") as log:
-        drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
+    with serve_process(work, f"dir: {work / 'ckpt'}\nmax_models: 6\n", KEY) as url:
         yield url
-        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            drain.wait(10)
-    assert proc.returncode is not None
-    assert not wait_dead([c for c in children if c != drain.pid], 30), (
-        "processes outlived forge serve"
-    )
 
 
 def _run_app(module: str, url: str, *args: str) -> str:

@@ -1,0 +1,55 @@
+"""A ``forge serve`` process for tests: started on a free port, stopped with SIGINT, and
+checked to leave no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import REPO, script_env, wait_dead
+
+
+@contextlib.contextmanager
+def serve_process(work: Path, config: str, key: str):
+    """Yield the URL of a server run with ``config`` (YAML text) and ``key``."""
+    import psutil
+
+    (work / "serve.yaml").write_text(config)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forge.cli", "serve", "--config", str(work / "serve.yaml"),
+         "--port", "0", "--api-key", key],
+        cwd=str(REPO), env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines, url = [], None
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if m := re.search(r"Tinker API on (http://\S+)", line):
+            url = m.group(1)
+    if url is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("forge serve did not start:\n" + "".join(lines))
+    with open(work / "server.log", "w") as log:
+        drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
+        try:
+            yield url
+        finally:
+            children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                drain.wait(10)
+    assert not wait_dead(children, 30), "processes outlived forge serve"
