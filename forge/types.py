@@ -63,6 +63,7 @@ class Completion:
     text: str
     stop_reason: str
     generator_version: int
+    adapter: str | None = None  # the LoRA adapter that sampled it (lora_mode multi)
 
 
 @dataclass

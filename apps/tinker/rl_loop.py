@@ -24,9 +24,14 @@ from tinker import types
 PROMPTS = ["Count: ", "Numbers: ", "Digits: ", "Write: "]
 
 
-def reward(text: str) -> float:
-    """Share of characters that are lowercase ASCII letters (0 for an empty completion)."""
-    return sum("a" <= c <= "z" for c in text) / len(text) if text else 0.0
+TASKS = {"lower": ("a", "z"), "upper": ("A", "Z")}
+
+
+def reward(text: str, task: str = "lower") -> float:
+    """Share of characters that are lowercase (``task="upper"``: uppercase) ASCII letters
+    (0 for an empty completion)."""
+    lo, hi = TASKS[task]
+    return sum(lo <= c <= hi for c in text) / len(text) if text else 0.0
 
 
 def datum(prompt: list[int], seq, advantage: float) -> types.Datum:
@@ -51,6 +56,7 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
     p.add_argument("--lr", type=float, default=2e-2)
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--task", choices=sorted(TASKS), default="lower", help="which letters pay")
     args = p.parse_args()
 
     service = tinker.ServiceClient(base_url=args.base_url)

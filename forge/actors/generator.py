@@ -20,6 +20,10 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
   version that holds a LoRA adapter (``WeightHandle.is_adapter``, a trainer with ``lora``)
   is pulled (a few KB to MBs) and applied to the base the replica holds
   (``GeneratorConfig.lora_mode``, see ``forge.generation.hf_backend``).
+- ``load_adapter(name, handle) -> int`` (``lora_mode: multi``, hf backend): serve the pushed
+  adapter version as ``name`` next to the other adapters on the one base model (per-row
+  LoRA, ``forge.generation.multi_lora``); ``generate(prompt, adapter=name, ...)`` samples
+  with its newest version and stamps completions with ``adapter`` and that version.
 - ``on_recover() -> int``: called by the service layer after it restarted a crashed replica,
   before the replica takes traffic: loads the latest version published where the config
   says, by default the run's publication location (``forge.weights.pull``), if any (else
@@ -95,8 +99,13 @@ class Generator(ForgeActor):
     # ---- generation -------------------------------------------------------------------
 
     @endpoint
-    async def generate(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
+    async def generate(
+        self, prompt: Prompt, adapter: str | None = None, **sampling: Any
+    ) -> list[Completion]:
         params = make_sampling_params(self.config.sampling, sampling)
+        if adapter is not None:  # lora_mode multi: sample with that adapter's newest version
+            with self.busy():
+                return await self._backend().generate(prompt, params, adapter=adapter)
         if self._recovered:
             # A version pushed while this replica was restarting missed it (the app's fanout
             # went to healthy replicas only): catch up before serving the first requests.
@@ -194,6 +203,16 @@ class Generator(ForgeActor):
             ):
                 return False
         return True
+
+    @endpoint
+    async def load_adapter(self, name: str, handle: WeightHandle) -> int:
+        """``lora_mode: multi``: pull the adapter version ``handle`` points to and serve it as
+        ``name`` (``generate(..., adapter=name)``) next to the others, on the one base model
+        this replica holds. Returns the version."""
+        handle = await localize(handle)
+        state_dict = await asyncio.to_thread(pull_handle, handle)
+        await self._backend().load_adapter(name, handle.version, state_dict)
+        return handle.version
 
     @endpoint
     async def on_recover(self) -> int:

@@ -123,10 +123,10 @@ class GeneratorConfig:
                 "GeneratorConfig.prefix_cache_tokens must be >= 0 (0 turns prefix reuse off), "
                 f"got {self.prefix_cache_tokens}"
             )
-        if self.lora_mode not in LORA_MODES:
+        if self.lora_mode not in (*LORA_MODES, "multi"):
             raise ValueError(
                 f"GeneratorConfig.lora_mode {self.lora_mode!r} is unknown; choose one of "
-                f"{LORA_MODES}"
+                f"{(*LORA_MODES, 'multi')}"
             )
         if self.update_mode not in UPDATE_MODES:
             raise ValueError(
@@ -187,6 +187,15 @@ class GeneratorBackend:
         model uses as they are, valid while ``lease`` (a ``forge.weights.ShmLease``) is held;
         the backend releases it once no request computes with that version."""
         raise NotImplementedError
+
+    async def load_adapter(
+        self, name: str, version: int, state_dict: dict[str, torch.Tensor]
+    ) -> None:
+        """``lora_mode: multi``: serve a LoRA adapter version as ``name`` next to others."""
+        raise NotImplementedError(
+            f"{type(self).__name__} serves one adapter at a time; many adapters on one "
+            "generator need the hf backend with lora_mode: multi"
+        )
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Current weights by HF name (what new requests use); for checks and debugging."""

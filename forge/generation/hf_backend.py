@@ -62,6 +62,7 @@ class _Request:
     prompt: Prompt
     params: SamplingParams
     future: asyncio.Future
+    adapter: str | None = None
 
 
 @dataclass
@@ -104,6 +105,8 @@ class HFBackend(GeneratorBackend):
         self._stats.update(weight_updates=0, in_flight_updates=0, max_lanes=0)
         self._prefix_counters: Counter = Counter()  # shared by every lane's engine
         self._lora = None  # a forge.training.lora.LoraApplier once an adapter is pushed
+        self._slots = None  # lora_mode multi: forge.generation.multi_lora.LoraSlots
+        self._adapters: dict[str, tuple[int, int]] = {}  # multi: name -> (slot, version)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -120,6 +123,10 @@ class HFBackend(GeneratorBackend):
         cfg = self.config
         # (An exported LoRA policy, an adapter directory, loads as its merged model.)
         model = load_base_model(cfg.model, cfg.dtype, cfg.device, cfg.attn_implementation)
+        if cfg.lora_mode == "multi":
+            from forge.generation.multi_lora import LoraSlots
+
+            self._slots = LoraSlots(model)
         return model, load_tokenizer(cfg.model)
 
     def _new_lane(self, model, version: int) -> _Lane:
@@ -133,8 +140,9 @@ class HFBackend(GeneratorBackend):
             cfg.max_batch_size,
             version,
             cfg.seed + version,
-            prefix_cache_tokens=cfg.prefix_cache_tokens,
+            prefix_cache_tokens=0 if self._slots is not None else cfg.prefix_cache_tokens,
             counters=self._prefix_counters,
+            lora=self._slots,
         )
 
     async def close(self) -> None:
@@ -152,11 +160,18 @@ class HFBackend(GeneratorBackend):
 
     # ---- requests -----------------------------------------------------------------------
 
-    async def generate(self, prompt: Prompt, params: SamplingParams) -> list[Completion]:
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]:
         if self._task is None or self._task.done():
             raise RuntimeError("the hf generator is not serving; was setup() run (or closed)?")
+        if adapter is not None and adapter not in self._adapters:
+            raise ValueError(
+                f"adapter {adapter!r} is not loaded on this generator (loaded: "
+                f"{sorted(self._adapters) or 'none'}; lora_mode multi loads them with load_adapter)"
+            )
         future = asyncio.get_running_loop().create_future()
-        self._inbox.append(_Request(prompt, params, future))
+        self._inbox.append(_Request(prompt, params, future, adapter))
         self._stats["requests"] += 1
         self._wake.set()
         return await future
@@ -211,7 +226,13 @@ class HFBackend(GeneratorBackend):
             if req.future.done():  # the caller gave up (cancelled, timed out)
                 continue
             try:
-                request_id = lane.engine.add_request(req.prompt, req.params)
+                if req.adapter is None:
+                    request_id = lane.engine.add_request(req.prompt, req.params)
+                else:  # the adapter's newest version at admission
+                    slot, version = self._adapters[req.adapter]
+                    request_id = lane.engine.add_request(
+                        req.prompt, req.params, slot, version, req.adapter
+                    )
             except (TypeError, ValueError) as e:  # bad prompt: that caller's error only
                 req.future.set_exception(e)
                 continue
@@ -234,6 +255,49 @@ class HFBackend(GeneratorBackend):
                     future.set_result(completions)
         if not any(lane.rows for lane in self._lanes):
             self._drained.set()
+        if self._slots is not None:
+            self._free_slots()
+
+    def _free_slots(self) -> None:
+        """Recycle the slots of adapter versions no request uses any more."""
+        current = {slot for slot, _ in self._adapters.values()}
+        in_use = set().union(*(lane.engine.slots_in_use() for lane in self._lanes))
+        for slot in list(self._slots.spec):
+            if slot not in current and slot not in in_use:
+                self._slots.free(slot)
+
+    async def load_adapter(
+        self, name: str, version: int, state_dict: dict[str, torch.Tensor]
+    ) -> None:
+        """``lora_mode: multi``: load a pushed adapter version as ``name`` into a slot of its
+        own; requests admitted from then on use it, running ones keep the version they
+        started with (``forge.generation.multi_lora``)."""
+        if self._slots is None:
+            raise ValueError("load_adapter needs lora_mode: multi (this generator has "
+                             f"lora_mode {self.config.lora_mode!r})")  # fmt: skip
+        adapter = unpack_adapter(state_dict)
+        if adapter is None:
+            raise ValueError(f"load_adapter({name!r}): the pushed version holds no LoRA adapter")
+        spec, tensors = adapter
+        if spec.base_model != self.config.model:
+            raise ValueError(
+                f"adapter {name!r} is for base model {spec.base_model!r}, but this generator "
+                f"serves {self.config.model!r}"
+            )
+        old = self._adapters.get(name)
+        if old is not None and version <= old[1]:
+            raise ValueError(
+                f"adapter {name!r}: version {version} is not newer than the loaded {old[1]}"
+            )
+        async with self._step_lock:
+            slot = await asyncio.to_thread(self._slots.load, spec, tensors)
+            self._adapters[name] = (slot, version)
+            self._free_slots()
+        self._stats["weight_updates"] += 1
+
+    def adapters(self) -> dict[str, int]:
+        """``lora_mode: multi``: the loaded adapters and their versions."""
+        return {name: version for name, (_, version) in self._adapters.items()}
 
     def _reset_lanes(self, lanes: list[_Lane], error: Exception) -> None:
         """After a failed step: fail the lanes' requests and give each a fresh engine."""
@@ -309,6 +373,11 @@ class HFBackend(GeneratorBackend):
         adapter = unpack_adapter(state_dict)
         if adapter is None:
             return state_dict
+        if self._slots is not None:
+            raise ValueError(
+                "this generator serves many adapters (lora_mode: multi): load each with "
+                "load_adapter(name, handle), not update_weights"
+            )
         from forge.training.lora import LoraApplier
 
         spec, tensors = adapter
@@ -384,6 +453,11 @@ class HFBackend(GeneratorBackend):
             "shared_versions": [lane.version for lane in self._lanes if lane.lease is not None],
             "running_rows": sum(lane.rows for lane in self._lanes),
             "queued": len(self._inbox),
+            **(
+                {"adapters": self.adapters(), "adapter_slots": self._slots.used}
+                if self._slots is not None
+                else {}
+            ),  # fmt: skip
         }
 
 

@@ -81,6 +81,8 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     stop_reason: str | None = None
+    slot: int = 0  # the LoRA slot (lora_mode multi; 0: the base model)
+    adapter: str | None = None
 
 
 @dataclass
@@ -113,10 +115,16 @@ class HFEngine:
         seed: int = 0,
         prefix_cache_tokens: int = 0,
         counters: Counter | None = None,
+        lora=None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
+        self.lora = lora  # forge.generation.multi_lora.LoraSlots: per-row adapters
+        if lora is not None and prefix_cache_tokens:
+            raise ValueError(
+                "prefix reuse does not combine with per-row adapters (lora_mode multi)"
+            )
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self._prefix = PrefixCache(prefix_cache_tokens, version)
@@ -177,9 +185,35 @@ class HFEngine:
             done.update(self.step())
         return [done.pop(i) for i in ids]
 
-    def add_request(self, prompt: Prompt, params: SamplingParams) -> int:
-        """Queue a request (string, chat messages or token ids); returns its id for ``step()``."""
-        return self._enqueue(*self._encode_prompt(prompt), params)
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        slot: int = 0,
+        version: int | None = None,
+        adapter: str | None = None,
+    ) -> int:
+        """Queue a request (string, chat messages or token ids); returns its id for ``step()``.
+        ``slot``: its LoRA slot (``lora`` engines), whose ``version`` and ``adapter`` name
+        its completions carry."""
+        request_id = self._enqueue(*self._encode_prompt(prompt), params)
+        if slot or adapter is not None:
+            if self.lora is None:
+                raise ValueError("this engine serves no adapters (lora_mode is not multi)")
+            for row in self._waiting:
+                if row.request_id == request_id:
+                    row.slot, row.adapter = slot, adapter
+                    row.version = self.version if version is None else version
+        return request_id
+
+    def slots_in_use(self) -> set[int]:
+        """The LoRA slots of waiting and running rows."""
+        rows = list(self._waiting) + ([] if self._running is None else self._running.rows)
+        return {r.slot for r in rows}
+
+    def _select_slots(self, rows: list[_Row]) -> None:
+        if self.lora is not None:
+            self.lora.set_rows([r.slot for r in rows])
 
     def has_work(self) -> bool:
         """Whether any request is waiting or running."""
@@ -265,6 +299,7 @@ class HFEngine:
             cache = kv_cache.growing_cache()
         self.counters["prefix_reused_tokens"] += sum(reuse)
         self.counters["prefill_tokens"] += sum(lengths) - sum(reuse)
+        self._select_slots(rows)
         out = self.model(
             input_ids=input_ids_bt,
             attention_mask=attention_mask_bt,
@@ -283,7 +318,7 @@ class HFEngine:
         logits (a request's ``n`` samples, a GRPO group, share one prompt); ``None`` when
         every prompt is distinct."""
         index: dict[tuple[int, ...], int] = {}
-        src = [index.setdefault(tuple(r.prompt_ids), len(index)) for r in rows]
+        src = [index.setdefault((r.slot, *r.prompt_ids), len(index)) for r in rows]
         if len(index) == len(rows):
             return None
         firsts = [-1] * len(index)  # the first row of each distinct prompt
@@ -353,6 +388,7 @@ class HFEngine:
         mask = run.attention_mask_bt
         if self._fast_attention:  # the 4D decode mask, so the model does not build one per step
             mask = attention.decode_mask(mask, self._fast_attention, self.model.dtype)
+        self._select_slots(run.rows)
         out = self.model(
             input_ids=token_ids_b.unsqueeze(1),
             attention_mask=mask,
@@ -421,6 +457,7 @@ class HFEngine:
             text=row.text,
             stop_reason=row.stop_reason or "length",
             generator_version=row.version,
+            adapter=row.adapter,
         )
 
 

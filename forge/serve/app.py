@@ -344,6 +344,8 @@ async def sample(
                 f"generator moved on to version {m.version}; this server samples only the newest "
                 "weights saved for sampling (create a sampling client for them)"
             )
+    if session.model_id is not None:
+        sampling["adapter"] = session.model_id
     async with state.stats.timed("sample"):
         completions = await session.generator.generate.route(prompt, **sampling)
     if session.model_id is not None and any(

@@ -84,6 +84,7 @@ class ServerState:
         self.base_generators: dict[str, Any] = {}
         self._ids = itertools.count(1)
         self._spawn_lock = asyncio.Lock()
+        self._creating = 0  # training clients being spawned (counted against max_models)
         self.stats = Stats()
 
     # -- sessions ---------------------------------------------------------------------------
@@ -133,8 +134,7 @@ class ServerState:
 
     async def create_model(self, base_name: str, lora: dict | None) -> str:
         """Spawn a trainer and a generator for a new adapter over ``base_name``."""
-        from forge.actors import Generator, Trainer
-        from forge.generation.backend import GeneratorConfig
+        from forge.actors import Trainer
         from forge.training import TrainerConfig
         from forge.weights import WeightTransportConfig
 
@@ -144,11 +144,12 @@ class ServerState:
             raise UserError(str(e.args[0])) from None
         lora_cfg, seed = self.lora_for(lora, base)
         async with self._spawn_lock:
-            if len(self.models) >= self.cfg.max_models:
+            if len(self.models) + self._creating >= self.cfg.max_models:
                 raise UserError(
                     f"this server already holds {len(self.models)} training clients "
                     f"(serve.max_models); start it with a larger max_models"
                 )
+            self._creating += 1
             model_id = f"model-{next(self._ids)}"
             path = resolve_path(base)
             weights = WeightTransportConfig(prefix=f"serve-{model_id}", keep_last=2)
@@ -156,24 +157,25 @@ class ServerState:
                 model=path, lora=lora_cfg, weights=weights, device=self.cfg.device,
                 seed=0 if seed is None else int(seed),
             )  # fmt: skip
-            gcfg = GeneratorConfig(
-                model=path, weights=weights, device=self.cfg.device,
-                max_batch_size=self.cfg.max_batch_size, lora_mode=generator_lora_mode(path, lora_cfg),
-            )  # fmt: skip
             env = self._env()
-            logger.info("%s: spawning a trainer and a generator (%s, rank %d)",
-                        model_id, base.name, lora_cfg.rank)  # fmt: skip
+            logger.info("%s: spawning a trainer (%s, rank %d)", model_id, base.name, lora_cfg.rank)
+        try:
+            # The base's one generator service serves every adapter over that base.
             trainer, generator = await asyncio.gather(
                 Trainer.options(procs=1, env=env, mesh_name=f"trainer-{model_id}").as_actor(tcfg),
-                Generator.options(num_replicas=1, env=env).as_service(gcfg),
+                self.base_generator(base.name),
             )
             self.models[model_id] = ServedModel(
                 model_id, base, path, lora_cfg.rank, trainer, generator
             )
+        finally:
+            self._creating -= 1
         return model_id
 
     async def base_generator(self, base_name: str):
-        """The generator of the base model itself (spawned on first use)."""
+        """The one generator service of a base model (spawned on first use): the base loaded
+        once, every training client's adapter served next to the others on it
+        (``lora_mode: multi``, per-row LoRA), the base itself for requests naming none."""
         from forge.actors import Generator
         from forge.generation.backend import GeneratorConfig
 
@@ -184,7 +186,8 @@ class ServerState:
         async with self._spawn_lock:
             if base_name not in self.base_generators:
                 cfg = GeneratorConfig(model=resolve_path(base), device=self.cfg.device,
-                                      max_batch_size=self.cfg.max_batch_size)  # fmt: skip
+                                      max_batch_size=self.cfg.max_batch_size,
+                                      lora_mode="multi")  # fmt: skip
                 self.base_generators[base_name] = await Generator.options(
                     num_replicas=1, env=self._env()
                 ).as_service(cfg)
@@ -196,7 +199,7 @@ class ServerState:
         """Publish the trainer's adapter as a new version and load it into the generator."""
         version = m.version + 1
         handle = await m.trainer.push_weights.call_one(version)
-        await m.generator.update_weights.fanout(version, handle)
+        await m.generator.load_adapter.fanout(m.model_id, handle)
         m.version = version
         return version
 
@@ -234,16 +237,6 @@ class ServerState:
                 await asyncio.wait_for(m.trainer.close.call_one(), 10)
             except Exception as e:  # noqa: BLE001 - best effort while shutting down
                 logger.warning("%s: closing the trainer failed: %s", m.model_id, e)
-
-
-def generator_lora_mode(path: str, lora) -> str:
-    """``merged`` (measured faster), except for an adapted unembedding tied to the input
-    embeddings: merging it would change the embeddings too, so it stays a LoRA layer."""
-    import json
-
-    config = json.loads((Path(path) / "config.json").read_text())
-    tied = config.get("tie_word_embeddings", True)
-    return "unmerged" if "lm_head" in lora.target_modules and tied else "merged"
 
 
 def parse_path(path: str) -> tuple[str, str, str]:

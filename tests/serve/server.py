@@ -15,9 +15,15 @@ from pathlib import Path
 from tests.helpers import REPO, script_env, wait_dead
 
 
+class Served(str):
+    """The server's URL, with ``pid``: its process."""
+
+    pid: int
+
+
 @contextlib.contextmanager
 def serve_process(work: Path, config: str, key: str):
-    """Yield the URL of a server run with ``config`` (YAML text) and ``key``."""
+    """Yield the URL (a ``Served``) of a server run with ``config`` (YAML text) and ``key``."""
     import psutil
 
     (work / "serve.yaml").write_text(config)
@@ -42,7 +48,9 @@ def serve_process(work: Path, config: str, key: str):
     with open(work / "server.log", "w") as log:
         drain = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
         try:
-            yield url
+            served = Served(url)
+            served.pid = proc.pid
+            yield served
         finally:
             children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
             proc.send_signal(signal.SIGINT)

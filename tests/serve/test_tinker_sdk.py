@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -57,6 +58,25 @@ def test_the_supervised_loop_learns_its_facts(server):
     result = _last("loss_first=", _run_app("apps.tinker.sl_loop", server))
     assert result["loss_last"] < 0.3 * result["loss_first"], result
     assert result["exact"] >= 0.75, result
+
+
+def test_two_training_clients_share_one_generator_and_each_learns_its_task(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.helpers import actor_processes
+
+    args = [("--task", "lower", "--steps", "16"), ("--task", "upper", "--steps", "16")]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(_run_app, "apps.tinker.rl_loop", server, *a) for a in args]
+        # While both train: the base model is loaded once, by one generator process.
+        time.sleep(20)
+        meshes = actor_processes(server.pid).values()
+        outs = [f.result() for f in futures]
+    assert sum(m.startswith("Generator") for m in meshes) == 1, sorted(meshes)
+    assert sum(m.startswith("trainer-") for m in meshes) >= 2, sorted(meshes)
+    for out in outs:
+        result = _last("first=", out)
+        assert result["first"] < 0.2 and result["last"] > 0.8, result
 
 
 def test_a_wrong_key_gets_401(server):
