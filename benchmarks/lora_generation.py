@@ -9,7 +9,9 @@ zero) and then generates a batch: ``--prompts`` concurrent ``generate`` calls wi
 samples each, ``--max-tokens`` tokens, temperature 1.0, fixed seeds. Reported per mode and
 preset: generation tokens/s (median of ``--repeats`` batches after one warm-up) and the
 ``update_weights`` time of one adapter version (median over ``--repeats`` versions; the
-first version, which also sets the model up, is reported apart). ``base`` is the same model
+first version, which also sets the model up, is reported apart). ``multi`` is
+``lora_mode: multi``: two adapters loaded with ``load_adapter`` (alternate versions) and every
+batch half one adapter, half the other (per-row LoRA). ``base`` is the same model
 with no adapter at all. Torch runs with ``--threads`` threads (default 1: a quiet number on a
 shared machine).
 """
@@ -43,13 +45,14 @@ def _adapter_versions(model: str, rank: int, count: int) -> list[dict]:
     return out
 
 
-async def _batch(backend, args) -> float:
+async def _batch(backend, args, multi: bool = False) -> float:
     from forge.types import SamplingParams
 
     t0 = time.perf_counter()
     calls = [
         backend.generate(PROMPTS[i % len(PROMPTS)],
-                         SamplingParams(n=args.n, max_tokens=args.max_tokens, seed=i))
+                         SamplingParams(n=args.n, max_tokens=args.max_tokens, seed=i),
+                         **({"adapter": "ab"[i % 2]} if multi else {}))
         for i in range(args.prompts)
     ]  # fmt: skip
     results = await asyncio.gather(*calls)
@@ -70,11 +73,15 @@ async def _measure(model: str, mode: str, versions: list[dict], args) -> dict:
             times = []
             for v, sd in enumerate(versions, start=1):
                 t0 = time.perf_counter()
-                await backend.update_weights(sd, v, "in_flight")
+                if mode == "multi":  # two adapters, "a" and "b", each its own versions
+                    await backend.load_adapter("ab"[v % 2], v, sd)
+                else:
+                    await backend.update_weights(sd, v, "in_flight")
                 times.append(time.perf_counter() - t0)
             first, updates = times[0], statistics.median(times[1:])
-        await _batch(backend, args)  # warm-up
-        speeds = [await _batch(backend, args) for _ in range(args.repeats)]
+        multi = mode == "multi"
+        await _batch(backend, args, multi)  # warm-up
+        speeds = [await _batch(backend, args, multi) for _ in range(args.repeats)]
         return {"tokens_per_s": statistics.median(speeds), "first_update_s": first,
                 "update_s": updates}  # fmt: skip
     finally:
@@ -99,7 +106,7 @@ def main() -> None:
         for preset in args.presets:
             model = str(make_tiny_model(Path(tmp) / preset, preset=preset, seed=0))
             versions = _adapter_versions(model, args.rank, args.repeats + 1)
-            for mode in ("base", "merged", "unmerged"):
+            for mode in ("base", "merged", "unmerged", "multi"):
                 r = asyncio.run(_measure(model, mode, versions, args))
                 print(f"{preset:8} {mode:9} {r['tokens_per_s']:9.1f} "
                       f"{r['first_update_s'] * 1e3:14.2f} {r['update_s'] * 1e3:10.2f}", flush=True)  # fmt: skip
