@@ -1,11 +1,12 @@
 """The Tinker RL loop against ``forge serve``: steps per second, and where a step's time goes.
 
-    python -m benchmarks.tinker_loop [--steps 20] [--repeats 3] [--group 8] [--prompts 4]
+    python -m benchmarks.tinker_loop [--steps 20] [--repeats 3] [--group 8]
 
-Starts ``forge serve`` (the tiny CPU model), then per repeat creates a LoRA training client
-with the ``tinker`` SDK and runs ``--steps`` steps of apps/tinker/rl_loop.py's loop: save the
-weights for sampling, sample ``--prompts`` x ``--group`` completions of 12 tokens,
-importance-sampling ``forward_backward``, ``optim_step`` (waited for). Reported: steps/s
+Starts ``forge serve`` (the tiny CPU model), then per repeat runs ``apps/tinker/rl_loop.py``
+(the ``tinker`` SDK only, in its own process: a new LoRA training client, then ``--steps``
+steps of: save the weights for sampling, sample 4 prompts x ``--group`` completions of 12
+tokens, importance-sampling ``forward_backward``, ``optim_step``, waited for) and reads the
+per-phase times it prints. Reported: steps/s
 (median over repeats), the client's seconds per step in each phase, and the server's split
 of the same calls (``GET /forge/v1/stats``): seconds inside Forge's trainer and generator
 actors against seconds from the request's arrival to its result. The client's time minus the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -41,45 +43,22 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("forge serve did not start")
 
 
-def one_run(url: str, steps: int, group: int, prompts: int) -> dict:
-    import numpy as np
-    import tinker
-    from tinker import types
-
-    from apps.tinker.rl_loop import PROMPTS, datum, reward
-
-    service = tinker.ServiceClient(base_url=url, api_key=KEY)
-    training = service.create_lora_training_client(base_model="forge/tiny", rank=8).result()
-    tok = training.get_tokenizer()
-    params = types.SamplingParams(max_tokens=12, temperature=1.0)
+def one_run(url: str, steps: int, group: int) -> dict:
+    """Run ``apps/tinker/rl_loop.py`` (the SDK only, its own process); parse its step lines."""
+    env = {**os.environ, "TINKER_API_KEY": KEY}
+    out = subprocess.run(
+        [sys.executable, "-m", "apps.tinker.rl_loop", "--base-url", url, "--steps", str(steps),
+         "--group", str(group)],
+        env=env, capture_output=True, text=True, timeout=600, check=True,
+    ).stdout  # fmt: skip
     phases = {"save_for_sampler": 0.0, "sample": 0.0, "train": 0.0}
-    rewards = []
-    t_start = time.perf_counter()
-    for step in range(steps):
-        t0 = time.perf_counter()
-        sampler = training.save_weights_and_get_sampling_client(name=f"b{step}").result()
-        t1 = time.perf_counter()
-        ps = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(prompts)]
-        futs = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in ps]
-        data, rs = [], []
-        for p, f in zip(ps, futs):
-            seqs = f.result().sequences
-            r = np.array([reward(tok.decode(s.tokens, skip_special_tokens=True)) for s in seqs])
-            adv = (r - r.mean()) / (r.std() + 1e-6)
-            rs += list(r)
-            data += [datum(p, s, float(a)) for s, a in zip(seqs, adv) if a != 0]
-        t2 = time.perf_counter()
-        if data:
-            training.forward_backward(data, "importance_sampling")
-        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-        t3 = time.perf_counter()
-        phases["save_for_sampler"] += t1 - t0
-        phases["sample"] += t2 - t1
-        phases["train"] += t3 - t2
-        rewards.append(float(np.mean(rs)))
-    wall = time.perf_counter() - t_start
+    for m in re.finditer(r"save ([\d.]+) sample ([\d.]+) train ([\d.]+)", out):
+        for key, value in zip(phases, m.groups()):
+            phases[key] += float(value)
+    last = dict(re.findall(r"(\w+)=([-\d.]+)", out.strip().splitlines()[-1]))
+    wall = float(last["seconds"])
     return {"steps_per_s": steps / wall, "wall_s": wall, "phases": phases,
-            "reward_first": rewards[0], "reward_last": rewards[-1]}  # fmt: skip
+            "reward_first": float(last["first"]), "reward_last": float(last["last"])}  # fmt: skip
 
 
 def server_stats(url: str) -> dict:
@@ -95,14 +74,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--group", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=4)
     args = p.parse_args()
     proc, url = start_server()
     try:
         runs = []
         for r in range(args.repeats):
             before = server_stats(url)
-            run = one_run(url, args.steps, args.group, args.prompts)
+            run = one_run(url, args.steps, args.group)
             after = server_stats(url)
             run["server"] = {
                 k: {f: v[f] - before.get(k, {}).get(f, 0) for f in ("n", "total_s", "actor_s")}

@@ -38,6 +38,8 @@ Variable                  Default            Meaning
                                              torch's deterministic kernels in actor processes.
 ``FORGE_VISIBLE_GPUS``    unset              GPUs the provisioner hands out (comma-separated;
                                              wins over ``CUDA_VISIBLE_DEVICES``).
+``FORGE_API_KEY``         unset              ``forge serve``: the key clients must send when
+                                             ``--api-key`` is not given.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -114,6 +116,11 @@ def get(name: str) -> str | None:
 
 
 # -- set by the user -------------------------------------------------------------------------
+def api_key() -> str:
+    """``FORGE_API_KEY``: ``forge serve``'s key when ``--api-key`` is not given ("" if unset)."""
+    return os.environ.get("FORGE_API_KEY", "")
+
+
 def backend() -> str:
     """``FORGE_BACKEND``: ``local`` (default), ``ray`` or ``monarch``."""
     name = os.environ.get("FORGE_BACKEND", "local").strip().lower() or "local"

@@ -23,8 +23,8 @@ echo "[test] fast tests took $((SECONDS - start)) s"
 echo "[test] slow tests"
 start=$SECONDS
 # tinker-cookbook's recipe runs from a venv of its own (it pins another transformers).
-FORGE_COOKBOOK_PYTHON=$(bash scripts/cookbook_venv.sh) || echo "[test] no cookbook venv: its test skips"
-export FORGE_COOKBOOK_PYTHON
+TINKER_COOKBOOK_PYTHON=$(bash scripts/cookbook_venv.sh) || echo "[test] no cookbook venv: its test skips"
+export TINKER_COOKBOOK_PYTHON
 set +e
 "$PY" -m pytest -q -m slow "$@"
 rc=$?

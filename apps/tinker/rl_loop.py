@@ -65,10 +65,11 @@ def main() -> None:
     ).result()
     tokenizer = training.get_tokenizer()
     params = types.SamplingParams(max_tokens=12, temperature=1.0)
-    means = []
+    means, t_loop = [], time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
         sampler = training.save_weights_and_get_sampling_client(name=f"step-{step}").result()
+        t1 = time.perf_counter()
         prompts = [tokenizer.encode(p) for p in PROMPTS]
         futures = [
             sampler.sample(
@@ -79,18 +80,24 @@ def main() -> None:
         data, rewards = [], []
         for prompt, fut in zip(prompts, futures):
             seqs = fut.result().sequences
-            r = np.array(
-                [reward(tokenizer.decode(s.tokens, skip_special_tokens=True)) for s in seqs]
-            )
+            texts = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in seqs]
+            r = np.array([reward(t, args.task) for t in texts])
             rewards.extend(r)
             adv = (r - r.mean()) / (r.std() + 1e-6)
             data += [datum(prompt, s, float(a)) for s, a in zip(seqs, adv) if a != 0]
+        t2 = time.perf_counter()
         if data:
             training.forward_backward(data, "importance_sampling")
             training.optim_step(types.AdamParams(learning_rate=args.lr)).result()
+        t3 = time.perf_counter()
         means.append(float(np.mean(rewards)))
-        print(f"step {step}: reward {means[-1]:.3f} ({time.perf_counter() - t0:.1f} s)", flush=True)
-    print(f"first={means[0]:.3f} last={means[-1]:.3f}", flush=True)
+        print(
+            f"step {step}: reward {means[-1]:.3f} ({t3 - t0:.2f} s: save {t1 - t0:.4f} "
+            f"sample {t2 - t1:.4f} train {t3 - t2:.4f})",
+            flush=True,
+        )
+    seconds = time.perf_counter() - t_loop
+    print(f"first={means[0]:.3f} last={means[-1]:.3f} seconds={seconds:.2f}", flush=True)
 
 
 if __name__ == "__main__":

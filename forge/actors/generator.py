@@ -205,6 +205,18 @@ class Generator(ForgeActor):
         return True
 
     @endpoint
+    async def prompt_logprobs(
+        self, token_ids: list[int], adapter: str | None = None
+    ) -> list[float]:
+        """Each prompt token's logprob given the tokens before it (NaN for the first), at the
+        current weights (``adapter``'s under ``lora_mode: multi``); hf backend."""
+        backend = self._backend()
+        if not hasattr(backend, "prompt_logprobs"):
+            raise NotImplementedError(f"{type(backend).__name__} has no prompt logprobs")
+        with self.busy():
+            return await backend.prompt_logprobs(token_ids, adapter)
+
+    @endpoint
     async def load_adapter(self, name: str, handle: WeightHandle) -> int:
         """``lora_mode: multi``: pull the adapter version ``handle`` points to and serve it as
         ``name`` (``generate(..., adapter=name)``) next to the others, on the one base model

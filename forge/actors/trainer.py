@@ -225,10 +225,11 @@ class Trainer(ForgeActor):
         return path
 
     @endpoint
-    def load(self, path: str) -> int:
-        """Restore the checkpoint at ``path`` on the controller's host."""
+    def load(self, path: str, weights_only: bool = False) -> int:
+        """Restore the checkpoint at ``path`` on the controller's host; ``weights_only``:
+        the weights alone, with a fresh optimizer (its state cleared)."""
         with files.staged(path) as local:
-            checkpoint.load_checkpoint(Path(local), self.core)
+            checkpoint.load_checkpoint(Path(local), self.core, weights_only=weights_only)
         return self.core.step
 
     @endpoint

@@ -295,6 +295,29 @@ class HFBackend(GeneratorBackend):
             self._free_slots()
         self._stats["weight_updates"] += 1
 
+    async def prompt_logprobs(
+        self, token_ids: list[int], adapter: str | None = None
+    ) -> list[float]:
+        """Logprob of each token of ``token_ids`` given the ones before it (the first: NaN),
+        at the current weights (with ``adapter``'s newest version under ``lora_mode: multi``);
+        between decode steps."""
+        if adapter is not None and adapter not in self._adapters:
+            raise ValueError(f"adapter {adapter!r} is not loaded on this generator")
+        async with self._step_lock:
+            model = self._lanes[-1].engine.model
+            slot = self._adapters[adapter][0] if adapter is not None else 0
+
+            def run() -> list[float]:
+                ids = torch.tensor([token_ids], device=next(model.parameters()).device)
+                with torch.inference_mode():
+                    if self._slots is not None:
+                        self._slots.set_rows([slot])
+                    logits = model(input_ids=ids).logits[0, :-1].float()
+                    lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+                return [float("nan"), *lp.cpu().tolist()]
+
+            return await asyncio.to_thread(run)
+
     def adapters(self) -> dict[str, int]:
         """``lora_mode: multi``: the loaded adapters and their versions."""
         return {name: version for name, (_, version) in self._adapters.items()}

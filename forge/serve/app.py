@@ -9,6 +9,7 @@ this server does not serve answers the API's error shape naming it."""
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 
@@ -32,14 +33,14 @@ CLIENT_CONFIG = {
     "sample_join_sampling_session": False,
     "sample_enable_stuck_detection": False,
 }
+CHECKPOINT_META = "forge_serve.json"  # a save_state checkpoint's base model and lora_config
 UNSUPPORTED_SAMPLE_FIELDS = {
-    "prompt_logprobs": "prompt logprobs (compute_logprobs)",
     "topk_prompt_logprobs": "top-k prompt logprobs",
     "topk_sample_logprobs": "top-k sample logprobs",
     "target_prompt_logprobs": "target prompt logprobs",
     "prompt_alt_tokens_k": "prompt alternative tokens",
     "record_stability_info": "stability info",
-    "prompt_logprobs_last_n": "prompt logprobs",
+    "prompt_logprobs_last_n": "prompt logprobs of the last n tokens only",
 }
 
 
@@ -114,7 +115,8 @@ def build_app(state: ServerState, api_key: str):
             raise UserError(f"optimizer {optimizer!r} is not supported by this server (adamw only)")
 
         async def work():
-            model_id = await state.create_model(body["base_model"], body.get("lora_config"))
+            model_id = f"{body['session_id']}:train:{body['model_seq_id']}"  # the SDK's scheme
+            await state.create_model(body["base_model"], body.get("lora_config"), model_id)
             return {"model_id": model_id, "type": "create_model"}
 
         return futures.submit(work(), kind="create_model")
@@ -211,7 +213,10 @@ def build_app(state: ServerState, api_key: str):
             raise UserError(f"checkpoint {name!r} of {m.model_id} exists; pass overwrite=True")
 
         async def run():
-            await m.trainer.save.call_one(str(target))
+            async with state.stats.timed("save_weights"):
+                await m.trainer.save.call_one(str(target))
+            meta = {"base_model": m.base.name, "lora_config": m.lora_request}
+            (target / CHECKPOINT_META).write_text(json.dumps(meta))
             return {"type": "save_weights", "path": f"tinker://{m.model_id}/weights/{name}"}
 
         return futures.submit(
@@ -221,33 +226,43 @@ def build_app(state: ServerState, api_key: str):
     @post("load_weights")
     async def load_weights(request: Request):
         body = await request.json()
-        if body.get("model_id") is None:
-            raise UserError(
-                "creating a training client from a checkpoint is not supported by this server; "
-                "create a LoRA training client and call load_state on it"
-            )
-        m = state.model(body["model_id"])
         source_id, kind, name = parse_path(body["path"])
         if kind != "weights":
             raise UserError(
                 f"{body['path']!r} is not a save_state checkpoint (tinker://.../weights/...)"
             )
-        if not body.get("optimizer", False):
-            raise UserError(
-                "loading weights without the optimizer state is not supported by this server; "
-                "use load_state_with_optimizer"
-            )
         source = state.checkpoint_dir(source_id, name)
-        if not source.exists():
+        if not (source / CHECKPOINT_META).is_file():
             raise UserError(f"no checkpoint {body['path']!r} on this server")
+        weights_only = not body.get("optimizer", False)
 
-        async def run():
-            await m.trainer.load.call_one(str(source))
-            return {"type": "load_weights", "path": body["path"], "model_id": m.model_id}
+        if body.get("model_id") is not None:  # load_state on an existing training client
+            m = state.model(body["model_id"])
 
-        return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id, "load_weights"
-        )
+            async def run():
+                async with state.stats.timed("load_weights"):
+                    await m.trainer.load.call_one(str(source), weights_only)
+                return {"type": "load_weights", "path": body["path"], "model_id": m.model_id}
+
+            return futures.submit(
+                m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s),
+                m.model_id,
+                "load_weights",
+            )
+
+        # create_training_client_from_state: a new training client with the checkpoint's base
+        # model and adapter layout, then its weights (and optimizer state, if asked).
+        state.check_session(body["session_id"])
+        meta = json.loads((source / CHECKPOINT_META).read_text())
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+
+        async def create():
+            base = body.get("base_model") or meta["base_model"]
+            await state.create_model(base, meta["lora_config"], model_id)
+            await state.model(model_id).trainer.load.call_one(str(source), weights_only)
+            return {"type": "load_weights", "path": body["path"], "model_id": model_id}
+
+        return futures.submit(create(), model_id, "load_weights")
 
     # -- sampling --------------------------------------------------------------------------
 
@@ -275,7 +290,8 @@ def build_app(state: ServerState, api_key: str):
         prompt = wire.prompt_tokens(body["prompt"], "asample")
         sampling = sampling_kwargs(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
                                    state.cfg.max_tokens)  # fmt: skip
-        out = futures.submit(sample(state, session, prompt, sampling), kind="sample")
+        with_prompt = bool(body.get("prompt_logprobs"))
+        out = futures.submit(sample(state, session, prompt, sampling, with_prompt), kind="sample")
         out["sample_sequence_ids"] = [f"{out['request_id']}-{i}" for i in range(sampling["n"])]
         return out
 
@@ -328,9 +344,14 @@ def sampling_kwargs(params: dict, n: int, default_max_tokens: int) -> dict:
 
 
 async def sample(
-    state: ServerState, session: SamplingSession, prompt: list[int], sampling: dict
+    state: ServerState,
+    session: SamplingSession,
+    prompt: list[int],
+    sampling: dict,
+    with_prompt: bool = False,
 ) -> bytes:
-    """Sample at the session's version; protobuf ``SampleResponse`` bytes."""
+    """Sample at the session's version (and score the prompt, ``with_prompt``); protobuf
+    ``SampleResponse`` bytes."""
     stop = sampling.pop("stop", None)
     if stop is not None:
         stop = _stop_strings(state, session, stop)
@@ -346,7 +367,12 @@ async def sample(
             )
     if session.model_id is not None:
         sampling["adapter"] = session.model_id
+    prompt_lp = None
     async with state.stats.timed("sample"):
+        if with_prompt:  # compute_logprobs: the prompt scored by the same weights
+            prompt_lp = await session.generator.prompt_logprobs.route(
+                prompt, sampling.get("adapter")
+            )
         completions = await session.generator.generate.route(prompt, **sampling)
     if session.model_id is not None and any(
         c.generator_version != session.version for c in completions
@@ -356,7 +382,8 @@ async def sample(
         [
             (c.token_ids, c.logprobs, "length" if c.stop_reason == "length" else "stop")
             for c in completions
-        ]  # fmt: skip
+        ],
+        prompt_lp,
     )
 
 

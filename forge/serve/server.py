@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from forge.serve.config import ServeConfig
 
@@ -24,7 +23,9 @@ SDK_VERSIONS = ">=0.38,<0.39"  # the tinker SDK versions this server was tested 
 
 
 def api_key_from(arg: str | None) -> str:
-    key = arg or os.environ.get("FORGE_API_KEY", "")
+    from controller import env
+
+    key = arg or env.api_key()
     if not key:
         raise ValueError(
             "forge serve needs an API key: pass --api-key tml-<secret> or set FORGE_API_KEY"

@@ -5,8 +5,8 @@ version), and the operations the Tinker routes run on them."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,7 @@ class ServedModel:
     rank: int
     trainer: Any
     generator: Any
+    lora_request: dict = field(default_factory=dict)  # the API's lora_config, for checkpoints
     version: int = 0  # the newest version pushed to the generator
     samplers: dict[str, int] = field(default_factory=dict)  # tinker path -> version
     _next_seq: int = 1
@@ -82,7 +83,6 @@ class ServerState:
         self.models: dict[str, ServedModel] = {}
         self.sampling: dict[str, SamplingSession] = {}
         self.base_generators: dict[str, Any] = {}
-        self._ids = itertools.count(1)
         self._spawn_lock = asyncio.Lock()
         self._creating = 0  # training clients being spawned (counted against max_models)
         self.stats = Stats()
@@ -132,7 +132,7 @@ class ServerState:
             )
         return LoraConfig(rank=rank, alpha=self.cfg.lora_alpha, target_modules=targets), seed
 
-    async def create_model(self, base_name: str, lora: dict | None) -> str:
+    async def create_model(self, base_name: str, lora: dict | None, model_id: str) -> str:
         """Spawn a trainer and a generator for a new adapter over ``base_name``."""
         from forge.actors import Trainer
         from forge.training import TrainerConfig
@@ -149,10 +149,12 @@ class ServerState:
                     f"this server already holds {len(self.models)} training clients "
                     f"(serve.max_models); start it with a larger max_models"
                 )
+            if model_id in self.models:
+                raise UserError(f"model {model_id!r} exists already")
             self._creating += 1
-            model_id = f"model-{next(self._ids)}"
             path = resolve_path(base)
-            weights = WeightTransportConfig(prefix=f"serve-{model_id}", keep_last=2)
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "-", model_id)  # ids hold ':'; file names do not
+            weights = WeightTransportConfig(prefix=f"serve-{safe}", keep_last=2)
             tcfg = TrainerConfig(
                 model=path, lora=lora_cfg, weights=weights, device=self.cfg.device,
                 seed=0 if seed is None else int(seed),
@@ -162,11 +164,11 @@ class ServerState:
         try:
             # The base's one generator service serves every adapter over that base.
             trainer, generator = await asyncio.gather(
-                Trainer.options(procs=1, env=env, mesh_name=f"trainer-{model_id}").as_actor(tcfg),
+                Trainer.options(procs=1, env=env, mesh_name=f"trainer-{safe}").as_actor(tcfg),
                 self.base_generator(base.name),
             )
             self.models[model_id] = ServedModel(
-                model_id, base, path, lora_cfg.rank, trainer, generator
+                model_id, base, path, lora_cfg.rank, trainer, generator, dict(lora or {})
             )
         finally:
             self._creating -= 1

@@ -92,11 +92,17 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     return out.SerializeToString()
 
 
-def encode_sample_response(sequences: list[tuple[list[int], list[float] | None, str]]) -> bytes:
-    """``sequences``: (tokens, logprobs or None, stop reason ``"stop"`` | ``"length"``)."""
+def encode_sample_response(
+    sequences: list[tuple[list[int], list[float] | None, str]],
+    prompt_logprobs: list[float] | None = None,
+) -> bytes:
+    """``sequences``: (tokens, logprobs or None, stop reason ``"stop"`` | ``"length"``);
+    ``prompt_logprobs``: one per prompt token (NaN where none), if asked for."""
     pb = _pb()
     reasons = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
     out = pb.SampleResponse()
+    if prompt_logprobs is not None:
+        out.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     for tokens, logprobs, reason in sequences:
         seq = out.sequences.add()
         seq.stop_reason = reasons[reason]

@@ -83,8 +83,10 @@ def save_checkpoint(path: str | Path, core) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, core) -> None:
-    """Restore ``core`` from ``path`` written by ``save_checkpoint``. Call on every rank."""
+def load_checkpoint(path: str | Path, core, weights_only: bool = False) -> None:
+    """Restore ``core`` from ``path`` written by ``save_checkpoint``. Call on every rank.
+    ``weights_only``: restore the weights alone and clear the optimizer's state (a fresh
+    optimizer; the step, schedule and RNG stay as they are)."""
     path = Path(path)
     rank, _ = parallel.rank_and_world()
     rng_file = path / f"rng_rank{rank}.pt"
@@ -101,6 +103,10 @@ def load_checkpoint(path: str | Path, core) -> None:
         # Tied parameters share one tensor: the file holds each name, loading them all is fine.
         weights = {k: v.to(model_sd[k].device) for k, v in weights.items() if k in model_sd}
         parallel.load_full_state_dict(core.model, weights)
+    if weights_only:
+        core.optimizer.state.clear()
+        _barrier()
+        return
     # weights_only=False: the file holds numpy RNG state and scheduler dicts written by us.
     core.load_state(torch.load(path / STATE_FILE, weights_only=False))
     set_rng_state(torch.load(rng_file, weights_only=False))

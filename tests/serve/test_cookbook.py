@@ -1,6 +1,6 @@
 """A tinker-cookbook recipe, unchanged, against ``forge serve``: math_rl's ``arithmetic``
 environment (synthetic addition problems, nothing downloaded), 4 steps. The recipe runs from
-the venv ``scripts/cookbook_venv.sh`` builds (FORGE_COOKBOOK_PYTHON; scripts/test.sh sets it).
+the venv ``scripts/cookbook_venv.sh`` builds (TINKER_COOKBOOK_PYTHON; scripts/test.sh sets it).
 The base model is served under its local path, which is what the recipe's tokenizer lookup
 reads. The random tiny model never writes the answer format, so nothing is learned: this
 checks that every call the recipe makes is served."""
@@ -18,7 +18,7 @@ from tests.serve.server import serve_process
 
 pytestmark = pytest.mark.slow
 KEY = "tml-cookbook"
-PYTHON = os.environ.get("FORGE_COOKBOOK_PYTHON", "")
+PYTHON = os.environ.get("TINKER_COOKBOOK_PYTHON", "")
 
 
 @pytest.mark.skipif(

@@ -30,7 +30,7 @@ KEY = "tml-forge-test"
 def server(tmp_path_factory):
     """A ``forge serve`` process on a free port; its URL (stopped and checked after)."""
     work = tmp_path_factory.mktemp("serve")
-    with serve_process(work, f"dir: {work / 'ckpt'}\nmax_models: 6\n", KEY) as url:
+    with serve_process(work, f"dir: {work / 'ckpt'}\nmax_models: 8\n", KEY) as url:
         yield url
 
 
@@ -101,7 +101,7 @@ def _datum(tokens):
     )
 
 
-def test_state_saves_and_loads_with_the_optimizer(training):
+def test_state_saves_and_loads_with_or_without_the_optimizer(training):
     _, tc = training
     d = _datum([5, 9, 13, 21, 30, 44])
     tc.forward_backward([d], "cross_entropy").result()
@@ -117,6 +117,17 @@ def test_state_saves_and_loads_with_the_optimizer(training):
     tc.load_state_with_optimizer(path).result()
     back = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
     assert back == pytest.approx(at_save, abs=1e-5)
+    tc.forward_backward([d], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    tc.load_state(path).result()  # the weights alone, a fresh optimizer
+    back = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert back == pytest.approx(at_save, abs=1e-5)
+    # A new training client from the checkpoint: its base model and adapter layout, its weights.
+    service, _ = training
+    other = service.create_training_client_from_state_with_optimizer(path).result()
+    assert other.get_info().lora_rank == 4
+    again = other.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert again == pytest.approx(at_save, abs=1e-5)
 
 
 def test_sampling_returns_tokens_with_the_trainers_logprobs(training):
@@ -131,6 +142,10 @@ def test_sampling_returns_tokens_with_the_trainers_logprobs(training):
     tokens = prompt + list(seq.tokens)
     lp = tc.forward([_datum(tokens)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
     assert lp.tolist()[len(prompt) - 1 :] == pytest.approx(seq.logprobs, abs=1e-3)
+    # compute_logprobs (prompt logprobs): the same weights score the whole sequence.
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert scored[0] is None
+    assert scored[1:] == pytest.approx(lp.tolist(), abs=1e-3)
 
 
 def test_unsupported_calls_are_named(training, server):
@@ -141,8 +156,10 @@ def test_unsupported_calls_are_named(training, server):
     with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs\\['logprobs'\\]"):
         tc.forward_backward([d], "importance_sampling").result()
     sampler = tc.save_weights_and_get_sampling_client(name="unsupported").result()
-    with pytest.raises(tinker.BadRequestError, match="prompt logprobs"):
-        sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 13])).result()
+    with pytest.raises(tinker.BadRequestError, match="top-k prompt logprobs"):
+        sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 1,
+                       types.SamplingParams(max_tokens=2), include_prompt_logprobs=True,
+                       topk_prompt_logprobs=2).result()  # fmt: skip
     with pytest.raises(tinker.RequestFailedError, match="not served here.*forge/tiny"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B").result()
     r = httpx.post(f"{server}/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})

@@ -119,3 +119,25 @@ def test_errors_name_the_adapter(tiny_model):
     single = HFBackend(GeneratorConfig(model=tiny_model))
     with pytest.raises(ValueError, match="needs lora_mode: multi"):
         asyncio.run(single.load_adapter("a", 1, a.push_state_dict()))
+
+
+def test_prompt_logprobs_use_the_adapter(tiny_model):
+    a = _trainer(tiny_model, 1, 4, ("q_proj", "lm_head"))
+    tokens = [7, 30, 44, 2]
+
+    async def go():
+        backend = await _multi(tiny_model)
+        try:
+            await backend.load_adapter("a", 1, a.push_state_dict())
+            return (
+                await backend.prompt_logprobs(PROMPT + tokens, "a"),
+                await backend.prompt_logprobs(PROMPT + tokens),
+            )
+        finally:
+            await backend.close()
+
+    with_a, base = asyncio.run(go())
+    assert with_a[0] != with_a[0]  # NaN: the first token has no context
+    expected = _trainer_logprobs(a, tokens)
+    torch.testing.assert_close(torch.tensor(with_a[len(PROMPT) :]), expected, atol=1e-4, rtol=0)
+    assert base[len(PROMPT) :] != pytest.approx(with_a[len(PROMPT) :], abs=1e-3)
