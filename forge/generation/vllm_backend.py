@@ -53,6 +53,14 @@ Conventions, mapped to ``forge.types``:
   the ``update_weights`` call takes 0.08-0.14 s with the shared-memory pull, 50-70% of the
   batch's tokens are then sampled by the new weights and the batch's tokens/s is unchanged;
   a drain update's call waits 1.5-2.5 s for the running requests.
+- LoRA adapter pushes (``forge.weights.adapter``, from a trainer with ``lora``; the run config
+  sets ``enable_lora``, ``max_lora_rank`` and ``max_loras`` in ``engine_kwargs``): each version
+  becomes a vLLM LoRA of its own (written as a PEFT directory in a private temporary directory
+  of this process, then ``LLMEngine.add_lora``), loaded while requests run, with no drain in
+  either update mode. Requests admitted afterwards carry the new version's ``LoRARequest``;
+  running ones finish on the adapter they started with (so, unlike full-weight updates, a
+  completion never mixes versions). A version no request uses any more is removed
+  (``remove_lora``) and its directory deleted.
 - ``named_weights`` returns vLLM's own (fused) parameter names, not HF names.
 """
 
@@ -61,8 +69,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections import deque
 from typing import Any
@@ -72,6 +83,7 @@ import torch
 from forge.generation.backend import GeneratorBackend, GeneratorConfig
 from forge.generation.prompts import Prompt, encode_prompt
 from forge.types import Completion, SamplingParams
+from forge.weights.adapter import AdapterSpec, unpack_adapter
 
 logger = logging.getLogger("forge.generator")
 
@@ -99,8 +111,11 @@ class VLLMBackend(GeneratorBackend):
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vllm")
         self._ids = itertools.count()
         self._inbox: deque[tuple[Prompt, SamplingParams, asyncio.Future]] = deque()
-        # request id -> (future, prompt text, prompt ids, samples, version)
-        self._running: dict[str, tuple[asyncio.Future, str, list[int], int, int]] = {}
+        # request id -> (future, prompt text, prompt ids, samples, version, LoRA id or 0)
+        self._running: dict[str, tuple[asyncio.Future, str, list[int], int, int, int]] = {}
+        self._lora = None  # the newest adapter version's vllm LoRARequest, once one is pushed
+        self._lora_dirs: dict[int, str] = {}  # LoRA id -> its PEFT directory
+        self._lora_root: str | None = None
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._lock = asyncio.Lock()  # held while the engine steps or reloads
@@ -118,6 +133,7 @@ class VLLMBackend(GeneratorBackend):
                 "in_flight_updates",
                 "mixed_version_completions",
                 "tokens_after_update",
+                "adapter_updates",
             ),
             0,
         )
@@ -164,6 +180,8 @@ class VLLMBackend(GeneratorBackend):
             if not future.done():
                 future.set_exception(error)
         self._pool.shutdown(wait=False)
+        if self._lora_root is not None:
+            shutil.rmtree(self._lora_root, ignore_errors=True)
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -192,6 +210,8 @@ class VLLMBackend(GeneratorBackend):
                         self._fail_running(e)
                     else:
                         self._deliver(outputs)
+                        if len(self._lora_dirs) > 1:
+                            await self._run(self._retire_adapters)
             await asyncio.sleep(0)
 
     def _admit(self) -> None:
@@ -206,11 +226,12 @@ class VLLMBackend(GeneratorBackend):
                 request_id = str(next(self._ids))
                 # The salt keeps prefix-cache blocks of older weights away from this request.
                 inputs = {"prompt_token_ids": ids, "cache_salt": f"v{self.version}"}
-                engine.add_request(request_id, inputs, to_vllm(params))
+                engine.add_request(request_id, inputs, to_vllm(params), lora_request=self._lora)
             except (TypeError, ValueError) as e:
                 future.set_exception(e)
                 continue
-            self._running[request_id] = (future, text, ids, params.n, self.version)
+            lora_id = self._lora.lora_int_id if self._lora is not None else 0
+            self._running[request_id] = (future, text, ids, params.n, self.version, lora_id)
             rows += params.n
         if rows:
             self._drained.clear()
@@ -221,7 +242,7 @@ class VLLMBackend(GeneratorBackend):
         for out in outputs:
             if not out.finished or out.request_id not in self._running:
                 continue
-            future, text, ids, _, version = self._running.pop(out.request_id)
+            future, text, ids, _, version, _ = self._running.pop(out.request_id)
             completions = [_to_completion(text, ids, o, version) for o in out.outputs]
             for o in out.outputs:
                 spans = o.weight_versions or []
@@ -234,6 +255,14 @@ class VLLMBackend(GeneratorBackend):
                 future.set_result(completions)
         if not self._running:
             self._drained.set()
+
+    def _retire_adapters(self) -> None:
+        """Remove the adapter versions that are neither the newest nor used by a request."""
+        current = self._lora.lora_int_id if self._lora is not None else 0
+        used = {r[5] for r in self._running.values()} | {current}
+        for lora_id in [i for i in self._lora_dirs if i not in used]:
+            self._llm.llm_engine.remove_lora(lora_id)
+            shutil.rmtree(self._lora_dirs.pop(lora_id), ignore_errors=True)
 
     def _fail_running(self, error: Exception) -> None:
         self._llm.llm_engine.abort_request(list(self._running))
@@ -248,6 +277,18 @@ class VLLMBackend(GeneratorBackend):
     async def update_weights(
         self, state_dict: dict[str, torch.Tensor], version: int, mode: str
     ) -> None:
+        adapter = unpack_adapter(state_dict)
+        if adapter is not None:  # a new vLLM LoRA; running requests keep theirs (any mode)
+            async with self._update_lock, self._lock:
+                t, running = time.perf_counter(), bool(self._running)
+                await self._run(self._add_adapter, *adapter, version)
+                self._stats["in_flight_updates"] += running
+                self.version = version
+                self._stats["last_update_pause_s"] = time.perf_counter() - t
+                self._stats["weight_updates"] += 1
+                self._stats["adapter_updates"] += 1
+            self._wake.set()
+            return
         async with self._update_lock:
             if mode == "in_flight":
                 # Between two steps; running requests continue on the new weights.
@@ -283,6 +324,50 @@ class VLLMBackend(GeneratorBackend):
             # blocks; then the version's cache salt keeps them from being reused).
             engine.reset_prefix_cache()
 
+    def _add_adapter(self, spec: AdapterSpec, tensors: dict[str, torch.Tensor], version: int):
+        """Write the adapter as a PEFT directory and load it into the engine as version's
+        LoRA (on the engine thread, between two steps)."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        engine = self._llm.llm_engine
+        if engine.vllm_config.lora_config is None:
+            raise ValueError(
+                "a LoRA adapter version was pushed, but this vllm generator's engine was "
+                "started without enable_lora; set generator.engine_kwargs.enable_lora: true "
+                "(the run config does this when trainer.lora is set)"
+            )
+        if spec.base_model != self.config.model:
+            raise ValueError(
+                f"adapter version {version} is for base model {spec.base_model!r}, but this "
+                f"generator serves {self.config.model!r}"
+            )
+        if self._lora_root is None:
+            self._lora_root = tempfile.mkdtemp(prefix="forge-vllm-lora-")
+        lora_id = version + 1  # vLLM's LoRA ids are positive
+        path = os.path.join(self._lora_root, f"v{version}")
+        os.makedirs(path, exist_ok=True)
+        peft_config = {
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
+            "lora_alpha": spec.alpha, "target_modules": list(spec.target_modules),
+            "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "modules_to_save": None,
+            "base_model_name_or_path": spec.base_model,
+        }  # fmt: skip
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(peft_config, f)
+        weights = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        save_file(weights, os.path.join(path, "adapter_model.safetensors"))
+        request = LoRARequest(f"forge-v{version}", lora_id, path)
+        if lora_id in self._lora_dirs:  # the same version pushed again: replace it
+            engine.remove_lora(lora_id)
+        self._lora_dirs[lora_id] = path
+        engine.add_lora(request)
+        # (No set_weight_version: that labels the tokens of running requests as the new
+        # version's, but they keep their own adapter.)
+        self._lora = request
+        self._retire_adapters()
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         def grab(worker):
             model = worker.model_runner.get_model()
@@ -295,6 +380,7 @@ class VLLMBackend(GeneratorBackend):
             **self._stats,
             "version": self.version,
             "running_rows": sum(r[3] for r in self._running.values()),
+            "adapters_loaded": len(self._lora_dirs),
             "queued": len(self._inbox),
         }
 

@@ -89,8 +89,8 @@ def check_policy(policy: PolicyConfig, **roles: Any) -> None:
 
 
 def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
-    """A LoRA policy (``trainer.lora``): generators must apply pushed adapters (hf backend),
-    and the reference's ``mode: auto`` becomes ``adapter_disabled`` (the trainer's own model
+    """A LoRA policy (``trainer.lora``): generators must apply pushed adapters (the vllm
+    backend gets its LoRA engine settings from ``enable_vllm_lora``), and the reference's ``mode: auto`` becomes ``adapter_disabled`` (the trainer's own model
     with the adapter off; no reference service) or, without LoRA, ``separate``. Sets
     ``trainer.lora.disabled_reference`` accordingly; ``ValueError`` for what cannot work."""
     lora = trainer.lora
@@ -104,12 +104,8 @@ def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
                 "reference.mode: separate"
             )
         return
-    if generator.backend != "hf":
-        raise ValueError(
-            f"trainer.lora pushes LoRA adapters, which generator.backend {generator.backend!r} "
-            "cannot apply yet (vLLM's enable_lora path is not implemented); use "
-            "generator.backend: hf, or remove trainer.lora"
-        )
+    if generator.backend == "vllm":
+        enable_vllm_lora(generator, lora)
     if reference is not None and reference.update.type != "none":
         raise ValueError(
             f"reference.update.type={reference.update.type!r} moves the reference towards "
@@ -125,6 +121,40 @@ def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
             f"{trainer.model!r}, so it cannot be the trainer's model with the adapter "
             "disabled; set reference.mode: separate to run it as its own service"
         )
+
+
+# The ranks vLLM's LoRA engine accepts as max_lora_rank (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def enable_vllm_lora(generator: Any, lora: Any) -> None:
+    """Set a vllm generator's engine up for the trainer's LoRA pushes: ``enable_lora``, the
+    smallest ``max_lora_rank`` vLLM accepts that holds ``lora.rank``, and ``max_loras: 2``
+    (a new version loads next to the one running requests still use). The user's own
+    ``engine_kwargs`` win; ones that cannot serve the adapters are a ``ValueError``."""
+    bad = [t for t in lora.target_modules if t not in VLLM_LORA_TARGETS]
+    if bad:
+        raise ValueError(
+            f"trainer.lora.target_modules {bad} cannot be served by generator.backend vllm "
+            f"(Forge's vLLM path adapts {list(VLLM_LORA_TARGETS)}; the tied lm_head / "
+            "embeddings are not); remove them or use generator.backend: hf"
+        )
+    rank = next((r for r in VLLM_LORA_RANKS if r >= lora.rank), None)
+    if rank is None:
+        raise ValueError(f"trainer.lora.rank={lora.rank} is above vLLM's largest LoRA rank 512")
+    kw = generator.engine_kwargs
+    if kw.get("enable_lora", True) is not True:
+        raise ValueError(
+            "generator.engine_kwargs.enable_lora is false, but trainer.lora pushes adapters "
+            "the vllm generator must load; remove enable_lora (Forge sets it)"
+        )
+    if kw.get("max_lora_rank", rank) < lora.rank:
+        raise ValueError(
+            f"generator.engine_kwargs.max_lora_rank={kw['max_lora_rank']} is below "
+            f"trainer.lora.rank={lora.rank}; remove it (Forge sets {rank})"
+        )
+    generator.engine_kwargs = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2, **kw}
 
 
 def retarget(cfg: Any, model: str) -> None:

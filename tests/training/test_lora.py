@@ -215,8 +215,26 @@ def test_run_config_resolves_the_reference_of_a_lora_policy():
         _pipeline("rl.reference.mode=adapter_disabled", *kl)
     with pytest.raises(ValueError, match="moves the reference"):
         _pipeline("rl.trainer.lora.rank=8", "rl.reference.update.type=ema")
-    with pytest.raises(ValueError, match="generator.backend 'vllm' cannot apply"):
-        _pipeline("rl.trainer.lora.rank=8", "rl.generator.backend=vllm")
+
+
+def test_a_vllm_generator_is_set_up_for_the_adapters():
+    gen = _pipeline("rl.trainer.lora.rank=12", "rl.generator.backend=vllm").rl.generator
+    assert gen.engine_kwargs == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 2}
+    gen = _pipeline(
+        "rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
+        "rl.generator.engine_kwargs={max_loras: 4, max_num_seqs: 8}",
+    ).rl.generator  # fmt: skip
+    assert gen.engine_kwargs == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 4,
+                                 "max_num_seqs": 8}  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['lm_head'\] cannot be served by .* vllm"):
+        _pipeline("rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
+                  "rl.trainer.lora.target_modules=[q_proj,lm_head]")  # fmt: skip
+    with pytest.raises(ValueError, match="enable_lora is false"):
+        _pipeline("rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
+                  "rl.generator.engine_kwargs={enable_lora: false}")  # fmt: skip
+    with pytest.raises(ValueError, match="max_lora_rank=8 is below trainer.lora.rank=16"):
+        _pipeline("rl.trainer.lora.rank=16", "rl.generator.backend=vllm",
+                  "rl.generator.engine_kwargs={max_lora_rank: 8}")  # fmt: skip
 
 
 @pytest.mark.slow
