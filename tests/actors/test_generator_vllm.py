@@ -37,12 +37,55 @@ def _perturbed(model_dir: str, seed: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _logprob_diffs(model, c: Completion) -> torch.Tensor:
+def logprob_diffs(model, c: Completion) -> torch.Tensor:
     """|generator logprob - teacher-forced logprob under ``model``| per response token (T=1)."""
     ids_bt, mask_bt, resp_bt = pad_and_stack([c.prompt_ids], [c.token_ids], pad_id=0)
     with torch.no_grad():
         lp_bt = token_logprobs(model, ids_bt, mask_bt, temperature=1.0)
     return (lp_bt[resp_bt.bool()] - torch.tensor(c.logprobs)).abs()
+
+
+def small_model(tmp_path_factory) -> str:
+    """The "small" preset (vLLM's CPU attention needs head size >= 32), built once per test."""
+    from forge.models import ensure_tiny_model
+
+    return str(ensure_tiny_model("small", cache_dir=tmp_path_factory.mktemp("vllm-models")))
+
+
+async def spawn_vllm(model_dir: str, **engine_kwargs):
+    """A vllm Generator actor with this file's CPU engine settings plus ``engine_kwargs``."""
+    config = GeneratorConfig(
+        model=model_dir, backend="vllm", engine_kwargs={**ENGINE_KWARGS, **engine_kwargs}
+    )
+    return await Generator.options(procs=1).as_actor(config)
+
+
+async def start_long_requests(gen, requests: int) -> tuple[list[asyncio.Future], dict]:
+    """``requests`` long requests of 2 samples each, returned once the engine has stepped
+    ~20 times (their rows ~20 tokens in), with the generator's stats at that point."""
+    running = [
+        asyncio.ensure_future(
+            gen.generate.call_one(PROMPT, n=2, max_tokens=MAX_TOKENS, temperature=1.0, seed=s)
+        )
+        for s in range(requests)
+    ]
+    for _ in range(3000):
+        stats = await gen.stats.call_one()
+        if stats["steps"] >= 20:
+            break
+        await asyncio.sleep(0.01)
+    return running, stats
+
+
+async def finish_with_a_fresh_request(gen, running: list[asyncio.Future]):
+    """Send one short request now, then wait for it and for ``running``: ``(completions of
+    running, the fresh completion, stats)``."""
+    fresh = asyncio.ensure_future(
+        gen.generate.call_one(PROMPT, max_tokens=32, temperature=1.0, seed=7)
+    )
+    old = [c for cs in await asyncio.gather(*running) for c in cs]
+    [new] = await fresh
+    return old, new, await gen.stats.call_one()
 
 
 def _leading_matches(diffs: torch.Tensor, tol: float) -> int:
@@ -56,27 +99,13 @@ def _leading_matches(diffs: torch.Tensor, tol: float) -> int:
 @pytest.mark.timeout(400)
 async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
     pytest.importorskip("vllm")
-    from forge.models import ensure_tiny_model
-
-    model_dir = str(ensure_tiny_model("small", cache_dir=tmp_path_factory.mktemp("vllm-models")))
+    model_dir = small_model(tmp_path_factory)
     assert len(load_tokenizer(model_dir)(PROMPT)["input_ids"]) > 128
     store = WeightStore(SharedMemoryTransport(f"vllmtest-{uuid.uuid4().hex[:8]}"), keep_last=2)
     try:
-        gen = await Generator.options(procs=1).as_actor(
-            GeneratorConfig(model=model_dir, backend="vllm", engine_kwargs=ENGINE_KWARGS)
-        )
+        gen = await spawn_vllm(model_dir)
         # Long generations; update once they are ~20 tokens in.
-        running = [
-            asyncio.ensure_future(
-                gen.generate.call_one(PROMPT, n=2, max_tokens=MAX_TOKENS, temperature=1.0, seed=s)
-            )
-            for s in range(3)
-        ]
-        for _ in range(3000):
-            stats = await gen.stats.call_one()
-            if stats["steps"] >= 20:
-                break
-            await asyncio.sleep(0.01)
+        running, stats = await start_long_requests(gen, 3)
         assert stats["running_rows"] == 6, stats
         v1 = _perturbed(model_dir, seed=1)
         assert await gen.update_weights.call_one(handle=store.push(v1, 1)) == 1
@@ -84,12 +113,7 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
         assert stats["in_flight_updates"] == 1 and stats["version"] == 1
         assert stats["running_rows"] > 0, "the update waited for the running requests (drained)"
         # A new request with the same prompt, admitted while the v0 requests still run.
-        fresh = asyncio.ensure_future(
-            gen.generate.call_one(PROMPT, max_tokens=32, temperature=1.0, seed=7)
-        )
-        old = [c for cs in await asyncio.gather(*running) for c in cs]
-        [new] = await fresh
-        stats = await gen.stats.call_one()
+        old, new, stats = await finish_with_a_fresh_request(gen, running)
         print("vllm in-flight update:", {k: stats[k] for k in sorted(stats)})
 
         assert all(c.generator_version == 0 for c in old) and new.generator_version == 1
@@ -99,7 +123,7 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
         # The switch point of each completion must be where vLLM's version labels put it (a
         # first new-weight token can match v0 within the tolerance by chance, rarely: that
         # moves a switch point one token later, hence the slack of one per completion).
-        switches = [_leading_matches(_logprob_diffs(model, c), tol=1e-3) for c in old]
+        switches = [_leading_matches(logprob_diffs(model, c), tol=1e-3) for c in old]
         early = [k for c, k in zip(old, switches) if k < min(10, len(c.token_ids))]
         assert not early, f"diverged from v0 before the update: {switches}"
         after = sum(len(c.token_ids) - k for c, k in zip(old, switches))
@@ -110,7 +134,7 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
         assert stats["mixed_version_completions"] >= 1
         # The new request ran entirely on v1 (no v0 prefix-cache block reused).
         model.load_state_dict(v1)
-        assert _logprob_diffs(model, new).max().item() < 1e-4
+        assert logprob_diffs(model, new).max().item() < 1e-4
 
         # drain still waits for running requests: nothing is mixed.
         long = asyncio.ensure_future(
@@ -121,7 +145,7 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
         assert await gen.update_weights.call_one(handle=store.push(v1, 2), mode="drain") == 2
         [drained] = await long
         assert drained.generator_version == 1
-        assert _logprob_diffs(model, drained).max().item() < 1e-4
+        assert logprob_diffs(model, drained).max().item() < 1e-4
         stats2 = await gen.stats.call_one()
         assert stats2["mixed_version_completions"] == stats["mixed_version_completions"]
         assert stats2["in_flight_updates"] == 1 and stats2["weight_updates"] == 2

@@ -5,18 +5,21 @@ adapter merged by hand."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
 import torch
 
-from forge.actors.generator import Generator
-from forge.generation.backend import GeneratorConfig
 from forge.models import load_model
 from forge.weights import SharedMemoryTransport, WeightStore
 from forge.weights.adapter import AdapterSpec, pack_adapter
-from tests.actors.test_generator_vllm import ENGINE_KWARGS, PROMPT, _logprob_diffs
+from tests.actors.test_generator_vllm import (
+    finish_with_a_fresh_request,
+    logprob_diffs,
+    small_model,
+    spawn_vllm,
+    start_long_requests,
+)
 
 RANK, ALPHA = 8, 16.0
 TARGETS = ("q_proj", "v_proj", "down_proj")
@@ -53,43 +56,23 @@ def _merged(model_dir: str, adapter: dict[str, torch.Tensor]):
 @pytest.mark.timeout(400)
 async def test_vllm_serves_adapter_versions_without_draining(tmp_path_factory):
     pytest.importorskip("vllm")
-    from forge.models import ensure_tiny_model
-
-    model_dir = str(ensure_tiny_model("small", cache_dir=tmp_path_factory.mktemp("vllm-models")))
+    model_dir = small_model(tmp_path_factory)
     spec = AdapterSpec(model_dir, RANK, ALPHA, TARGETS)
     base = load_model(model_dir)
     v1, v2 = _adapter(base, seed=1), _adapter(base, seed=2)
     store = WeightStore(SharedMemoryTransport(f"vllmlora-{uuid.uuid4().hex[:8]}"), keep_last=3)
-    kwargs = {**ENGINE_KWARGS, "enable_lora": True, "max_lora_rank": RANK, "max_loras": 2}
     try:
-        gen = await Generator.options(procs=1).as_actor(
-            GeneratorConfig(model=model_dir, backend="vllm", engine_kwargs=kwargs)
-        )
+        gen = await spawn_vllm(model_dir, enable_lora=True, max_lora_rank=RANK, max_loras=2)
         handle = store.push(pack_adapter(v1, spec), 1)
         assert await gen.update_weights.call_one(handle=handle) == 1
         # Long v1 requests; v2 loads once they are ~20 tokens in.
-        running = [
-            asyncio.ensure_future(
-                gen.generate.call_one(PROMPT, n=2, max_tokens=200, temperature=1.0, seed=s)
-            )
-            for s in range(2)
-        ]
-        for _ in range(3000):
-            stats = await gen.stats.call_one()
-            if stats["steps"] >= 20:
-                break
-            await asyncio.sleep(0.01)
+        running, stats = await start_long_requests(gen, 2)
         assert stats["running_rows"] == 4, stats
         assert await gen.update_weights.call_one(handle=store.push(pack_adapter(v2, spec), 2)) == 2
         stats = await gen.stats.call_one()
         assert stats["running_rows"] > 0, "the adapter update waited for running requests"
         assert stats["adapters_loaded"] == 2 and stats["adapter_updates"] == 2, stats
-        fresh = asyncio.ensure_future(
-            gen.generate.call_one(PROMPT, max_tokens=32, temperature=1.0, seed=7)
-        )
-        old = [c for cs in await asyncio.gather(*running) for c in cs]
-        [new] = await fresh
-        stats = await gen.stats.call_one()
+        old, new, stats = await finish_with_a_fresh_request(gen, running)
         print("vllm LoRA updates:", {k: stats[k] for k in sorted(stats)})
 
         # The running requests finished on v1 entirely, the new one ran on v2.
@@ -98,11 +81,11 @@ async def test_vllm_serves_adapter_versions_without_draining(tmp_path_factory):
         m1, m2 = _merged(model_dir, v1), _merged(model_dir, v2)
         for c in old:
             assert len(c.token_ids) > 20
-            assert _logprob_diffs(m1, c).max().item() < 1e-3
-        assert _logprob_diffs(m2, new).max().item() < 1e-3
+            assert logprob_diffs(m1, c).max().item() < 1e-3
+        assert logprob_diffs(m2, new).max().item() < 1e-3
         # ... and not on the base model or the other version.
-        assert _logprob_diffs(base, new).max().item() > 1e-2
-        assert _logprob_diffs(m1, new).max().item() > 1e-2
+        assert logprob_diffs(base, new).max().item() > 1e-2
+        assert logprob_diffs(m1, new).max().item() > 1e-2
         # Nothing runs on v1 any more: only v2 stays loaded.
         assert stats["adapters_loaded"] == 1, stats
 
@@ -119,15 +102,11 @@ async def test_vllm_serves_adapter_versions_without_draining(tmp_path_factory):
 @pytest.mark.timeout(300)
 async def test_vllm_without_enable_lora_names_the_setting(tmp_path_factory):
     pytest.importorskip("vllm")
-    from forge.models import ensure_tiny_model
-
-    model_dir = str(ensure_tiny_model("small", cache_dir=tmp_path_factory.mktemp("vllm-models")))
+    model_dir = small_model(tmp_path_factory)
     base = load_model(model_dir)
     store = WeightStore(SharedMemoryTransport(f"vllmlora-{uuid.uuid4().hex[:8]}"), keep_last=1)
     try:
-        gen = await Generator.options(procs=1).as_actor(
-            GeneratorConfig(model=model_dir, backend="vllm", engine_kwargs=ENGINE_KWARGS)
-        )
+        gen = await spawn_vllm(model_dir)
         pushed = pack_adapter(_adapter(base, 1), AdapterSpec(model_dir, RANK, ALPHA, TARGETS))
         with pytest.raises(Exception, match="enable_lora"):
             await gen.update_weights.call_one(handle=store.push(pushed, 1))
