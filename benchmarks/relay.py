@@ -1,6 +1,6 @@
 """Cross-host weight sync: a pushed version reaching generators on hosts that share nothing.
 
-    sudo python -m benchmarks.relay [--hosts 4] [--repeats 3] [--mb 440]
+    sudo python -m benchmarks.relay [--hosts 4] [--repeats 3] [--mb 420] [--rate 1gbit]
 
 Starts the Ray cluster of simulated hosts (``tests/multihost/cluster.py``: network namespaces
 with private ``/dev/shm`` and ``/tmp``), then a ``Node`` actor on each host (a service spread
@@ -10,11 +10,17 @@ in one run and as medians over ``--repeats`` fresh pushes:
 
 - **relay, 1 host**: ``forge.weights.relay.localize(handle)`` on node 1 (copy the version from
   the pusher into this host's ``/dev/shm``: what a generator does before mapping it);
-- **relay, N hosts**: the same on nodes 1..N-1 at once (each host fetches once);
+- **relay, N hosts**: the same on nodes 1..N-1 at once (each host fetches once, in a chain:
+  the first host to ask copies from the pusher, each later one from the host before it);
 - **TCP floor, 1 host**: the same bytes over a plain TCP socket from node 0 to node 1
   (``sendfile`` of the shm file into ``recv_into`` a preallocated buffer), between the same
   network namespaces: the floor for moving them once;
 - **TCP floor, N hosts**: node 0 sending to nodes 1..N-1 at once.
+
+``--rate`` limits what each host sends (``tc`` ``tbf`` on its link), as a NIC would: the
+simulated hosts share this machine's cores, so without it the copies are bound by the CPU,
+not by any link, and moving the bytes once or three times costs the same. ``pusher_sent``:
+bytes the pusher served per version, over the version's size.
 
 The last line is machine-readable: ``relay_vs_tcp=<1 host ratio> relay_hosts_vs_one=<N hosts
 over 1 host>``.
@@ -77,6 +83,12 @@ class Node(Actor):
         return took
 
     @endpoint
+    def served(self, path: str) -> int:
+        from controller import files
+
+        return files.served_bytes(path)
+
+    @endpoint
     def file_size(self, path: str) -> int:
         return os.path.getsize(path)
 
@@ -133,6 +145,8 @@ async def bench(hosts: int, repeats: int, mb: int) -> dict:
             t0 = time.perf_counter()
             await asyncio.gather(*(p.pull.call_one(handle) for p in group))
             out[key].append(time.perf_counter() - t0)
+            sent = await pusher.served.call_one(handle.location)
+            out[f"sent_{key}"] = out.get(f"sent_{key}", []) + [sent / handle.nbytes]
         port = await pusher.serve_raw.call_one(handle.location)
         size = await pusher.file_size.call_one(handle.location)  # the file: header and all
         for key, group in (("tcp_1", pullers[:1]), ("tcp_n", pullers)):
@@ -147,6 +161,7 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=4, help="simulated hosts (1 pusher + pullers)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mb", type=int, default=420, help="MB pushed (420 MiB = 0.44 GB)")
+    p.add_argument("--rate", help="limit what each host sends, e.g. 1gbit (tc tbf)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # on the cluster
     a = p.parse_args()
     if a.child:
@@ -158,6 +173,10 @@ def main() -> None:
     logs = tempfile.mkdtemp(prefix="forge-relay-bench-", dir="/var/tmp")
     with running_cluster(a.hosts, logs) as cluster:
         env = {**os.environ, **cluster.env()}
+        for h in cluster.hosts if a.rate else []:
+            subprocess.run(["ip", "netns", "exec", h.ns, "tc", "qdisc", "replace", "dev", "eth0",
+                            "root", "tbf", "rate", a.rate, "burst", "1mb", "latency", "100ms"],
+                           check=True)  # fmt: skip
         out = subprocess.run([sys.executable, "-m", "benchmarks.relay", *sys.argv[1:], "--child"],
                              env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
@@ -167,7 +186,8 @@ def main() -> None:
     gb = r["nbytes"] / 1e9
     med = {k: statistics.median(v) for k, v in r.items() if isinstance(v, list)}
     n = r["hosts"] - 1
-    print(f"version of {gb:.2f} GB, pusher on 1 host, pullers on {n}, medians of "
+    rate = f", each host sending at most {a.rate}" if a.rate else ""
+    print(f"version of {gb:.2f} GB, pusher on 1 host, pullers on {n}{rate}, medians of "
           f"{len(r['relay_1'])} runs")  # fmt: skip
     for key, label in (("relay_1", "relay, 1 host"), ("tcp_1", "TCP floor, 1 host"),
                        ("relay_n", f"relay, {n} hosts"), ("tcp_n", f"TCP floor, {n} hosts")):  # fmt: skip
@@ -175,6 +195,8 @@ def main() -> None:
         print(
             f"{label:22s} median {med[key]:6.2f} s  ({gb / med[key]:.2f} GB/s per host)  runs {runs}"
         )
+    print(f"pusher_sent: {med['sent_relay_1']:.2f}x the version for 1 host, "
+          f"{med['sent_relay_n']:.2f}x for {n} hosts")  # fmt: skip
     print(f"relay_vs_tcp={med['relay_1'] / med['tcp_1']:.2f} "
           f"relay_hosts_vs_one={med['relay_n'] / med['relay_1']:.2f} "
           f"tcp_hosts_vs_one={med['tcp_n'] / med['tcp_1']:.2f}")  # fmt: skip

@@ -17,8 +17,10 @@ files there, as it may already run code in every process of the session.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import os
+import threading
 
 from controller import env
 from controller._runtime import get_runtime
@@ -31,6 +33,9 @@ START_TIMEOUT_S = 30.0
 
 
 _values: dict[str, object] = {}  # remember/recall: small values kept in the controller
+_trees: collections.OrderedDict[str, list[str]] = collections.OrderedDict()  # relay_join
+_trees_lock = threading.Lock()
+TREES_KEPT = 64  # files relayed lately whose trees are kept
 
 
 class Home:
@@ -46,6 +51,22 @@ class Home:
     def get(self, key: str):
         """The value kept under ``key`` (``None`` if none)."""
         return _values.get(key)
+
+    @endpoint
+    def relay_join(self, key: str, source: str, address: str, fanout: int) -> str:
+        """Where the host at ``address`` should copy the file relayed under ``key`` from: hosts
+        join a tree rooted at ``source`` (the process that has the file) in the order they
+        ask, each given the member ``fanout`` places up (with ``fanout`` 1, a chain: each
+        host copies from the one that asked before it). ``controller.files.fetch_relayed``."""
+        with _trees_lock:
+            members = _trees.get(key)
+            if members is None:
+                members = _trees[key] = [source]
+                while len(_trees) > TREES_KEPT:
+                    _trees.popitem(last=False)
+            if address not in members:
+                members.append(address)
+            return members[(members.index(address) - 1) // max(1, fanout)]
 
     @endpoint
     def tree(self, path: str) -> list[tuple[str, int]] | None:

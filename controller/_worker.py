@@ -24,6 +24,7 @@ from controller import _serialization as ser
 from controller._runtime import get_runtime
 
 logger = logging.getLogger("controller.worker")
+READ_WAIT_S = 60.0  # a READ of bytes this host is still receiving waits this long at most
 
 
 def _error_body(exc: BaseException) -> bytes:
@@ -69,10 +70,11 @@ class Worker:
 
     async def _read(self, proto, cid: int, body) -> None:
         """Bytes of a file this process published (``controller._published``)."""
-        from controller._published import read_published
+        from controller._published import read_published, wait_readable
 
         try:
             path, offset, size = ser.loads(body)
+            await wait_readable(path, offset, size, READ_WAIT_S)  # a copy still arriving here
             data = await self.loop.run_in_executor(None, read_published, path, offset, size)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             self._reply(proto, _wire.ERR, cid, e)

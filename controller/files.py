@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -33,6 +34,7 @@ from controller import _published
 from controller._home import home
 from controller._runtime import get_runtime
 
+logger = logging.getLogger("controller.files")
 CHUNK = 32 << 20
 IN_FLIGHT = 4
 CALL_TIMEOUT_S = 300.0  # one chunk on a slow link
@@ -224,6 +226,7 @@ def upload_sync(local: str, path: str) -> None:
 # -- files a worker publishes to the session (pushed weights), read by peers on other hosts --
 # (the registry lives in controller._published, which the worker loop reads without this module)
 publish, unpublish = _published.publish, _published.unpublish
+served_bytes = _published.served_bytes
 
 
 def own_address() -> str:
@@ -235,14 +238,18 @@ def own_address() -> str:
     return address if address.startswith("tcp:") and not address.endswith(":0") else ""
 
 
-async def _read_remote(address: str, path: str, offset: int, size: int):
+async def _read_remote(address: str, path: str, offset: int, size: int,
+                       timeout: float = CALL_TIMEOUT_S):  # fmt: skip
     from controller import _serialization as ser
     from controller import _wire
 
-    client = get_runtime().client(address, "files", 0, None)
-    await client.channel()
-    body = ser.dumps((path, offset, size), use_shm=False)[0]
-    kind, payload = await asyncio.wait_for(client.request(_wire.READ, body), CALL_TIMEOUT_S)
+    async def ask():
+        client = get_runtime().client(address, "files", 0, None)
+        await client.channel()
+        body = ser.dumps((path, offset, size), use_shm=False)[0]
+        return await client.request(_wire.READ, body)
+
+    kind, payload = await asyncio.wait_for(ask(), timeout)
     if kind == _wire.ERR:
         _, message, _, _ = ser.loads(payload)
         raise OSError(f"reading {path} from {address}: {message}")
@@ -271,3 +278,85 @@ async def fetch_published(address: str, path: str, dest: str) -> int:
     os.close(fd)
     os.replace(tmp, dest)
     return size
+
+
+# -- one file to many hosts: a pipelined tree (relayed weight versions) ------------------------
+RELAY_CHUNK = 16 << 20  # smaller than CHUNK: a host forwards a chunk as soon as it has it
+RELAY_FANOUT = 1  # a chain: every link carries each byte once
+PARENT_TIMEOUT_S = 120.0  # one chunk from a relaying host (it may wait up to 60 s for it)
+relayed: dict[str, dict] = {}  # dest -> where its last copies came from (newest 16)
+
+
+async def fetch_relayed(source: str, path: str, dest: str, key: str,
+                        fanout: int = RELAY_FANOUT) -> int:  # fmt: skip
+    """Copy ``path``, published by the worker at ``source``, into the local file ``dest``, as
+    one of several hosts copying the same file (``key`` names it, e.g. a weight version).
+
+    The hosts form a tree rooted at ``source`` (the controller's home places each host in the
+    order they ask; with ``fanout`` 1, a chain), and each copies from its parent while
+    serving what it already has to its children (``dest`` is published while it grows), so the
+    source's link carries the bytes ``fanout`` times, not once per host, and a host starts
+    forwarding a chunk as soon as it has it. A parent that fails (its host died, a read
+    timed out) is replaced by ``source`` for the rest of the file. Without a home (one host)
+    or a TCP address of our own, this is ``fetch_published``. Returns the size."""
+    me, h = own_address(), home()
+    if not me or h is None:
+        return await fetch_published(source, path, dest)
+    tmp = f"{dest}.{uuid.uuid4().hex[:8]}.tmp"
+    grow = _published.publish_growing(dest, tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        parent = await h.relay_join.call_one(key, source, me, fanout, timeout=10.0)
+        read = _Reader(source, path, parent, dest)
+        size = await read(0, -1)
+        grow.set_size(size)
+        os.ftruncate(fd, size)
+        sem = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(offset: int) -> None:
+            async with sem:
+                data = await read(offset, RELAY_CHUNK)
+                os.pwrite(fd, data, offset)
+                grow.wrote(offset, len(data))
+
+        await asyncio.gather(*(one(o) for o in range(0, size, RELAY_CHUNK)))
+        os.close(fd)
+        fd = -1
+        grow.finish()  # renamed into place; served as a plain published file from now on
+        relayed[dest] = {"parent": parent, "from_parent": read.from_parent, "size": size}
+        while len(relayed) > 16:
+            relayed.pop(next(iter(relayed)))
+        return size
+    except BaseException as e:
+        grow.fail(f"{type(e).__name__}: {e}")
+        _unlink(tmp)
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+class _Reader:
+    """Reads of one relayed file from the parent, falling back to the source for good once a
+    read from the parent fails."""
+
+    def __init__(self, source: str, path: str, parent: str, dest: str):
+        self.source, self.path = source, path
+        self.parent = None if parent == source else (parent, dest)
+        self.from_parent = 0  # bytes read from the parent (the rest came from the source)
+
+    async def __call__(self, offset: int, size: int):
+        if self.parent is not None:
+            address, path = self.parent
+            try:
+                data = await _read_remote(address, path, offset, size, PARENT_TIMEOUT_S)
+                self.from_parent += len(data) if size >= 0 else 0
+                return data
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure of the parent: go to the source
+                if self.parent is not None:
+                    logger.warning("relay: reading %s from %s failed (%s); copying the rest "
+                                   "from %s", path, address, e, self.source)  # fmt: skip
+                    self.parent = None
+        return await _read_remote(self.source, self.path, offset, size)

@@ -143,7 +143,8 @@ class Generator(ForgeActor):
                 f"update_weights mode {mode!r} is unknown; choose one of {UPDATE_MODES}"
             )
         version = requested_version(version, handle, self._latest_pushed)
-        if version == backend.version:
+        broadcast = handle is not None and handle.transport == "broadcast"
+        if version == backend.version and not broadcast:  # (a broadcast's sender waits for us)
             return version
         if version < backend.version and self._recovered_version is not None:
             if version <= self._recovered_version:

@@ -218,6 +218,29 @@ class Trainer(ForgeActor):
         return handle
 
     @endpoint
+    def weight_group(self, members: tuple, renew: bool = False):
+        """``weights: {type: broadcast}``: the group spec for this trainer and the replicas
+        ``members`` names (re-formed when they change; rank 0 hosts it, ``None`` elsewhere)."""
+        if self.store is None:
+            return None
+        return self._broadcast_transport().group(tuple(members), renew)
+
+    @endpoint
+    def send_weights(self, version: int, spec) -> int:
+        """Broadcast pushed ``version`` over the group ``spec`` (the replicas receive it at the
+        same time, in ``update_weights``); rank 0 sends, other ranks return 0."""
+        if self.store is None:
+            return 0
+        return self._broadcast_transport().send(int(version), spec)
+
+    def _broadcast_transport(self):
+        transport = self.store.transport
+        if transport.name != "broadcast":
+            raise RuntimeError(f"the trainer pushes with weights type {transport.name!r}, "
+                               "not broadcast: replicas pull its versions themselves")  # fmt: skip
+        return transport
+
+    @endpoint
     def save(self, path: str) -> str:
         """Write a checkpoint to ``path`` on the controller's host (every rank its part)."""
         with files.writing(path) as out:

@@ -151,6 +151,7 @@ class RLConfig:
                     f"pushes to {_where(self.trainer.weights)}; state the transport once in "
                     "the run's weights: section"
                 )
+        self._check_broadcast()
         check_ppo(self.critic, self.trainer.loss.type)
         self._check_credit()
         validate_phases(self.phases, self.trainer.loss)
@@ -197,6 +198,21 @@ class RLConfig:
             raise ValueError(
                 f"{what} (per token), but trainer.loss.type=gspo takes one per sequence; "
                 "use grpo, ppo or reinforce"
+            )
+
+    def _check_broadcast(self) -> None:
+        if self.trainer.weights.type != "broadcast":
+            return
+        if self.reference is not None and self.reference.update.type != "none":
+            raise ValueError(
+                f"weights type broadcast sends versions to the generators only, but "
+                f"reference.update.type={self.reference.update.type!r} needs the reference to "
+                "pull them too; use weights type shm, or reference.update.type: none"
+            )
+        if self.trainer.lora is not None:
+            raise ValueError(
+                "weights type broadcast sends whole models; a LoRA policy pushes adapters "
+                "(a few MB): use weights type shm with trainer.lora"
             )
 
     def _check_env(self) -> None:

@@ -17,14 +17,19 @@ always finished before the next push, which may reuse its files. Each push logs 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+from controller import ActorDiedError
 
 __all__ = ["PUSH_BYTES", "PUSH_S", "WeightSync"]
 
 PUSH_BYTES = "weights/push_bytes"  # bytes the trainer published for the step's version
 PUSH_S = "time/weight_push_s"  # seconds of the trainer's push_weights call
+logger = logging.getLogger("forge.weights")
 
 
 class WeightSync:
@@ -57,6 +62,44 @@ class WeightSync:
         if not self.overlap:
             await self.wait()
 
+    async def _broadcast(self, version: int, handle) -> dict[int, int]:
+        """``weights: {type: broadcast}``: the trainer sends ``version`` to every healthy
+        replica in one group, re-formed when they change (a restart). A replica that dies
+        meanwhile is skipped, as in a fanout, and the others get it in a new group; any other
+        failure is tried once more in a new group. ``{replica index: version}``."""
+        error: BaseException | None = None
+        gone: set[int] = set()  # ids of meshes whose process died during a send
+        served: dict[int, int] = {}  # replicas that have it (a failed send may reach some)
+        for attempt in range(3):
+            targets = [r for r in self.generator.replicas if r.state == "healthy"
+                       and id(r.mesh) not in gone and r.index not in served]  # fmt: skip
+            if not targets:
+                if served:
+                    return served
+                raise RuntimeError("no healthy generator replica to send the weights to")
+            members = tuple(tuple(r.mesh.pids) for r in targets)  # a restart: a new group
+            spec = (await self.trainer.weight_group.call(members, attempt > 0)).item(procs=0)
+            addressed = dataclasses.replace(handle, location=spec.url())
+            results = await asyncio.gather(
+                self.trainer.send_weights.call(version, spec),
+                *(r.mesh.update_weights.call_one(version, addressed) for r in targets),
+                return_exceptions=True,
+            )
+            died = [r for r, x in zip(targets, results[1:]) if isinstance(x, ActorDiedError)]
+            gone.update(id(r.mesh) for r in died)
+            served.update((r.index, x) for r, x in zip(targets, results[1:])
+                          if not isinstance(x, BaseException))  # fmt: skip
+            failed = [x for x in results if isinstance(x, BaseException)]
+            if not failed:
+                return served
+            error = failed[0]
+            logger.warning("weight broadcast of version %d to %d replicas failed (%s: %s); "
+                           "%d died; trying again in a new group", version, len(targets),
+                           type(error).__name__, error, len(died))  # fmt: skip
+            if not died and attempt > 0:
+                break
+        raise RuntimeError(f"weight version {version} could not be broadcast") from error
+
     async def resume(self, version: int) -> None:
         """A resumed run: the replicas start on the restored trainer's ``version``."""
         handle = (await self.trainer.push_weights.call(version)).item(procs=0)
@@ -74,7 +117,10 @@ class WeightSync:
             self._pending.cancel()
 
     async def _load(self, version: int, handle) -> None:
-        served = await self.generator.update_weights.fanout_by_replica(version, handle)
+        if handle.transport == "broadcast":
+            served = await self._broadcast(version, handle)
+        else:
+            served = await self.generator.update_weights.fanout_by_replica(version, handle)
         if self.log is not None:
             self.log.status.served(served)
         if self.reference is not None:  # a moving reference (EMA / reset) pulls it too

@@ -7,6 +7,7 @@ transport with the same ``forge.weights.registry.build_transport``::
 
     weights: {type: shm}                                   # default: same host, /dev/shm
     weights: {type: safetensors_dir, root: /shared/run1}   # a filesystem every host reads
+    weights: {type: broadcast}                             # one NCCL (GPU) / gloo broadcast
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ class WeightTransportConfig:
     """The weight transport and its knobs.
 
     Args:
-        type: ``shm`` (same host: one file per version under ``shm_dir``) or
-            ``safetensors_dir`` (``<root>/v<version>`` on a shared filesystem).
+        type: ``shm`` (one file per version under ``shm_dir``, copied once per host to
+            other hosts), ``safetensors_dir`` (``<root>/v<version>`` on a shared filesystem)
+            or ``broadcast`` (the trainer sends each version to every generator replica in a
+            broadcast group; ``forge.weights.broadcast`` says what it cannot do).
         prefix: shm: names the files (``forge-w-<prefix>-v<version>``). Empty (default): the
             run's publication location (``forge.weights.pull.run_weights_prefix``), where a
             trainer pushes and generators and reference models look by default, so a
@@ -42,6 +45,8 @@ class WeightTransportConfig:
         keep_last: pusher: versions kept before older ones are dropped (at least 1, so the
             latest is always there for a restarted replica).
         wait_s: puller: how long pulling a version by number waits for it to appear.
+        backend: broadcast: ``auto`` (``nccl`` where CUDA is available, else ``gloo``),
+            ``nccl`` or ``gloo``.
 
     A field of the other transport set to a non-default value is a ``ValueError``: that
     transport would ignore it.
@@ -55,6 +60,7 @@ class WeightTransportConfig:
     root: str = ""
     keep_last: int = 2
     wait_s: float = 0.0
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         entry = TRANSPORTS.get(self.type)
@@ -81,5 +87,12 @@ class WeightTransportConfig:
             )
         if not isinstance(self.spares, int) or self.spares < 0:
             raise ValueError(f"WeightTransportConfig.spares must be >= 0, got {self.spares!r}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(
+                f"WeightTransportConfig.backend must be auto, gloo or nccl, got {self.backend!r}"
+            )
+        if self.type == "broadcast" and self.wait_s:
+            raise ValueError("WeightTransportConfig.wait_s applies to versions pulled by number; "
+                             "type broadcast has none (the weight sync sends each version)")  # fmt: skip
         if self.wait_s < 0:
             raise ValueError(f"WeightTransportConfig.wait_s must be >= 0, got {self.wait_s!r}")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from forge.weights.broadcast import BroadcastTransport, read_broadcast
 from forge.weights.pull import run_weights_prefix
 from forge.weights.relay import localize_sync
 from forge.weights.safetensors_dir import SafetensorsDirTransport, read_safetensors_dir
@@ -59,9 +60,14 @@ def _read_safetensors_dir(handle: WeightHandle, into: StateDict | None) -> State
     return read_safetensors_dir(handle.location, handle.version, into)
 
 
+def _build_broadcast(cfg: TransportConfig) -> WeightTransport:
+    return BroadcastTransport(cfg.backend)
+
+
 TRANSPORTS: dict[str, TransportEntry] = {
     "shm": TransportEntry(_build_shm, _read_shm, ("prefix", "shm_dir", "spares", "share")),
     "safetensors_dir": TransportEntry(_build_safetensors_dir, _read_safetensors_dir, ("root",)),
+    "broadcast": TransportEntry(_build_broadcast, read_broadcast, ("backend",)),
 }
 
 

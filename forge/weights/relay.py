@@ -1,11 +1,14 @@
 """Pushed weights across hosts that share nothing: one copy per host.
 
 A shm version lives in the pushing trainer's ``/dev/shm``. A puller on another host cannot
-open it, so ``localize(handle)`` copies it to its own host first: the pushing worker serves the
-file it published (``controller.files``, chunked, over the session's authenticated channel)
-and the first puller on a host copies it into ``/dev/shm/forge-w-relay-<push id>-v<version>``
-under a file lock; every other replica on that host waits for that copy and then maps it as
-it would the trainer's file (the zero-copy lease of one host stays). The copy is named by the
+open it, so ``localize(handle)`` copies it to its own host first: the first puller on a host
+copies it into ``/dev/shm/forge-w-relay-<push id>-v<version>`` under a file lock, over the
+session's authenticated channel, in a chain of hosts (``controller.files.fetch_relayed``):
+the first host to ask copies from the pushing worker, each later one from the host that asked
+before it, while that host still receives it; so the pusher's link carries each byte once
+however many hosts pull, and a chunk moves on as soon as it arrives. A host whose parent
+fails copies the rest from the pusher. Every other replica on a host waits for its host's copy
+and then maps it as it would the trainer's file (the zero-copy lease of one host stays). The copy is named by the
 push's id, so a version number pushed again after a restart is never mistaken for the old
 bytes, and a host keeps the newest ``KEEP`` copies.
 
@@ -51,7 +54,8 @@ async def localize(handle: WeightHandle) -> WeightHandle:
         try:
             await loop.run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
             if not os.path.exists(local):  # another replica on this host may have copied it
-                await files.fetch_published(handle.source, handle.location, local)
+                key = f"{handle.uid}-v{handle.version}"
+                await files.fetch_relayed(handle.source, handle.location, local, key)
                 _prune(os.path.dirname(local))
         finally:
             os.close(fd)
@@ -70,6 +74,7 @@ def _prune(shm_dir: str) -> None:
         glob.glob(os.path.join(shm_dir, "forge-w-relay-*-v*[0-9]")), key=os.path.getmtime
     )
     for old in copies[:-KEEP]:  # mappings still open keep their memory until unmapped
+        files.unpublish(old)
         for path in (old, f"{old}.lock"):
             try:
                 os.unlink(path)

@@ -197,6 +197,75 @@ def test_services_spread_one_per_host_and_refs_follow_restarts(hosts, tmp_path):
     assert "rejected our credentials" in r["wrong_key"], r["wrong_key"]  # wrong Forge key
 
 
+RELAY = """
+import asyncio, json, os, signal, subprocess
+from controller import shutdown
+from tests.multihost.actors import Relayer
+
+def shape(ips, rate):  # each host's outgoing link limited to `rate` (tc tbf), or unlimited
+    for ip in ips:
+        ns = "forgeh%d" % (int(ip.rsplit(".", 1)[1]) - 1)
+        cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "del" if rate is None else "replace",
+               "dev", "eth0", "root"]
+        if rate is not None:
+            cmd += ["tbf", "rate", rate, "burst", "256kb", "latency", "100ms"]
+        subprocess.run(cmd, check=rate is not None, capture_output=True)
+
+async def main():
+    svc = await Relayer.options(num_replicas=3).as_service()
+    pusher, a, b = [r.mesh for r in svc.replicas]
+    info = [await n.where.call_one() for n in (pusher, a, b)]
+    out = {"ips": [i["ip"] for i in info]}
+    h1 = await pusher.push.call_one(1, 48)
+    out["size"] = await pusher.file_size.call_one(h1.location)
+    out["src"] = await pusher.sha.call_one(h1.location)
+    out["pulls"] = await asyncio.gather(a.pull.call_one(h1), b.pull.call_one(h1))
+    out["served_by_pusher"] = await pusher.served.call_one(h1.location)
+    # the host that joined second relays from the first: kill the first mid-copy
+    h2 = await pusher.push.call_one(2, 96)
+    out["src2"] = await pusher.sha.call_one(h2.location)
+    shape(out["ips"], "80mbit")  # ~10 MB/s a link: the copy takes ~10 s
+    try:
+        first = asyncio.ensure_future(a.pull.call_one(h2))
+        await asyncio.sleep(0.5)
+        second = asyncio.ensure_future(b.pull.call_one(h2))
+        for _ in range(600):  # until the second host has a chunk from the first
+            if await b.received.call_one(h2) > 0:
+                break
+            await asyncio.sleep(0.1)
+        os.kill(info[1]["pid"], signal.SIGKILL)
+        out["after_kill"] = await asyncio.wait_for(second, 120)
+        try:
+            await first
+            out["first"] = "finished"
+        except Exception as e:
+            out["first"] = type(e).__name__
+    finally:
+        shape(out["ips"], None)
+    print("RESULT", json.dumps(out), flush=True)
+    await shutdown()
+
+asyncio.run(main())
+"""
+
+
+def test_weights_relay_host_to_host_and_survive_a_dead_relay(hosts, tmp_path):
+    out = _script(tmp_path, hosts, RELAY)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    r = json.loads(out.stdout.split("RESULT", 1)[1].splitlines()[0])
+    assert len(set(r["ips"])) == 3, r["ips"]
+    first, second = sorted(r["pulls"], key=lambda p: p["from_parent"])
+    assert first["sha"] == second["sha"] == r["src"]  # both hosts hold the pushed bytes
+    # a chain: one host copied from the pusher, the other from that host, all of it
+    assert first["from_parent"] == 0 and first["parent"] != second["parent"]
+    assert second["from_parent"] == r["size"], r["pulls"]
+    assert r["served_by_pusher"] == r["size"], r  # the pusher's link carried each byte once
+    k = r["after_kill"]
+    assert k["sha"] == r["src2"], k  # the orphan finished from the pusher, bit-exact
+    assert 0 < k["from_parent"] < r["size"], k  # part from the killed host, the rest not
+    assert r["first"] != "finished"
+
+
 MESH = """
 import asyncio, json
 from controller import shutdown

@@ -1,0 +1,67 @@
+"""A GRPO run with ``weights: {type: broadcast}`` (the trainer sends each version to both
+generator replicas in one gloo group, as NCCL would between GPUs) whose generator replica is
+SIGKILLed mid-run: the next push forms a new group with the restarted replica, which then
+serves the versions that follow; the run finishes and every replica ends at the last version."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, actor_processes, script_env, tiny_grpo_config, wait_dead
+
+STEPS = 200
+KILL_AT = 4
+
+
+def _rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_group(tmp_path):
+    extra = "replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}"
+    config, run = tiny_grpo_config(tmp_path, STEPS, extra), tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(), cwd=REPO,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while len([r for r in _rows(run) if "train/loss" in r]) < KILL_AT:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"not {KILL_AT} steps within 300 s"
+            time.sleep(0.05)
+        gens = actor_processes(proc.pid, "Generator-r")
+        assert len(gens) == 2, gens
+        victim = min(gens)
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-2000:] + err[-4000:]
+    assert wait_dead([victim], 5) == []
+    steps = [r for r in _rows(run) if "train/loss" in r]
+    assert steps[-1]["step"] == STEPS
+    assert "could not be broadcast" not in err, err[-4000:]
+    # every replica, the restarted one included, ended at the last version pushed
+    status = json.loads((run / "status.json").read_text())
+    versions = status["extra"]["rl"]["generator_versions"]
+    assert sorted(versions) == ["0", "1"] and min(versions.values()) >= STEPS - 1, versions
+    recovered = re.findall(r"recovered: serving weight version (\d+)", err)
+    assert len(recovered) == 1, err[-4000:]  # at its starting weights: nothing to pull by number
+    print(f"replica versions at the end {versions}; recovered at {recovered[0]}")

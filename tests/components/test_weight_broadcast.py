@@ -1,0 +1,109 @@
+"""The ``broadcast`` weight transport's group (``forge.weights.group``): a trainer-side sender
+and receivers in separate processes, over gloo (the NCCL path is the same code on GPUs)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+
+import pytest
+import torch
+
+from forge.weights import WeightTransportConfig, build_transport, pull_handle
+from forge.weights.broadcast import read_broadcast
+from forge.weights.group import GroupSpec
+
+CTX = mp.get_context("spawn")
+
+
+def _receive(url: str, handle, out) -> None:
+    try:
+        import dataclasses
+
+        h = dataclasses.replace(handle, location=url)
+        into = {n: torch.zeros(m.shape, dtype=getattr(torch, m.dtype)) for n, m in
+                h.manifest.items()}  # fmt: skip
+        got = read_broadcast(h, into)
+        out.put(pickle.dumps(got))  # plain bytes: no shared memory left behind the process
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        out.put(repr(e))
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed.weight": torch.randn(300, 64, generator=g),
+        "model.norm.weight": torch.randn(64, generator=g).bfloat16(),
+        "model.steps": torch.arange(7),
+        "model.empty": torch.zeros(0),
+    }
+
+
+def _broadcast(transport, version: int, receivers: int):
+    spec = transport.group(tuple(range(receivers)))
+    handle = transport._handles[version]
+    out = CTX.Queue()
+    procs = [CTX.Process(target=_receive, args=(spec.url(), handle, out)) for _ in range(receivers)]
+    for p in procs:
+        p.start()
+    try:
+        assert transport.send(version, spec) == handle.nbytes
+        got = [out.get(timeout=60) for _ in procs]
+        got = [pickle.loads(x) if isinstance(x, bytes) else x for x in got]
+    finally:
+        for p in procs:
+            p.join(30)
+    return spec, got
+
+
+def test_a_version_reaches_every_receiver_bit_exact_and_groups_renew():
+    transport = build_transport(WeightTransportConfig(type="broadcast", backend="gloo"))
+    state = _state(0)
+    handle = transport.push(state, 1)
+    state["model.embed.weight"].add_(1.0)  # the caller may change its tensors after push
+    spec, got = _broadcast(transport, 1, receivers=2)
+    want = _state(0)
+    for received in got:
+        assert not isinstance(received, str), received
+        assert list(received) == list(want)
+        for name in want:
+            assert received[name].dtype == want[name].dtype and torch.equal(
+                received[name], want[name]
+            )
+    assert handle.nbytes == sum(t.numel() * t.element_size() for t in want.values())
+    # another push: only the newest is held; a new number of receivers is a new group
+    transport.push(_state(1), 2)
+    assert transport.versions() == [2]
+    spec2, got2 = _broadcast(transport, 2, receivers=1)
+    assert spec2.id != spec.id and spec2.world == 2
+    assert torch.equal(got2[0]["model.embed.weight"], _state(1)["model.embed.weight"])
+    assert transport.group((0,)).id == spec2.id  # the same receivers: the same group
+    restarted = transport.group((5,))
+    assert restarted.id != spec2.id  # one restarted: a new group
+    renewed = transport.group((5,), renew=True)  # a failed send: a new group, same members
+    assert renewed.id != restarted.id and transport.group((5,)).id == renewed.id
+
+
+def test_errors_name_what_to_do():
+    transport = build_transport(WeightTransportConfig(type="broadcast", backend="gloo"))
+    handle = transport.push(_state(0), 3)
+    with pytest.raises(RuntimeError, match="only through the run's weight sync"):
+        pull_handle(handle)  # no group named: not pullable on its own
+    with pytest.raises(RuntimeError, match="use type shm to pull versions by number"):
+        transport.pull(3)
+    with pytest.raises(KeyError, match="not held here"):
+        transport.send(2, transport.group((0,)))
+    with pytest.raises(ValueError, match="is not a weight group"):
+        GroupSpec.parse("gloo://nowhere")
+    with pytest.raises(ValueError, match="auto, gloo or nccl"):
+        WeightTransportConfig(type="broadcast", backend="mpi")
+    with pytest.raises(ValueError, match="applies to type 'broadcast' only"):
+        WeightTransportConfig(type="shm", backend="gloo")
+    with pytest.raises(ValueError, match="type broadcast has none"):
+        WeightTransportConfig(type="broadcast", wait_s=5)
+    if not torch.cuda.is_available():
+        from forge.weights.group import join
+
+        spec = GroupSpec("x" * 32, "127.0.0.1", transport.group((0,)).port, 2, "nccl")
+        with pytest.raises(RuntimeError, match="needs CUDA"):
+            join(spec, 0)
