@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from forge.losses.kl import KL_ESTIMATORS, kl_penalty
-from forge.losses.normalize import AGGREGATION_MODES, aggregate
+from forge.losses.normalize import AGGREGATION_MODES, aggregate, masked_mean
 from forge.losses.policy import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
 
 __all__ = ["LOSS_TYPES", "LossConfig", "LossFn", "build_loss"]
@@ -79,6 +79,11 @@ class LossConfig:
     (``k1`` | ``k2`` | ``k3``, or an import string ``pkg.module:fn``). ``tis_cap`` enables truncated importance sampling with that cap
     (2.0 is a common choice). ``max_tokens`` is the constant divisor of ``dr_grpo``
     aggregation, normally the generation ``max_tokens``; required for that mode.
+    ``entropy_coef`` (0 disables it) adds an entropy bonus: the policy's entropy at each
+    sampled token's state, estimated from the sampled tokens (the gradient of
+    ``-coef * mean(-logprob)``'s score-function form, ``coef * logp.detach() * grad logp``),
+    so moves that became unlikely keep being tried; logged as ``entropy_sampled`` (the mean
+    of ``-logprob`` over counted tokens).
     """
 
     type: str = "grpo"
@@ -89,6 +94,7 @@ class LossConfig:
     tis_cap: float | None = None
     aggregation: str | None = None
     max_tokens: int | None = None
+    entropy_coef: float = 0.0
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +105,8 @@ class LossConfig:
                 raise ValueError(f"LossConfig.{name} must be >= 0, got {value}")
         if self.kl_coef < 0:
             raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
+        if not self.entropy_coef >= 0:
+            raise ValueError(f"LossConfig.entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.kl_estimator not in KL_ESTIMATORS:
             from forge.slots import KL
 
@@ -131,6 +139,14 @@ class LossConfig:
 
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+def _entropy_surrogate(lp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """A term whose value is 0 and whose gradient is ``logp * grad logp`` aggregated over the
+    sampled tokens: in expectation over the sampling, ``-grad H`` (E[grad logp] = 0), so
+    minimizing it raises the entropy of each state's next-token distribution."""
+    score = lp.detach() * (lp - lp.detach())
+    return aggregate(score, mask, cfg.resolved_aggregation(), cfg.max_tokens)
 
 
 def _policy_loss(
@@ -205,6 +221,9 @@ def build_loss(config: LossConfig) -> LossFn:
                 f"kl_coef={config.kl_coef} needs ref_logprobs_bt; pass the reference model's "
                 "logprobs or set kl_coef=0"
             )
+        if config.entropy_coef > 0:
+            loss = loss + config.entropy_coef * _entropy_surrogate(logprobs_bt, mask_bt, config)
+        metrics["entropy_sampled"] = masked_mean(-logprobs_bt.detach(), mask_bt).item()
         metrics["loss"] = loss.item()
         return loss, metrics
 

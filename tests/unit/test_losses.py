@@ -360,3 +360,30 @@ def test_build_loss_matches_direct_call():
     assert loss.item() == pytest.approx(direct.item())
     per_token, _ = build_loss(LossConfig(type="ppo"))(**_batch(advantages_b=_t([[1.0, 2.0]] * 2)))
     assert torch.isfinite(per_token)
+
+
+def test_entropy_bonus_gradient_is_minus_the_entropy_gradient_over_the_sampling():
+    # One state, 3 moves with probabilities 1/2, 1/4, 1/4; four sampled tokens drawn in those
+    # proportions (move 0 twice): over them, the bonus's gradient is exactly -dH/dlogits.
+    logits = torch.tensor([math.log(2.0), 0.0, 0.0], requires_grad=True)
+    logp = torch.log_softmax(logits, -1)
+    moves = torch.tensor([0, 0, 1, 2])
+    lp_bt = logp[moves].unsqueeze(-1)  # [4 rows, 1 token]
+    mask = torch.ones_like(lp_bt)
+    cfg = LossConfig(type="grpo", entropy_coef=0.5)
+    loss, metrics = build_loss(cfg)(logprobs_bt=lp_bt, generator_logprobs_bt=lp_bt.detach(),
+                                    advantages_b=torch.zeros(4), mask_bt=mask)  # fmt: skip
+    (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    p = logp.exp()
+    entropy = -(p * logp).sum()
+    (dh,) = torch.autograd.grad(entropy, logits, retain_graph=True)
+    torch.testing.assert_close(grad, -0.5 * dh)
+    assert abs(loss.item()) < 1e-7  # the term adds no value, only its gradient
+    assert metrics["entropy_sampled"] == pytest.approx(float(-(logp[moves]).mean()))
+    # off by default; a negative coefficient is refused
+    loss0, _ = build_loss(LossConfig(type="grpo"))(logprobs_bt=lp_bt, generator_logprobs_bt=
+                                                   lp_bt.detach(), advantages_b=torch.zeros(4),
+                                                   mask_bt=mask)  # fmt: skip
+    assert torch.autograd.grad(loss0, logits, allow_unused=True)[0].abs().max() == 0
+    with pytest.raises(ValueError, match="entropy_coef must be >= 0"):
+        LossConfig(entropy_coef=-0.1)
