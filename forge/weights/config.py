@@ -65,9 +65,10 @@ class WeightTransportConfig:
     def __post_init__(self) -> None:
         entry = TRANSPORTS.get(self.type)
         if entry is None:
-            raise ValueError(
-                f"unknown weight transport type {self.type!r}; choose one of {sorted(TRANSPORTS)}"
-            )
+            hint = (f" (for an {self.type} broadcast: type: broadcast, backend: {self.type})"
+                    if self.type in ("nccl", "gloo") else "")  # fmt: skip
+            raise ValueError(f"unknown weight transport type {self.type!r}; choose one of "
+                             f"{sorted(TRANSPORTS)}{hint}")  # fmt: skip
         for f in dataclasses.fields(self):
             owners = [t for t, e in TRANSPORTS.items() if f.name in e.knobs]
             if owners and self.type not in owners and getattr(self, f.name) != f.default:

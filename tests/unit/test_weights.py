@@ -314,7 +314,8 @@ def test_build_transport_from_one_config(tmp_path, prefix):
 def test_weight_transport_config_is_checked_when_built():
     with pytest.raises(
         ValueError,
-        match=r"unknown weight transport type 'nccl'; choose one of \['safetensors_dir', 'shm'\]",
+        match=r"unknown weight transport type 'nccl'; choose one of \['broadcast', "
+        r"'safetensors_dir', 'shm'\] \(for an nccl broadcast: type: broadcast, backend: nccl\)",
     ):
         WeightTransportConfig(type="nccl")
     # A knob of the other transport would be silently ignored: an error instead.
