@@ -103,7 +103,10 @@ class WeightSync:
     async def resume(self, version: int) -> None:
         """A resumed run: the replicas start on the restored trainer's ``version``."""
         handle = (await self.trainer.push_weights.call(version)).item(procs=0)
-        await self.generator.update_weights.fanout(version, handle)
+        if handle is not None and handle.transport == "broadcast":
+            await self._broadcast(version, handle)
+        else:
+            await self.generator.update_weights.fanout(version, handle)
 
     async def wait(self) -> None:
         """The load in flight (if any) is done."""

@@ -1,7 +1,8 @@
 """A GRPO run with ``weights: {type: broadcast}`` (the trainer sends each version to both
 generator replicas in one gloo group, as NCCL would between GPUs) whose generator replica is
 SIGKILLed mid-run: the next push forms a new group with the restarted replica, which then
-serves the versions that follow; the run finishes and every replica ends at the last version."""
+serves the versions that follow; the run finishes and every replica ends at the last version.
+Resumed from its checkpoint, the replicas start on the restored version the same way."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def _rows(run: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_group(tmp_path):
-    extra = "replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}"
+    extra = ("replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}\n"
+             "checkpoint_every: 50")  # fmt: skip
     config, run = tiny_grpo_config(tmp_path, STEPS, extra), tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
@@ -65,3 +67,12 @@ def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_g
     recovered = re.findall(r"recovered: serving weight version (\d+)", err)
     assert len(recovered) == 1, err[-4000:]  # at its starting weights: nothing to pull by number
     print(f"replica versions at the end {versions}; recovered at {recovered[0]}")
+    # resumed from its last checkpoint for 20 more steps: the replicas start on the restored
+    # version through a broadcast too
+    more = subprocess.run(
+        [sys.executable, "-m", "forge.cli", "run", "--resume", str(run), f"steps={STEPS + 20}"],
+        capture_output=True, text=True, env=script_env(), cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-4000:]
+    status = json.loads((run / "status.json").read_text())
+    assert min(status["extra"]["rl"]["generator_versions"].values()) >= STEPS + 19
