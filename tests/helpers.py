@@ -115,3 +115,43 @@ def actor_processes(root_pid: int, prefix: str = "") -> dict[int, str]:
         if worker and mesh.startswith(prefix):
             found[child.pid] = mesh
     return found
+
+
+def run_metrics(run: Path) -> list[dict]:
+    """The rows of a GRPO run directory's ``metrics.jsonl`` (none before it exists)."""
+    import json
+
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
+    """``forge run`` of ``config`` with two generator replicas, one SIGKILLed once ``kill_at``
+    steps are trained; waits for the run's end. Returns ``returncode``, ``out``, ``err``,
+    ``gens`` (generator pid -> mesh at the kill), ``victim`` and ``trained_at_kill``."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(), cwd=REPO,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while len([r for r in run_metrics(run) if "train/loss" in r]) < kill_at:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"not {kill_at} steps within 300 s"
+            time.sleep(0.05)
+        gens = actor_processes(proc.pid, "Generator-r")
+        assert len(gens) == 2, gens
+        victim = min(gens)
+        trained = max(r["step"] for r in run_metrics(run) if "train/loss" in r)
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return {"returncode": proc.returncode, "out": out, "err": err, "gens": gens,
+            "victim": victim, "trained_at_kill": trained}  # fmt: skip

@@ -14,9 +14,8 @@ Every part a user brings is a slot (``forge.slots``): the data source, reward fu
 (which may return dicts of named components), their aggregation, the group filter, the
 advantage estimator, the loss and KL estimator, the environment and its tools; all are
 resolved when the config loads, before any process starts. Rollouts run continuously
-(``RolloutManager``) at most ``max_policy_age`` versions ahead of the trainer. This file is
-the loop; the machinery (scoring, weight sync, batches, metrics, checkpoints, restarts) is
-``forge``'s.
+(``RolloutManager``) at most ``max_policy_age`` versions ahead of the trainer. This file is the
+loop; scoring, weight sync, batches, metrics, checkpoints and restarts are ``forge``'s.
 """
 
 from __future__ import annotations

@@ -5,18 +5,12 @@ completions are stamped with that version, not 0. The run finishes normally."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, actor_processes, script_env, tiny_grpo_config, wait_dead
+from tests.helpers import run_killing_a_generator, run_metrics, tiny_grpo_config, wait_dead
 
 STEPS = 400
 KILL_AT = 4  # trained steps (so pushed versions) before the kill
@@ -26,47 +20,14 @@ def _config(tmp_path: Path) -> Path:
     return tiny_grpo_config(tmp_path, STEPS, "replicas: {generator: 2}")
 
 
-def _rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def _generator_pids(proc: subprocess.Popen) -> dict[int, str]:
-    """This run's generator replica processes: pid -> mesh name."""
-    return actor_processes(proc.pid, "Generator-r")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_killed_generator_replica_serves_the_latest_version_after_restart(tmp_path):
     config, run = _config(tmp_path), tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=script_env(),
-        cwd=REPO,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while len([r for r in _rows(run) if "train/loss" in r]) < KILL_AT:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"not {KILL_AT} steps within 300 s"
-            time.sleep(0.05)
-        gens = _generator_pids(proc)
-        assert len(gens) == 2, gens
-        victim = min(gens)
-        trained_at_kill = max(r["step"] for r in _rows(run) if "train/loss" in r)
-        os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-2000:] + err[-4000:]
+    r = run_killing_a_generator(config, run, KILL_AT)
+    out, err, gens, victim = r["out"], r["err"], r["gens"], r["victim"]
+    trained_at_kill = r["trained_at_kill"]
+    assert r["returncode"] == 0, out[-2000:] + err[-4000:]
     assert wait_dead([victim], 5) == []
 
     # The restarted replica (a new process of the same replica) recovered at the latest
@@ -93,5 +54,5 @@ def test_killed_generator_replica_serves_the_latest_version_after_restart(tmp_pa
         f"pid {pid} at version {at_recover}, first completions at version {first[0]}; "
         f"restart to serving: {back.group(1)} s"
     )
-    steps = [r["step"] for r in _rows(run) if "train/loss" in r]
+    steps = [r["step"] for r in run_metrics(run) if "train/loss" in r]
     assert steps[-1] == STEPS

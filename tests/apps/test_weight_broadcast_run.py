@@ -7,27 +7,23 @@ Resumed from its checkpoint, the replicas start on the restored version the same
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, actor_processes, script_env, tiny_grpo_config, wait_dead
+from tests.helpers import (
+    REPO,
+    run_killing_a_generator,
+    run_metrics,
+    script_env,
+    tiny_grpo_config,
+    wait_dead,
+)
 
 STEPS = 200
 KILL_AT = 4
-
-
-def _rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 @pytest.mark.slow
@@ -36,28 +32,11 @@ def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_g
     extra = ("replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}\n"
              "checkpoint_every: 50")  # fmt: skip
     config, run = tiny_grpo_config(tmp_path, STEPS, extra), tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(), cwd=REPO,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while len([r for r in _rows(run) if "train/loss" in r]) < KILL_AT:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"not {KILL_AT} steps within 300 s"
-            time.sleep(0.05)
-        gens = actor_processes(proc.pid, "Generator-r")
-        assert len(gens) == 2, gens
-        victim = min(gens)
-        os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-2000:] + err[-4000:]
-    assert wait_dead([victim], 5) == []
-    steps = [r for r in _rows(run) if "train/loss" in r]
+    r = run_killing_a_generator(config, run, KILL_AT)
+    out, err = r["out"], r["err"]
+    assert r["returncode"] == 0, out[-2000:] + err[-4000:]
+    assert wait_dead([r["victim"]], 5) == []
+    steps = [row for row in run_metrics(run) if "train/loss" in row]
     assert steps[-1]["step"] == STEPS
     assert "could not be broadcast" not in err, err[-4000:]
     # every replica, the restarted one included, ended at the last version pushed
