@@ -18,6 +18,8 @@ class SamplingParams:
     ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy.
     ``logprobs`` asks for the logprob of each *sampled* token (always returned by Forge's
     generators, since RL needs them); ``seed`` makes sampling reproducible per request.
+    ``ignore_eos`` keeps sampling past the end-of-sequence token until ``max_tokens`` or a
+    stop string (fixed-length generations for benchmarks and tests).
     """
 
     n: int = 1
@@ -28,6 +30,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     logprobs: bool = True
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1:

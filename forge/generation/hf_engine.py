@@ -406,7 +406,7 @@ class HFEngine:
     def _check_stop(self, row: _Row) -> None:
         """Set ``row.stop_reason`` (and the final text) if the row is done. The text is decoded
         every step only when the row has stop strings to look for; otherwise once, at the end."""
-        if row.token_ids[-1] in self.eos_ids:
+        if row.token_ids[-1] in self.eos_ids and not row.params.ignore_eos:
             row.stop_reason = "stop"
             row.text = self._decode(row.token_ids)
             return

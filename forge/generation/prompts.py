@@ -76,6 +76,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "stop": (str, list, tuple),
     "seed": (int, type(None)),
     "logprobs": (bool,),
+    "ignore_eos": (bool,),
 }
 
 
@@ -91,7 +92,9 @@ def make_sampling_params(defaults: SamplingParams, overrides: dict[str, Any]) ->
             f"unknown sampling parameter(s) {unknown}; valid ones are {list(_FIELD_TYPES)}"
         )
     for key, value in overrides.items():
-        bad_bool = isinstance(value, bool) and key != "logprobs"  # bool is an int subclass
+        bad_bool = (
+            isinstance(value, bool) and bool not in _FIELD_TYPES[key]
+        )  # bool is an int subclass
         if bad_bool or not isinstance(value, _FIELD_TYPES[key]):
             raise TypeError(
                 f"sampling parameter {key}={value!r} has type {type(value).__name__}; "

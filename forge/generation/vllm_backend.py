@@ -209,9 +209,16 @@ class VLLMBackend(GeneratorBackend):
                         logger.exception("vllm step failed")
                         self._fail_running(e)
                     else:
-                        self._deliver(outputs)
-                        if len(self._lora_dirs) > 1:
-                            await self._run(self._retire_adapters)
+                        finished = self._deliver(outputs)
+                        try:
+                            if len(self._lora_dirs) > 1:
+                                await self._run(self._retire_adapters)
+                        finally:
+                            # Resolved after retiring: a caller that sees its completions
+                            # sees the adapters they no longer need gone.
+                            for future, completions in finished:
+                                if not future.done():
+                                    future.set_result(completions)
             await asyncio.sleep(0)
 
     def _admit(self) -> None:
@@ -237,8 +244,10 @@ class VLLMBackend(GeneratorBackend):
             self._drained.clear()
         self._stats["max_batch_rows"] = max(self._stats["max_batch_rows"], rows)
 
-    def _deliver(self, outputs) -> None:
+    def _deliver(self, outputs) -> list[tuple[asyncio.Future, list[Completion]]]:
+        """Count one engine step's outputs; the finished requests' futures and completions."""
         self._stats["steps"] += 1
+        finished = []
         for out in outputs:
             if not out.finished or out.request_id not in self._running:
                 continue
@@ -251,10 +260,10 @@ class VLLMBackend(GeneratorBackend):
                     self._stats["tokens_after_update"] += spans[-1].end - spans[0].end
             self._stats["completions"] += len(completions)
             self._stats["tokens"] += sum(len(c.token_ids) for c in completions)
-            if not future.done():
-                future.set_result(completions)
+            finished.append((future, completions))
         if not self._running:
             self._drained.set()
+        return finished
 
     def _retire_adapters(self) -> None:
         """Remove the adapter versions that are neither the newest nor used by a request."""
@@ -398,6 +407,7 @@ def to_vllm(params: SamplingParams):
         top_k=params.top_k if params.top_k > 0 else -1,
         stop=list(params.stop) or None,
         seed=params.seed,
+        ignore_eos=params.ignore_eos,
         logprobs=0,
         # One output holding all n samples once they are all done (the default streams them).
         output_kind=RequestOutputKind.FINAL_ONLY,

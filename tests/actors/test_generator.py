@@ -35,6 +35,9 @@ def test_sampling_overrides_are_validated():
         make_sampling_params(defaults, {"max_new_tokens": 4})
     with pytest.raises(TypeError, match="n=True"):
         make_sampling_params(defaults, {"n": True})
+    assert make_sampling_params(defaults, {"ignore_eos": True}).ignore_eos
+    with pytest.raises(TypeError, match="ignore_eos=1"):
+        make_sampling_params(defaults, {"ignore_eos": 1})
     with pytest.raises(ValueError, match="top_p"):
         make_sampling_params(defaults, {"top_p": 0.0})
 

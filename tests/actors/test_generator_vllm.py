@@ -62,11 +62,12 @@ async def spawn_vllm(model_dir: str, **engine_kwargs):
 
 async def start_long_requests(gen, requests: int) -> tuple[list[asyncio.Future], dict]:
     """``requests`` long requests of 2 samples each, returned once the engine has stepped
-    ~20 times (their rows ~20 tokens in), with the generator's stats at that point."""
+    ~20 times (their rows ~20 tokens in), with the generator's stats at that point. Each row
+    runs MAX_TOKENS tokens (``ignore_eos``): where a row ends must not depend on what the
+    machine's kernels happen to sample."""
+    sampling = dict(n=2, max_tokens=MAX_TOKENS, temperature=1.0, ignore_eos=True)
     running = [
-        asyncio.ensure_future(
-            gen.generate.call_one(PROMPT, n=2, max_tokens=MAX_TOKENS, temperature=1.0, seed=s)
-        )
+        asyncio.ensure_future(gen.generate.call_one(PROMPT, seed=s, **sampling))
         for s in range(requests)
     ]
     for _ in range(3000):

@@ -194,9 +194,13 @@ def test_eos_stops_and_is_kept(model_and_tokenizer):
     model.generation_config.eos_token_id = [first]  # make the greedy token an eos id
     try:
         [[c]] = HFEngine(model, tok).generate([("xyz", SamplingParams(temperature=0))])
+        ignored = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        [[long]] = HFEngine(model, tok).generate([("xyz", ignored)])
     finally:
         model.generation_config.eos_token_id = saved
     assert c.token_ids == [first] and c.stop_reason == "stop"
+    # ignore_eos samples on past it, to max_tokens, the same tokens as without the eos id.
+    assert long.token_ids == greedy.token_ids[:5] and long.stop_reason == "length"
 
 
 def test_prompt_type_errors(engine):
