@@ -6,7 +6,7 @@
 | ``REWARD_AGGREGATOR`` | ``fn(components_g: list[dict]) -> list[float]`` (one group) | weighted_sum, min, pareto |
 | ``GROUP_FILTER`` | ``fn(group: list[Episode]) -> bool`` | nonzero_variance, keep_all |
 | ``ADVANTAGE`` | ``fn(rewards_b: Tensor, group_size: int) -> Tensor`` | grpo, dr_grpo, rloo |
-| ``CREDIT`` | ``fn(turn_rewards, turn_states, episode_advantages) -> per-turn advantages`` (one group) | episode, turn_returns, gigpo |
+| ``CREDIT`` | ``fn(turn_rewards, turn_states, episode_advantages) -> per-turn advantages`` (one group) | episode, turn_returns, gigpo, state_baseline |
 | ``LOSS`` | ``fn(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt, **_) -> (loss, metrics)`` | grpo, ppo, reinforce, gspo |
 | ``KL`` | ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` | k1, k2, k3 |
 | ``REFERENCE_UPDATE`` | ``fn(ref_sd, policy_sd, version) -> bool`` (edits ``ref_sd`` in place) | none, ema, reset (``ReferenceUpdateConfig.type``) |
@@ -77,6 +77,7 @@ CREDIT = Slot(
         "episode": "forge.losses.credit:episode_credit",
         "turn_returns": "forge.losses.credit:turn_returns_credit",
         "gigpo": "forge.losses.credit:gigpo_credit",
+        "state_baseline": "forge.losses.credit:StateBaselineCredit",
     },
     call=("turn_rewards", "turn_states", "episode_advantages"),
 )

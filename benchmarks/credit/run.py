@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 METHODS = {
     "episode": [],
     "gigpo": ["rl.rollout.credit=gigpo"],
+    "state_baseline": ["rl.rollout.credit=state_baseline"],
     "ppo_turns": [
         "rl.critic.level=turn",
         "rl.trainer.loss.type=ppo",

@@ -25,6 +25,9 @@ shape of ``turn_rewards``. Built-ins (``rollout.credit``):
   step-level group; a turn's advantage is its episode's advantage plus ``step_weight`` times
   its return relative to the other turns of its step-level group. A turn whose state no
   other turn of the group shares gets the episode's advantage alone.
+- ``state_baseline`` (``StateBaselineCredit``): a turn's return less the running mean return
+  of its state over the whole run (every group and step), a tabular critic for
+  environments whose states recur.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 from forge.losses.advantages import dr_grpo_advantages, grpo_advantages
 
 __all__ = [
+    "StateBaselineCredit",
     "discounted_returns",
     "episode_credit",
     "gigpo_credit",
@@ -146,3 +150,84 @@ def gigpo_credit(
         for (i, k), a in zip(members, rel):
             out[i][k] += step_weight * a
     return out
+
+
+class StateBaselineCredit:
+    """A turn's return less the running mean return of its state, over the whole run.
+
+    ``A[i][k] = episode_weight * episode_advantages[i] + (G[i][k] - V[s]) / scale``, where
+    ``G`` is the discounted return (``gamma``) from turn ``k``, ``s`` its state key and
+    ``V[s]`` the mean of the returns earlier turns got from that state: an exact mean over
+    its first ``1 / rate`` visits, then an exponential average at ``rate`` (the policy moves).
+    ``scale`` is a running root mean square of those residuals over all states (so
+    advantages are about unit size, as GRPO's are), or 1 without ``normalize``.
+
+    Where GiGPO's step-level groups hold only the turns of one group that meet a state, this
+    baseline pools every group and step: a state visited once per group still gets a
+    baseline, and a turn is credited with what followed it relative to what usually follows
+    that state, without the noise of how the episode reached it. A state not met before
+    falls back to the mean of its turns in this group (0 for a turn alone in it). Each
+    group's returns update ``V`` after its advantages are computed, so no turn is its own
+    baseline. The table lives in the process that scores episodes and starts empty (also
+    after a resume). Suited to environments whose state keys recur (``info["state"]``);
+    where they never repeat every turn falls back and this is ``episode_weight`` times GRPO.
+    """
+
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        rate: float = 0.05,
+        episode_weight: float = 0.0,
+        normalize: bool = True,
+        eps: float = 1e-3,
+    ) -> None:
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"state_baseline gamma must be in [0, 1], got {gamma}")
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"state_baseline rate must be in (0, 1], got {rate}")
+        if episode_weight < 0:
+            raise ValueError(f"state_baseline episode_weight must be >= 0, got {episode_weight}")
+        self.gamma, self.rate, self.episode_weight = gamma, rate, episode_weight
+        self.normalize, self.eps = normalize, eps
+        self.values: dict[Hashable, float] = {}
+        self.visits: dict[Hashable, int] = defaultdict(int)
+        self.residual_ms: float | None = None  # running mean square of G - V
+
+    def __call__(
+        self,
+        turn_rewards: TurnValues,
+        turn_states: list[list[Hashable]],
+        episode_advantages: Sequence[float],
+    ) -> TurnValues:
+        _check(turn_rewards, turn_states, episode_advantages)
+        returns = [discounted_returns(r, self.gamma) for r in turn_rewards]
+        groups = step_groups(turn_states)
+        residual = [[0.0] * len(r) for r in returns]
+        for key, members in groups.items():
+            if key in self.values:
+                base = self.values[key]
+            elif len(members) > 1:
+                base = sum(returns[i][k] for i, k in members) / len(members)
+            else:
+                continue
+            for i, k in members:
+                residual[i][k] = returns[i][k] - base
+        flat = [x for row in residual for x in row]
+        if flat:
+            ms = sum(x * x for x in flat) / len(flat)
+            self.residual_ms = (
+                ms
+                if self.residual_ms is None
+                else ((1 - self.rate) * self.residual_ms + self.rate * ms)
+            )
+        scale = max(self.residual_ms**0.5, self.eps) if self.normalize and flat else 1.0
+        for key, members in groups.items():  # the baseline learns from this group last
+            for i, k in members:
+                self.visits[key] += 1
+                step = max(1.0 / self.visits[key], self.rate)
+                old = self.values.get(key, returns[i][k])
+                self.values[key] = old + step * (returns[i][k] - old)
+        return [
+            [self.episode_weight * float(a) + x / scale for x in row]
+            for row, a in zip(residual, episode_advantages)
+        ]

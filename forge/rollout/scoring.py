@@ -40,7 +40,7 @@ class RolloutConfig:
     reward component ``overlong`` falling linearly from 0 at ``max_tokens - overlong_buffer``
     tokens to ``-overlong_penalty`` at ``max_tokens`` (0 disables it).
     ``credit`` (multi-turn runs): how each turn of an episode is credited
-    (``forge.slots.CREDIT``: ``episode``, ``turn_returns``, ``gigpo``; see
+    (``forge.slots.CREDIT``: ``episode``, ``turn_returns``, ``gigpo``, ``state_baseline``; see
     ``forge.losses.credit``); anything but ``episode`` gives per-token advantages.
     ``log_episodes``: how many of each step's episodes (whole groups first) are written to
     ``<run_dir>/episodes.jsonl`` (``forge episodes RUN_DIR`` shows them; 0: none).

@@ -8,6 +8,7 @@ import torch
 
 from forge.envs.types import Trajectory
 from forge.losses.credit import (
+    StateBaselineCredit,
     discounted_returns,
     episode_credit,
     gigpo_credit,
@@ -74,6 +75,35 @@ def test_turn_returns_normalise_over_the_group():
     out = turn_returns_credit([[1.0, 0.0], [0.0]], [["a", "b"], ["a"]], [0, 0], scale=False)
     # returns [1, 0] and [0]; mean 1/3
     assert out == [[pytest.approx(2 / 3), pytest.approx(-1 / 3)], [pytest.approx(-1 / 3)]]
+
+
+def test_state_baseline_by_hand():
+    fn = StateBaselineCredit(gamma=1.0, rate=0.25, normalize=False)
+    # First group, no baseline yet: s0's turns against their group mean 1/3 (as GiGPO's step
+    # level), A's against 1/2, B alone -> 0. Episode advantages are not used (weight 0).
+    first = fn(REWARDS, STATES, EPISODE_ADV)
+    expected = [[2 / 3, 0.5], [-1 / 3, 0.0], [-1 / 3, -0.5]]
+    for row, want in zip(first, expected):
+        assert row == pytest.approx(want)
+    # The table after it: exact means over the first visits (1/n >= rate): s0 1/3, A 1/2, B 0.
+    assert fn.values == pytest.approx({"s0": 1 / 3, "A": 0.5, "B": 0.0})
+    # A second group is credited against the table, not against itself: one episode, in s0
+    # then B, which wins. Its turns: 1 - 1/3 and 1 - 0.
+    assert fn([[0.0, 1.0]], [["s0", "B"]], [0.0]) == [[pytest.approx(2 / 3), pytest.approx(1.0)]]
+    # Then the table moves: s0 at its 4th visit by max(1/4, rate), B at its 2nd by 1/2.
+    assert fn.values["s0"] == pytest.approx(1 / 3 + 0.25 * (1 - 1 / 3))
+    assert fn.values["B"] == pytest.approx(0.5)
+
+
+def test_state_baseline_normalizes_and_weighs_the_episode():
+    fn = StateBaselineCredit(gamma=1.0, rate=1.0, episode_weight=2.0)
+    # Residuals of a first group: s0 +-1/2 (mean square 1/4, scale 1/2) -> +-1, plus 2 x the
+    # episode advantage.
+    out = fn([[1.0], [0.0]], [["s0"], ["s0"]], [0.5, -0.5])
+    assert out == [[pytest.approx(1.0 + 1.0)], [pytest.approx(-1.0 - 1.0)]]
+    with pytest.raises(ValueError, match="rate"):
+        StateBaselineCredit(rate=0.0)
+    assert isinstance(CREDIT.resolve("state_baseline"), StateBaselineCredit)
 
 
 def test_credit_slot_checks_shapes_and_names():
@@ -207,3 +237,14 @@ def test_run_config_takes_credit_with_kwargs():
         ["rl.rollout.credit.fn=gigpo", "rl.rollout.credit.kwargs.gamma=0.9"],
     )
     assert cfg.rl.rollout.credit.kwargs == {"gamma": 0.9}
+    _, cfg = load_app(
+        REPO / "apps/guess/cpu.yaml",
+        ["rl.rollout.credit.fn=state_baseline", "rl.rollout.credit.kwargs.rate=0.1"],
+    )
+    fn = CREDIT.resolve(cfg.rl.rollout.credit)
+    assert isinstance(fn, StateBaselineCredit) and fn.rate == 0.1
+    with pytest.raises(ValueError, match="rate must be in"):
+        load_app(
+            REPO / "apps/guess/cpu.yaml",
+            ["rl.rollout.credit.fn=state_baseline", "rl.rollout.credit.kwargs.rate=2"],
+        )
