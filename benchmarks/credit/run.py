@@ -1,7 +1,7 @@
 """Credit over turns, measured: each game trained by each method at several seeds, same budget.
 
     python -m benchmarks.credit.run [--games subtraction guess16] [--methods episode gigpo
-        ppo_turns] [--seeds 0 1 2] [--out results.json] [-- key=value ...]
+        state_baseline ppo_turns] [--seeds 0 1 2] [--out results.json] [-- key=value ...]
 
 Every run is ``forge run --config benchmarks/credit/<game>.yaml seed=<s> <method's overrides>``
 in real processes, in a fresh cache (the base model is built at that seed, then SFT on random
@@ -11,6 +11,8 @@ from a run's SFT model). Methods:
 
 - ``episode``: multi-turn GRPO, every turn credited with its episode's advantage;
 - ``gigpo``: ``rollout.credit: gigpo`` (step-level groups of turns taken in the same state);
+- ``state_baseline``: ``rollout.credit: state_baseline`` (each turn against the running mean
+  return of its state over the whole run);
 - ``ppo_turns``: PPO with a critic over turns (``critic.level: turn``, loss ``ppo``).
 
 Prints one row per run (greedy held-out success after SFT and after RL, mean sampled success
