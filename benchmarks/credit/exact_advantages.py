@@ -1,0 +1,227 @@
+"""The subtraction game trained with *exact* advantages: how far perfect credit would take it.
+
+    python -m benchmarks.credit.exact_advantages [--seeds 0 1 2] [--steps 200] [--lr 2e-4]
+        [--entropy-coef 0.0] [--per-state-norm] [--preset mini]
+
+Every credit estimator (``episode``, ``gigpo``, ``state_baseline``, PPO's critic) estimates
+``A(s, a) = Q(s, a) - V(s)`` from sampled returns. This benchmark removes the estimation: each
+sampled turn is credited with its exact advantage under the current policy, computed by
+dynamic programming over the piles from the policy's own move probabilities. What the policy
+still fails to learn then is not a failure of credit assignment.
+
+For that program to be exact the policy sees only the current observation (the first turn's
+``intro(pile)``, later ``Pile N.``), rendered with Forge's ``ChatRenderer``, so one forward
+pass over the 24 distinct prompts gives the whole policy. That is an easier problem than the
+benchmark's, whose prompts hold the whole game so far. Otherwise the setting is the
+benchmark's (``benchmarks/credit/subtraction.yaml``): the base model at ``--preset``/seed, 150
+SFT steps on random legal games (batch 32, lr 1e-3, the move's first token), then ``--steps``
+policy-gradient steps of 8 start piles x 8 games (AdamW at ``--lr``, gradient norm clipped at
+1, advantages divided by their RMS, or by their standard deviation under the policy in each
+state with ``--per-state-norm``). A first token that is not 1, 2 or 3 is an illegal move.
+
+Prints, per seed, the exact greedy success against the random opponent after SFT and every
+50 steps, and the final greedy move per pile; the optimal rule wins 1.000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from functools import lru_cache
+
+import torch
+
+from benchmarks.credit.subtraction import MOVES, intro, observe, optimal_move, start_piles
+
+PILES = range(1, 16)
+
+
+class Policy:
+    """The model's move distribution in every (pile, first turn?) state, one batch away."""
+
+    def __init__(self, preset: str, seed: int):
+        from forge.envs.chat import ChatRenderer
+        from forge.models import load_model, load_tokenizer, make_tiny_model
+
+        path = make_tiny_model(tempfile.mkdtemp(prefix="exact-adv-"), preset=preset, seed=seed)
+        tok = load_tokenizer(path)
+        self.model, chat = load_model(path), ChatRenderer(tok)
+        self.digits = [tok.encode(str(k), add_special_tokens=False)[0] for k in MOVES]
+        self.states = [(p, True) for p in start_piles(5, 15)] + [(p, False) for p in PILES]
+        prompts = [
+            chat.prompt_ids([{"role": "user", "content": intro(p) if first else observe(p)}])
+            for p, first in self.states
+        ]
+        width = max(map(len, prompts))
+        self.ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        self.mask = torch.zeros_like(self.ids)
+        for i, x in enumerate(prompts):  # left-padded: the next token is at the last column
+            self.ids[i, width - len(x) :] = torch.tensor(x)
+            self.mask[i, width - len(x) :] = 1
+        self.index = {s: i for i, s in enumerate(self.states)}
+
+    def logprobs(self) -> torch.Tensor:
+        """``[state, vocab]`` next-token log-probabilities (with grad)."""
+        pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=pos)
+        return out.logits[:, -1].log_softmax(-1)
+
+    def move_probs(self, logp: torch.Tensor) -> dict[tuple[int, bool], list[float]]:
+        """P(take k) for k = 1..3 in every state; the rest of the vocabulary is illegal."""
+        p = logp.detach().exp()[:, self.digits].tolist()
+        return {s: p[i] for s, i in self.index.items()}
+
+
+def exact_q(probs: dict[tuple[int, bool], list[float]]) -> dict[tuple[int, bool], list[float]]:
+    """``Q(s, take)`` for take 0 (illegal), 1, 2, 3 under the policy ``probs``, and ``V(s)``
+    last: the model's win probability against the uniformly random opponent."""
+
+    def q(pile: int, take: int) -> float:
+        if take == 0 or take > pile:
+            return 0.0
+        left = pile - take
+        if left == 0:
+            return 1.0
+        replies = [k for k in MOVES if k <= left]
+        return sum(v(left - r) if left > r else 0.0 for r in replies) / len(replies)
+
+    @lru_cache(None)
+    def v(pile: int, first: bool = False) -> float:
+        return sum(pr * q(pile, k) for k, pr in zip(MOVES, probs[(pile, first)]))
+
+    return {(p, f): [q(p, t) for t in (0, *MOVES)] + [v(p, f)] for p, f in probs}
+
+
+def greedy_success(probs: dict[tuple[int, bool], list[float]]) -> float:
+    """Exact win rate of the policy's greedy moves over the start piles."""
+    greedy = {s: [float(k == max(range(3), key=pr.__getitem__)) for k in range(3)]
+              for s, pr in probs.items()}  # fmt: skip
+    q = exact_q(greedy)
+    piles = start_piles(5, 15)
+    return sum(q[(p, True)][-1] for p in piles) / len(piles)
+
+
+def play(probs: dict, pile: int, rng: random.Random) -> list[tuple[tuple[int, bool], int]]:
+    """One sampled game: its ``(state, take)`` turns (take 0: an illegal token)."""
+    turns, first = [], True
+    while True:
+        pr = probs[(pile, first)]
+        take = rng.choices([0, *MOVES], weights=[max(0.0, 1 - sum(pr)), *pr])[0]
+        turns.append(((pile, first), take))
+        if take == 0 or take > pile or take == pile:
+            return turns
+        pile -= take
+        pile -= rng.choice([k for k in MOVES if k <= pile])
+        if pile == 0:
+            return turns
+        first = False
+
+
+def sft(policy: Policy, steps: int, seed: int) -> None:
+    """Cross-entropy on random legal moves in the states of random games (batch 32 games)."""
+    rng = random.Random(seed + 1)
+    uniform = {s: [1 / len([k for k in MOVES if k <= s[0]]) if k <= s[0] else 0.0
+                   for k in MOVES] for s in policy.states}  # fmt: skip
+    opt = torch.optim.AdamW(policy.model.parameters(), lr=1e-3, weight_decay=0.0)
+    for _ in range(steps):
+        rows, targets = [], []
+        for _ in range(32):
+            for state, take in play(uniform, rng.choice(start_piles(5, 15)), rng):
+                rows.append(policy.index[state])
+                targets.append(policy.digits[take - 1])
+        logp = policy.logprobs()
+        loss = -logp[torch.tensor(rows), torch.tensor(targets)].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def train(args: argparse.Namespace, seed: int) -> dict:
+    torch.manual_seed(seed)
+    policy, rng = Policy(args.preset, seed), random.Random(seed + 2)
+    sft(policy, args.sft_steps, seed)
+    opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr, weight_decay=0.0)
+    with torch.no_grad():
+        curve = {0: greedy_success(policy.move_probs(policy.logprobs()))}
+    t0 = time.monotonic()
+    for step in range(1, args.steps + 1):
+        logp = policy.logprobs()
+        probs = policy.move_probs(logp)
+        q = exact_q(probs)
+        rows, tokens, adv = [], [], []
+        for pile in rng.choices(start_piles(5, 15), k=8):
+            for _ in range(8):
+                for state, take in play(probs, pile, rng):
+                    a = q[state][take] - q[state][-1]
+                    if args.per_state_norm:
+                        pr = [max(0.0, 1 - sum(probs[state])), *probs[state]]
+                        var = sum(w * (x - q[state][-1]) ** 2 for w, x in zip(pr, q[state]))
+                        a /= var**0.5 + 0.02
+                    rows.append(policy.index[state])
+                    tokens.append(
+                        policy.digits[take - 1] if take else _illegal(logp, state, policy)
+                    )
+                    adv.append(a)
+        a = torch.tensor(adv)
+        a = a / (a.pow(2).mean().sqrt() + 1e-6)
+        sampled = logp[torch.tensor(rows), torch.tensor(tokens)]
+        entropy = -(logp.exp() * logp).sum(-1)[torch.tensor(rows)].mean()
+        if args.entropy == "exact":
+            bonus = -entropy
+        else:  # estimated from the sampled tokens: gradient logp * grad logp, value 0
+            bonus = (sampled.detach() * (sampled - sampled.detach())).mean()
+        loss = -(a * sampled).mean() + args.entropy_coef * bonus
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == args.steps:
+            with torch.no_grad():
+                curve[step] = greedy_success(policy.move_probs(policy.logprobs()))
+            print(f"  seed {seed} step {step}: greedy {curve[step]:.3f} "
+                  f"entropy {entropy.item():.2f} ({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+    with torch.no_grad():
+        probs = policy.move_probs(policy.logprobs())
+    moves = {s: 1 + max(range(3), key=pr.__getitem__) for s, pr in probs.items()}
+    return {"seed": seed, "curve": curve, "moves": moves}
+
+
+def _illegal(logp: torch.Tensor, state: tuple[int, bool], policy: Policy) -> int:
+    """The most likely non-move token in ``state`` (stands for the illegal token sampled)."""
+    row = logp[policy.index[state]].detach().clone()
+    row[policy.digits] = float("-inf")
+    return int(row.argmax())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--entropy-coef", type=float, default=0.0)
+    p.add_argument("--entropy", choices=["exact", "sampled"], default="exact")
+    p.add_argument("--per-state-norm", action="store_true")
+    p.add_argument("--preset", default="mini")
+    args = p.parse_args()
+    print(f"exact advantages: {vars(args)}", flush=True)
+    results = [train(args, s) for s in args.seeds]
+    print("pile        " + " ".join(f"{n:>2}" for n in PILES))
+    print("optimal     " + " ".join(f"{optimal_move(n):>2}" for n in PILES))
+    for r in results:
+        later = " ".join(f"{r['moves'][(n, False)]:>2}" for n in PILES)
+        print(f"seed {r['seed']} later {later}")
+    finals = [r["curve"][args.steps] for r in results]
+    starts = [r["curve"][0] for r in results]
+    print(
+        f"greedy success after SFT {statistics.median(starts):.3f}, after {args.steps} steps "
+        f"{statistics.median(finals):.3f} [{min(finals):.3f}-{max(finals):.3f}] "
+        f"(seeds {args.seeds}); the optimal rule 1.000"
+    )
+
+
+if __name__ == "__main__":
+    main()
