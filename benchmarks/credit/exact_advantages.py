@@ -1,23 +1,30 @@
-"""The subtraction game trained with *exact* advantages: how far perfect credit would take it.
+"""The subtraction game trained with exact advantages (or Forge's estimators) in one process.
 
     python -m benchmarks.credit.exact_advantages [--seeds 0 1 2] [--steps 200] [--lr 2e-4]
-        [--entropy-coef 0.0] [--per-state-norm] [--preset mini]
+        [--advantages exact|episode|gigpo|state_baseline] [--entropy-coef 0.0]
+        [--entropy exact|sampled] [--per-state-norm] [--preset mini]
 
 Every credit estimator (``episode``, ``gigpo``, ``state_baseline``, PPO's critic) estimates
-``A(s, a) = Q(s, a) - V(s)`` from sampled returns. This benchmark removes the estimation: each
-sampled turn is credited with its exact advantage under the current policy, computed by
-dynamic programming over the piles from the policy's own move probabilities. What the policy
-still fails to learn then is not a failure of credit assignment.
+``A(s, a) = Q(s, a) - V(s)`` from sampled returns. With ``--advantages exact`` (the default)
+this benchmark removes the estimation: each sampled turn is credited with its exact advantage
+under the current policy, computed by dynamic programming over the piles from the policy's
+own move probabilities. What the policy still fails to learn then is not a failure of credit
+assignment. The other choices run Forge's own estimator (``forge.losses.credit``) on the
+sampled games' outcomes instead (GRPO's episode advantages; a group whose games all end
+alike is dropped, as the benchmark's ``filter: nonzero_variance`` does), on the same prompts.
 
-For that program to be exact the policy sees only the current observation (the first turn's
+For the program to be exact the policy sees only the current observation (the first turn's
 ``intro(pile)``, later ``Pile N.``), rendered with Forge's ``ChatRenderer``, so one forward
 pass over the 24 distinct prompts gives the whole policy. That is an easier problem than the
 benchmark's, whose prompts hold the whole game so far. Otherwise the setting is the
 benchmark's (``benchmarks/credit/subtraction.yaml``): the base model at ``--preset``/seed, 150
 SFT steps on random legal games (batch 32, lr 1e-3, the move's first token), then ``--steps``
 policy-gradient steps of 8 start piles x 8 games (AdamW at ``--lr``, gradient norm clipped at
-1, advantages divided by their RMS, or by their standard deviation under the policy in each
-state with ``--per-state-norm``). A first token that is not 1, 2 or 3 is an illegal move.
+1; exact advantages divided by their RMS, or by their standard deviation under the policy in
+each state with ``--per-state-norm``). ``--entropy-coef`` adds an entropy bonus at the
+sampled turns' states: the exact entropy of the next-token distribution, or (``sampled``)
+estimated from the sampled tokens as Forge's ``trainer.loss.entropy_coef`` is. A first token
+that is not 1, 2 or 3 is an illegal move.
 
 Prints, per seed, the exact greedy success against the random opponent after SFT and every
 50 steps, and the final greedy move per pile; the optimal rule wins 1.000.
@@ -144,49 +151,102 @@ def train(args: argparse.Namespace, seed: int) -> dict:
     policy, rng = Policy(args.preset, seed), random.Random(seed + 2)
     sft(policy, args.sft_steps, seed)
     opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr, weight_decay=0.0)
+    estimator = _estimator(args.advantages)
     with torch.no_grad():
         curve = {0: greedy_success(policy.move_probs(policy.logprobs()))}
-    t0 = time.monotonic()
+    t0, entropy = time.monotonic(), float("nan")
     for step in range(1, args.steps + 1):
         logp = policy.logprobs()
         probs = policy.move_probs(logp)
         q = exact_q(probs)
         rows, tokens, adv = [], [], []
         for pile in rng.choices(start_piles(5, 15), k=8):
-            for _ in range(8):
-                for state, take in play(probs, pile, rng):
-                    a = q[state][take] - q[state][-1]
-                    if args.per_state_norm:
-                        pr = [max(0.0, 1 - sum(probs[state])), *probs[state]]
-                        var = sum(w * (x - q[state][-1]) ** 2 for w, x in zip(pr, q[state]))
-                        a /= var**0.5 + 0.02
+            games = [play(probs, pile, rng) for _ in range(8)]
+            for turns, credit in zip(games, _credit(args, estimator, games, probs, q)):
+                for (state, take), a in zip(turns, credit):
                     rows.append(policy.index[state])
                     tokens.append(
                         policy.digits[take - 1] if take else _illegal(logp, state, policy)
                     )
                     adv.append(a)
-        a = torch.tensor(adv)
-        a = a / (a.pow(2).mean().sqrt() + 1e-6)
-        sampled = logp[torch.tensor(rows), torch.tensor(tokens)]
-        entropy = -(logp.exp() * logp).sum(-1)[torch.tensor(rows)].mean()
-        if args.entropy == "exact":
-            bonus = -entropy
-        else:  # estimated from the sampled tokens: gradient logp * grad logp, value 0
-            bonus = (sampled.detach() * (sampled - sampled.detach())).mean()
-        loss = -(a * sampled).mean() + args.entropy_coef * bonus
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
-        opt.step()
+        if adv:  # else every group was filtered out
+            entropy = _update(args, opt, policy, logp, rows, tokens, adv)
         if step % 50 == 0 or step == args.steps:
             with torch.no_grad():
                 curve[step] = greedy_success(policy.move_probs(policy.logprobs()))
             print(f"  seed {seed} step {step}: greedy {curve[step]:.3f} "
-                  f"entropy {entropy.item():.2f} ({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+                  f"entropy {entropy:.2f} ({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
     with torch.no_grad():
         probs = policy.move_probs(policy.logprobs())
     moves = {s: 1 + max(range(3), key=pr.__getitem__) for s, pr in probs.items()}
     return {"seed": seed, "curve": curve, "moves": moves}
+
+
+def _update(args, opt, policy, logp, rows, tokens, adv) -> float:
+    """One policy-gradient step on the sampled turns (with the entropy bonus); returns the
+    mean entropy of their states' next-token distributions."""
+    a = torch.tensor(adv)
+    if args.advantages == "exact":
+        a = a / (a.pow(2).mean().sqrt() + 1e-6)
+    sampled = logp[torch.tensor(rows), torch.tensor(tokens)]
+    entropy = -(logp.exp() * logp).sum(-1)[torch.tensor(rows)].mean()
+    if args.entropy == "exact":
+        bonus = -entropy
+    else:  # estimated from the sampled tokens: gradient logp * grad logp, value 0
+        bonus = (sampled.detach() * (sampled - sampled.detach())).mean()
+    loss = -(a * sampled).mean() + args.entropy_coef * bonus
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+    opt.step()
+    return float(entropy)
+
+
+def _estimator(name: str):
+    """Forge's own estimator for ``--advantages`` (``None`` for exact)."""
+    from forge.losses import credit
+
+    return {
+        "exact": None,
+        "episode": credit.episode_credit,
+        "gigpo": credit.gigpo_credit,
+        "state_baseline": credit.StateBaselineCredit(),
+    }[name]
+
+
+def _credit(args, estimator, games, probs, q) -> list[list[float]]:
+    """Per-turn advantages of one group of games (the same start pile): exact, or Forge's
+    estimator on the games' outcomes (1 for a win, at the last turn) with GRPO's episode
+    advantages. A group whose games all end alike is dropped, as the benchmark's
+    ``filter: nonzero_variance`` does, except with exact advantages (they need no spread)."""
+    if estimator is None:
+        out = []
+        for turns in games:
+            row = []
+            for state, take in turns:
+                a = q[state][take] - q[state][-1]
+                if args.per_state_norm:
+                    pr = [max(0.0, 1 - sum(probs[state])), *probs[state]]
+                    var = sum(w * (x - q[state][-1]) ** 2 for w, x in zip(pr, q[state]))
+                    a /= var**0.5 + 0.02
+                row.append(a)
+            out.append(row)
+        return out
+    from forge.losses.advantages import grpo_advantages
+
+    wins = [float(_won(turns)) for turns in games]
+    if len(set(wins)) == 1:
+        return [[] for _ in games]
+    rewards = [[0.0] * (len(t) - 1) + [w] for t, w in zip(games, wins)]
+    states = [[state for state, _ in turns] for turns in games]
+    episode = grpo_advantages(torch.tensor(wins), len(wins)).tolist()
+    return estimator(rewards, states, episode)
+
+
+def _won(turns: list[tuple[tuple[int, bool], int]]) -> bool:
+    """Whether a game (its turns) ended with the model taking the last stone."""
+    (pile, _), take = turns[-1]
+    return take == pile
 
 
 def _illegal(logp: torch.Tensor, state: tuple[int, bool], policy: Policy) -> int:
@@ -204,6 +264,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--entropy-coef", type=float, default=0.0)
     p.add_argument("--entropy", choices=["exact", "sampled"], default="exact")
+    p.add_argument(
+        "--advantages", choices=["exact", "episode", "gigpo", "state_baseline"], default="exact"
+    )
     p.add_argument("--per-state-norm", action="store_true")
     p.add_argument("--preset", default="mini")
     args = p.parse_args()
