@@ -105,11 +105,14 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
     store = WeightStore(SharedMemoryTransport(f"vllmtest-{uuid.uuid4().hex[:8]}"), keep_last=2)
     try:
         gen = await spawn_vllm(model_dir)
+        # v1 is built and pushed first: the update must reach the engine while the long
+        # requests run, not after the seconds that building it takes on a loaded machine.
+        v1 = _perturbed(model_dir, seed=1)
+        handle = store.push(v1, 1)
         # Long generations; update once they are ~20 tokens in.
         running, stats = await start_long_requests(gen, 3)
         assert stats["running_rows"] == 6, stats
-        v1 = _perturbed(model_dir, seed=1)
-        assert await gen.update_weights.call_one(handle=store.push(v1, 1)) == 1
+        assert await gen.update_weights.call_one(handle=handle) == 1
         stats = await gen.stats.call_one()
         assert stats["in_flight_updates"] == 1 and stats["version"] == 1
         assert stats["running_rows"] > 0, "the update waited for the running requests (drained)"
