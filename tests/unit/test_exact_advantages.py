@@ -42,3 +42,22 @@ def test_advantages_at_hand_checked_states():
     assert greedy_success(_policy(lambda pile: pile if pile <= 3 else 1)) == pytest.approx(
         0.904, abs=5e-4
     )
+
+
+def test_whole_prompt_games_follow_the_rules():
+    """``whole_prompts.play``'s games (uniform legal moves here): every conversation holds
+    the game so far, and they win as often as random play does."""
+    import random
+
+    from benchmarks.credit.whole_prompts import play, won
+
+    piles = [p for p in start_piles(5, 15) for _ in range(400)]
+    games = play(None, piles, random.Random(0), "random")
+    for pile, turns in zip(piles[:50], games):
+        assert turns[0][0] == [{"role": "user", "content": turns[0][0][0]["content"]}]
+        assert turns[0][1] == (pile, True)
+        for k, (msgs, (p, first), take) in enumerate(turns):
+            assert len(msgs) == 1 + 2 * k and first == (k == 0) and 1 <= take <= min(3, p)
+            assert k == 0 or msgs[-1]["content"] == f"Pile {p}."
+    share = sum(map(won, games)) / len(games)
+    assert share == pytest.approx(random_success_rate(), abs=0.03)
