@@ -46,6 +46,20 @@ from benchmarks.credit.subtraction import MOVES, intro, observe, optimal_move, s
 PILES = range(1, 16)
 
 
+def next_token_logprobs(model, prompts: list[list[int]]) -> torch.Tensor:
+    """``[len(prompts), vocab]`` log-probabilities of the token after each prompt (with
+    grad): one batch, left-padded so that the next token is at the last column."""
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, x in enumerate(prompts):
+        ids[i, width - len(x) :] = torch.tensor(x)
+        mask[i, width - len(x) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    return out.logits[:, -1].log_softmax(-1)
+
+
 class Policy:
     """The model's move distribution in every (pile, first turn?) state, one batch away."""
 
@@ -62,19 +76,12 @@ class Policy:
             chat.prompt_ids([{"role": "user", "content": intro(p) if first else observe(p)}])
             for p, first in self.states
         ]
-        width = max(map(len, prompts))
-        self.ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        self.mask = torch.zeros_like(self.ids)
-        for i, x in enumerate(prompts):  # left-padded: the next token is at the last column
-            self.ids[i, width - len(x) :] = torch.tensor(x)
-            self.mask[i, width - len(x) :] = 1
+        self.prompts = prompts
         self.index = {s: i for i, s in enumerate(self.states)}
 
     def logprobs(self) -> torch.Tensor:
         """``[state, vocab]`` next-token log-probabilities (with grad)."""
-        pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=pos)
-        return out.logits[:, -1].log_softmax(-1)
+        return next_token_logprobs(self.model, self.prompts)
 
     def move_probs(self, logp: torch.Tensor) -> dict[tuple[int, bool], list[float]]:
         """P(take k) for k = 1..3 in every state; the rest of the vocabulary is illegal."""
@@ -166,11 +173,13 @@ def train(args: argparse.Namespace, seed: int) -> dict:
                 for (state, take), a in zip(turns, credit):
                     rows.append(policy.index[state])
                     tokens.append(
-                        policy.digits[take - 1] if take else _illegal(logp, state, policy)
+                        policy.digits[take - 1]
+                        if take
+                        else non_move(logp[policy.index[state]], policy.digits)
                     )
                     adv.append(a)
         if adv:  # else every group was filtered out
-            entropy = _update(args, opt, policy, logp, rows, tokens, adv)
+            entropy = pg_step(args, opt, policy.model, logp[torch.tensor(rows)], tokens, adv)
         if step % 50 == 0 or step == args.steps:
             with torch.no_grad():
                 curve[step] = greedy_success(policy.move_probs(policy.logprobs()))
@@ -182,14 +191,16 @@ def train(args: argparse.Namespace, seed: int) -> dict:
     return {"seed": seed, "curve": curve, "moves": moves}
 
 
-def _update(args, opt, policy, logp, rows, tokens, adv) -> float:
-    """One policy-gradient step on the sampled turns (with the entropy bonus); returns the
-    mean entropy of their states' next-token distributions."""
+def pg_step(args, opt, model, logp_rows: torch.Tensor, tokens: list[int], adv) -> float:
+    """One policy-gradient step on sampled turns: ``logp_rows`` ``[turn, vocab]`` (with grad),
+    the token each sampled, its advantage; with the entropy bonus. Returns the turns' mean
+    entropy. Exact advantages are divided by their RMS first (Forge's estimators scale
+    their own)."""
     a = torch.tensor(adv)
     if args.advantages == "exact":
         a = a / (a.pow(2).mean().sqrt() + 1e-6)
-    sampled = logp[torch.tensor(rows), torch.tensor(tokens)]
-    entropy = -(logp.exp() * logp).sum(-1)[torch.tensor(rows)].mean()
+    sampled = logp_rows[torch.arange(len(tokens)), torch.tensor(tokens)]
+    entropy = -(logp_rows.exp() * logp_rows).sum(-1).mean()
     if args.entropy == "exact":
         bonus = -entropy
     else:  # estimated from the sampled tokens: gradient logp * grad logp, value 0
@@ -197,7 +208,7 @@ def _update(args, opt, policy, logp, rows, tokens, adv) -> float:
     loss = -(a * sampled).mean() + args.entropy_coef * bonus
     opt.zero_grad()
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     return float(entropy)
 
@@ -249,26 +260,32 @@ def _won(turns: list[tuple[tuple[int, bool], int]]) -> bool:
     return take == pile
 
 
-def _illegal(logp: torch.Tensor, state: tuple[int, bool], policy: Policy) -> int:
-    """The most likely non-move token in ``state`` (stands for the illegal token sampled)."""
-    row = logp[policy.index[state]].detach().clone()
-    row[policy.digits] = float("-inf")
+def non_move(row: torch.Tensor, digits: list[int]) -> int:
+    """The most likely token of ``row`` that is no move (stands for the illegal token a
+    turn sampled)."""
+    row = row.detach().clone()
+    row[digits] = float("-inf")
     return int(row.argmax())
+
+
+def common_args(p: argparse.ArgumentParser, steps: int, entropy_coef: float, entropy: str):
+    """The options both subtraction loops take."""
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--entropy-coef", type=float, default=entropy_coef)
+    p.add_argument("--entropy", choices=["exact", "sampled"], default=entropy)
+    p.add_argument("--preset", default="mini")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--sft-steps", type=int, default=150)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--entropy-coef", type=float, default=0.0)
-    p.add_argument("--entropy", choices=["exact", "sampled"], default="exact")
+    common_args(p, steps=200, entropy_coef=0.0, entropy="exact")
     p.add_argument(
         "--advantages", choices=["exact", "episode", "gigpo", "state_baseline"], default="exact"
     )
     p.add_argument("--per-state-norm", action="store_true")
-    p.add_argument("--preset", default="mini")
     args = p.parse_args()
     print(f"exact advantages: {vars(args)}", flush=True)
     results = [train(args, s) for s in args.seeds]

@@ -23,7 +23,14 @@ import time
 
 import torch
 
-from benchmarks.credit.exact_advantages import _credit, _estimator
+from benchmarks.credit.exact_advantages import (
+    _credit,
+    _estimator,
+    common_args,
+    next_token_logprobs,
+    non_move,
+    pg_step,
+)
 from benchmarks.credit.subtraction import MOVES, intro, observe, start_piles
 
 
@@ -41,16 +48,7 @@ class WholePolicy:
 
     def logprobs(self, conversations: list[list[dict]]) -> torch.Tensor:
         """``[len(conversations), vocab]`` next-token log-probabilities (with grad)."""
-        prompts = [self.chat.prompt_ids(c) for c in conversations]
-        width = max(map(len, prompts))
-        ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, x in enumerate(prompts):
-            ids[i, width - len(x) :] = torch.tensor(x)
-            mask[i, width - len(x) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos)
-        return out.logits[:, -1].log_softmax(-1)
+        return next_token_logprobs(self.model, [self.chat.prompt_ids(c) for c in conversations])
 
 
 def play(policy: WholePolicy, piles: list[int], rng: random.Random, mode: str):
@@ -134,17 +132,9 @@ def train(args: argparse.Namespace, seed: int) -> dict:
                 adv += credit
         if rows:
             logp = policy.logprobs([m for m, _ in rows])
-            tokens = [policy.digits[t - 1] if t else _illegal(logp[i], policy)
+            tokens = [policy.digits[t - 1] if t else non_move(logp[i], policy.digits)
                       for i, (_, t) in enumerate(rows)]  # fmt: skip
-            sampled = logp[torch.arange(len(rows)), torch.tensor(tokens)]
-            entropy = -(logp.exp() * logp).sum(-1).mean()
-            bonus = (-entropy if args.entropy == "exact"
-                     else (sampled.detach() * (sampled - sampled.detach())).mean())  # fmt: skip
-            loss = -(torch.tensor(adv) * sampled).mean() + args.entropy_coef * bonus
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
-            opt.step()
+            pg_step(args, opt, policy.model, logp, tokens, adv)
         if step % 50 == 0 or step == args.steps:
             curve[step] = heldout(policy)
             print(f"  seed {seed} step {step}: held out {curve[step]:.3f} "
@@ -152,23 +142,11 @@ def train(args: argparse.Namespace, seed: int) -> dict:
     return {"seed": seed, "curve": curve}
 
 
-def _illegal(row: torch.Tensor, policy: WholePolicy) -> int:
-    row = row.detach().clone()
-    row[policy.digits] = float("-inf")
-    return int(row.argmax())
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--sft-steps", type=int, default=150)
-    p.add_argument("--lr", type=float, default=2e-4)
+    common_args(p, steps=300, entropy_coef=0.1, entropy="sampled")
     p.add_argument("--advantages", choices=["episode", "gigpo", "state_baseline"],
                    default="state_baseline")  # fmt: skip
-    p.add_argument("--entropy-coef", type=float, default=0.1)
-    p.add_argument("--entropy", choices=["exact", "sampled"], default="sampled")
-    p.add_argument("--preset", default="mini")
     args = p.parse_args()
     args.per_state_norm = False
     print(f"whole-game prompts: {vars(args)}", flush=True)
