@@ -2,7 +2,8 @@
 
     python -m benchmarks.credit.exact_advantages [--seeds 0 1 2] [--steps 200] [--lr 2e-4]
         [--advantages exact|episode|gigpo|state_baseline] [--entropy-coef 0.0]
-        [--entropy exact|sampled] [--per-state-norm] [--preset mini]
+        [--entropy exact|sampled] [--entropy-cap NATS] [--illegal argmax|sampled]
+        [--per-state-norm] [--keep-all] [--init MODEL_DIR] [--preset mini]
 
 Every credit estimator (``episode``, ``gigpo``, ``state_baseline``, PPO's critic) estimates
 ``A(s, a) = Q(s, a) - V(s)`` from sampled returns. With ``--advantages exact`` (the default)
@@ -23,8 +24,14 @@ policy-gradient steps of 8 start piles x 8 games (AdamW at ``--lr``, gradient no
 1; exact advantages divided by their RMS, or by their standard deviation under the policy in
 each state with ``--per-state-norm``). ``--entropy-coef`` adds an entropy bonus at the
 sampled turns' states: the exact entropy of the next-token distribution, or (``sampled``)
-estimated from the sampled tokens as Forge's ``trainer.loss.entropy_coef`` is. A first token
-that is not 1, 2 or 3 is an illegal move.
+estimated from the sampled tokens as Forge's ``trainer.loss.entropy_coef`` is (each token's
+weight capped at ``--entropy-cap`` nats, as ``trainer.loss.entropy_cap``). A first token
+that is not 1, 2 or 3 is an illegal move; the token trained for it is, with ``--illegal
+sampled``, one drawn from the model's distribution over the tokens that are no move (what
+the sampler drew, as in Forge's runs), and by default the likeliest of them (the rows of
+docs/benchmarks.md before 2026-11-25; that stand-in hid what the sampled entropy estimate
+does to the vocabulary's tail). ``--init`` starts from a saved model (e.g. a Forge run's
+``sft/model``) instead of the SFT here.
 
 Prints, per seed, the exact greedy success against the random opponent after SFT and every
 50 steps, and the final greedy move per pile; the optimal rule wins 1.000.
@@ -63,11 +70,13 @@ def next_token_logprobs(model, prompts: list[list[int]]) -> torch.Tensor:
 class Policy:
     """The model's move distribution in every (pile, first turn?) state, one batch away."""
 
-    def __init__(self, preset: str, seed: int):
+    def __init__(self, preset: str, seed: int, init: str | None = None):
         from forge.envs.chat import ChatRenderer
         from forge.models import load_model, load_tokenizer, make_tiny_model
 
-        path = make_tiny_model(tempfile.mkdtemp(prefix="exact-adv-"), preset=preset, seed=seed)
+        path = init or make_tiny_model(
+            tempfile.mkdtemp(prefix="exact-adv-"), preset=preset, seed=seed
+        )
         tok = load_tokenizer(path)
         self.model, chat = load_model(path), ChatRenderer(tok)
         self.digits = [tok.encode(str(k), add_special_tokens=False)[0] for k in MOVES]
@@ -155,9 +164,11 @@ def sft(policy: Policy, steps: int, seed: int) -> None:
 
 def train(args: argparse.Namespace, seed: int) -> dict:
     torch.manual_seed(seed)
-    policy, rng = Policy(args.preset, seed), random.Random(seed + 2)
-    sft(policy, args.sft_steps, seed)
+    policy, rng = Policy(args.preset, seed, args.init), random.Random(seed + 2)
+    if args.init is None:
+        sft(policy, args.sft_steps, seed)
     opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr, weight_decay=0.0)
+    illegal_rng = random.Random(seed + 3) if args.illegal == "sampled" else None
     estimator = _estimator(args.advantages)
     with torch.no_grad():
         curve = {0: greedy_success(policy.move_probs(policy.logprobs()))}
@@ -175,7 +186,7 @@ def train(args: argparse.Namespace, seed: int) -> dict:
                     tokens.append(
                         policy.digits[take - 1]
                         if take
-                        else non_move(logp[policy.index[state]], policy.digits)
+                        else non_move(logp[policy.index[state]], policy.digits, illegal_rng)
                     )
                     adv.append(a)
         if adv:  # else every group was filtered out
@@ -204,7 +215,10 @@ def pg_step(args, opt, model, logp_rows: torch.Tensor, tokens: list[int], adv) -
     if args.entropy == "exact":
         bonus = -entropy
     else:  # estimated from the sampled tokens: gradient logp * grad logp, value 0
-        bonus = (sampled.detach() * (sampled - sampled.detach())).mean()
+        w = sampled.detach()
+        if args.entropy_cap is not None:  # as Forge's trainer.loss.entropy_cap
+            w = w.clamp(min=-args.entropy_cap)
+        bonus = (w * (sampled - sampled.detach())).mean()
     loss = -(a * sampled).mean() + args.entropy_coef * bonus
     opt.zero_grad()
     loss.backward()
@@ -246,7 +260,7 @@ def _credit(args, estimator, games, probs, q) -> list[list[float]]:
     from forge.losses.advantages import grpo_advantages
 
     wins = [float(_won(turns)) for turns in games]
-    if len(set(wins)) == 1:
+    if len(set(wins)) == 1 and not args.keep_all:
         return [[] for _ in games]
     rewards = [[0.0] * (len(t) - 1) + [w] for t, w in zip(games, wins)]
     states = [[state for state, _ in turns] for turns in games]
@@ -260,12 +274,16 @@ def _won(turns: list[tuple[tuple[int, bool], int]]) -> bool:
     return take == pile
 
 
-def non_move(row: torch.Tensor, digits: list[int]) -> int:
-    """The most likely token of ``row`` that is no move (stands for the illegal token a
-    turn sampled)."""
+def non_move(row: torch.Tensor, digits: list[int], rng: random.Random | None = None) -> int:
+    """The token that stands for a turn's illegal sample: with ``rng``, one drawn from
+    ``row``'s distribution over the tokens that are no move (what a sampler that drew no
+    move drew); without, the most likely of them."""
     row = row.detach().clone()
     row[digits] = float("-inf")
-    return int(row.argmax())
+    if rng is None:
+        return int(row.argmax())
+    gen = torch.Generator().manual_seed(rng.getrandbits(63))
+    return int(torch.multinomial(row.softmax(-1), 1, generator=gen))
 
 
 def common_args(p: argparse.ArgumentParser, steps: int, entropy_coef: float, entropy: str):
@@ -277,6 +295,31 @@ def common_args(p: argparse.ArgumentParser, steps: int, entropy_coef: float, ent
     p.add_argument("--entropy-coef", type=float, default=entropy_coef)
     p.add_argument("--entropy", choices=["exact", "sampled"], default=entropy)
     p.add_argument("--preset", default="mini")
+    p.add_argument(
+        "--entropy-cap",
+        type=float,
+        default=None,
+        help="with --entropy sampled: cap each sampled token's weight at this many nats, "
+        "as Forge's trainer.loss.entropy_cap (default: no cap)",
+    )
+    p.add_argument(
+        "--illegal",
+        choices=["argmax", "sampled"],
+        default="argmax",
+        help="the token trained for a turn that sampled no move: the most likely non-move "
+        "token, or one drawn as the sampler would (what Forge's runs train)",
+    )
+    p.add_argument(
+        "--init",
+        help="start from this model directory (e.g. a Forge run's "
+        "sft/model) instead of a fresh one, and skip the SFT",
+    )
+    p.add_argument(
+        "--keep-all",
+        action="store_true",
+        help="keep groups whose games all end alike (their turns still differ from their "
+        "states' baselines); by default they are dropped, as filter: nonzero_variance does",
+    )
 
 
 def main() -> None:

@@ -37,11 +37,11 @@ from benchmarks.credit.subtraction import MOVES, intro, observe, start_piles
 class WholePolicy:
     """The model's first-token log-probabilities after any conversation, batched."""
 
-    def __init__(self, preset: str, seed: int):
+    def __init__(self, preset: str, seed: int, init: str | None = None):
         from forge.envs.chat import ChatRenderer
         from forge.models import load_model, load_tokenizer, make_tiny_model
 
-        path = make_tiny_model(tempfile.mkdtemp(prefix="whole-"), preset=preset, seed=seed)
+        path = init or make_tiny_model(tempfile.mkdtemp(prefix="whole-"), preset=preset, seed=seed)
         tok = load_tokenizer(path)
         self.model, self.chat = load_model(path), ChatRenderer(tok)
         self.digits = [tok.encode(str(k), add_special_tokens=False)[0] for k in MOVES]
@@ -105,10 +105,10 @@ def heldout(policy: WholePolicy) -> float:
 
 def train(args: argparse.Namespace, seed: int) -> dict:
     torch.manual_seed(seed)
-    policy, rng = WholePolicy(args.preset, seed), random.Random(seed + 2)
+    policy, rng = WholePolicy(args.preset, seed, args.init), random.Random(seed + 2)
     opt = torch.optim.AdamW(policy.model.parameters(), lr=1e-3, weight_decay=0.0)
     data_rng = random.Random(seed + 1)
-    for _ in range(args.sft_steps):
+    for _ in range(0 if args.init else args.sft_steps):
         games = play(policy, data_rng.choices(start_piles(5, 15), k=32), data_rng, "random")
         turns = [t for g in games for t in g]
         logp = policy.logprobs([m for m, _, _ in turns])
@@ -120,6 +120,7 @@ def train(args: argparse.Namespace, seed: int) -> dict:
     curve = {0: heldout(policy)}
     opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr, weight_decay=0.0)
     estimator, t0 = _estimator(args.advantages), time.monotonic()
+    illegal_rng = random.Random(seed + 3) if args.illegal == "sampled" else None
     for step in range(1, args.steps + 1):
         rows, adv = [], []
         starts = [p for p in rng.choices(start_piles(5, 15), k=8) for _ in range(8)]
@@ -132,7 +133,7 @@ def train(args: argparse.Namespace, seed: int) -> dict:
                 adv += credit
         if rows:
             logp = policy.logprobs([m for m, _ in rows])
-            tokens = [policy.digits[t - 1] if t else non_move(logp[i], policy.digits)
+            tokens = [policy.digits[t - 1] if t else non_move(logp[i], policy.digits, illegal_rng)
                       for i, (_, t) in enumerate(rows)]  # fmt: skip
             pg_step(args, opt, policy.model, logp, tokens, adv)
         if step % 50 == 0 or step == args.steps:

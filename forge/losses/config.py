@@ -83,7 +83,13 @@ class LossConfig:
     sampled token's state, estimated from the sampled tokens (the gradient of
     ``-coef * mean(-logprob)``'s score-function form, ``coef * logp.detach() * grad logp``),
     so moves that became unlikely keep being tried; logged as ``entropy_sampled`` (the mean
-    of ``-logprob`` over counted tokens).
+    of ``-logprob`` over counted tokens). ``entropy_cap`` (nats; ``None``: no cap) bounds
+    each sampled token's weight ``-logp`` in that estimate: without it a token sampled at
+    probability ``1e-4`` is pushed up 9 times harder than a likely one, and the bonus fills
+    the vocabulary's long tail (tokens that are no action at all) instead of keeping the
+    actions alive; the capped bonus is the gradient of an entropy whose every token is worth
+    at most ``entropy_cap`` nats of surprise (so it is the exact entropy's gradient for the
+    tokens likelier than ``exp(-entropy_cap)``).
     """
 
     type: str = "grpo"
@@ -95,6 +101,7 @@ class LossConfig:
     aggregation: str | None = None
     max_tokens: int | None = None
     entropy_coef: float = 0.0
+    entropy_cap: float | None = 3.0
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,6 +114,10 @@ class LossConfig:
             raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
         if not self.entropy_coef >= 0:
             raise ValueError(f"LossConfig.entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.entropy_cap is not None and not self.entropy_cap > 0:
+            raise ValueError(
+                f"LossConfig.entropy_cap must be > 0 (nats) or None, got {self.entropy_cap}"
+            )
         if self.kl_estimator not in KL_ESTIMATORS:
             from forge.slots import KL
 
@@ -144,9 +155,12 @@ LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 def _entropy_surrogate(lp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     """A term whose value is 0 and whose gradient is ``logp * grad logp`` aggregated over the
     sampled tokens: in expectation over the sampling, ``-grad H`` (E[grad logp] = 0), so
-    minimizing it raises the entropy of each state's next-token distribution."""
-    score = lp.detach() * (lp - lp.detach())
-    return aggregate(score, mask, cfg.resolved_aggregation(), cfg.max_tokens)
+    minimizing it raises the entropy of each state's next-token distribution. With
+    ``entropy_cap`` the weight ``logp`` is clamped at ``-entropy_cap``."""
+    weight = lp.detach()
+    if cfg.entropy_cap is not None:
+        weight = weight.clamp(min=-cfg.entropy_cap)
+    return aggregate(weight * (lp - lp.detach()), mask, cfg.resolved_aggregation(), cfg.max_tokens)
 
 
 def _policy_loss(

@@ -387,3 +387,26 @@ def test_entropy_bonus_gradient_is_minus_the_entropy_gradient_over_the_sampling(
     assert torch.autograd.grad(loss0, logits, allow_unused=True)[0].abs().max() == 0
     with pytest.raises(ValueError, match="entropy_coef must be >= 0"):
         LossConfig(entropy_coef=-0.1)
+
+
+def test_entropy_cap_bounds_the_push_a_rare_sampled_token_gets():
+    # A token sampled at probability e^-6 (a tail token, no action): uncapped, its weight in
+    # the bonus is 6 nats; with entropy_cap=3 it is 3, so the gradient on its logprob halves.
+    logits = torch.tensor([6.0, 0.0], requires_grad=True)
+    logp = torch.log_softmax(logits, -1)
+    lp_bt = logp[1].reshape(1, 1)  # the rare token, sampled once
+    batch = dict(generator_logprobs_bt=lp_bt.detach(), advantages_b=torch.zeros(1),
+                 mask_bt=torch.ones(1, 1))  # fmt: skip
+
+    def grad_on_rare(cap):
+        cfg = LossConfig(type="grpo", entropy_coef=1.0, entropy_cap=cap)
+        loss, _ = build_loss(cfg)(logprobs_bt=lp_bt, **batch)
+        (g,) = torch.autograd.grad(loss, lp_bt, retain_graph=True)
+        return float(g)
+
+    assert float(lp_bt) < -6.0
+    assert grad_on_rare(None) == pytest.approx(float(lp_bt))  # weight logp, uncapped
+    assert grad_on_rare(3.0) == pytest.approx(-3.0)
+    assert grad_on_rare(10.0) == pytest.approx(float(lp_bt))  # likelier than e^-10: exact
+    with pytest.raises(ValueError, match="entropy_cap must be > 0"):
+        LossConfig(entropy_cap=0.0)
