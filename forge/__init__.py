@@ -91,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "StepResult": "forge.envs",
     "Tool": "forge.envs",
     "tool": "forge.envs",
+    "HistoryWindow": "forge.envs",
     "ToolSpec": "forge.envs.tool_specs",
     # evaluation
     "EvalSet": "forge.evaluation",

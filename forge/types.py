@@ -83,6 +83,11 @@ class Episode:
     policy sampled, 0 on environment, tool and chat-template tokens, which then count in no
     loss. ``behavior_logprobs`` hold 0.0 at masked positions. ``None`` means every response
     token counts (single-turn).
+
+    ``row_starts`` (history windows, ``forge.envs.window``): positions in ``response_ids``
+    where a turn's own training row begins. Each row is its prompt (the tokens before its
+    first sampled token) and what it sampled, and sees nothing before its start;
+    ``collate_episodes`` makes one batch row of each (``forge.replay.split_rows``).
     """
 
     episode_id: str
@@ -101,6 +106,7 @@ class Episode:
     token_advantages: list[float] | None = None
     turn_rewards: list[float] | None = None
     bootstrap_at: int | None = None
+    row_starts: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 from forge import (
     DATA_SOURCE,
+    HistoryWindow,
     M,
     MetricLog,
     PolicyConfig,
@@ -46,6 +47,7 @@ class Config:
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     deterministic: bool = False  # same config, same numbers (fixed threads; slower)
+    history: HistoryWindow | None = None  # the RL run's env.history: transcripts as its rows
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +74,8 @@ async def train(cfg: Config, run_dir: Path) -> Path:
     log = MetricLog(run_dir, cfg.metrics)
     bar = progress(range(cfg.steps), "sft")
     for step in bar:
-        batch = sft_batch(tokenizer, [source.sample() for _ in range(cfg.batch_size)])
+        items = [source.sample() for _ in range(cfg.batch_size)]
+        batch = sft_batch(tokenizer, items, cfg.history)
         m = (await trainer.train_step.call(batch)).item(procs=0)
         log.step(step + 1, {M.SFT_LOSS: m["loss"], M.SFT_LR: m["lr"]})
         bar.set_postfix(loss=f"{m['loss']:.4f}")

@@ -5,7 +5,8 @@
 For each run directory of ``benchmarks/credit/run.py`` (``<keep>/subtraction-<method>-s<seed>/
 run``) it loads the SFT model and the final RL policy (``sft/model``, ``rl/model``) and prints,
 for every start pile and for every pile met after a first move, the move probabilities (the
-prompt rendered with Forge's own ``ChatRenderer``, as in training), the optimal move, and the
+prompt rendered with Forge's own ``ChatRenderer`` through the run's ``env.history`` window, as
+in training), the optimal move, and the
 exact success rate against the random opponent of the policy's greedy moves, next to that of
 the optimal rule. This is how a plateau is read: a policy whose greedy move ignores the pile
 until the endgame shows as the same column everywhere.
@@ -20,6 +21,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.credit.subtraction import MOVES, intro, observe, optimal_move, start_piles
+from forge.config.loader import load_config_dict
+from forge.envs import HistoryWindow, window_messages
 from forge.envs.chat import ChatRenderer
 from forge.models import load_model, load_tokenizer
 
@@ -54,7 +57,14 @@ def greedy_success(first: dict[int, int], later: dict[int, int], piles: list[int
     return sum(outcome(p, first[p]) for p in piles) / len(piles)
 
 
-def table(model_dir: str, label: str) -> None:
+def run_window(run: str) -> HistoryWindow | None:
+    """The run's ``rl.env.history`` (from its resolved ``config.yaml``), if it set one."""
+    path = Path(run) / "config.yaml"
+    history = load_config_dict(path)["rl"]["env"].get("history") if path.exists() else None
+    return HistoryWindow(**history) if history else None
+
+
+def table(model_dir: str, label: str, window: HistoryWindow | None = None) -> None:
     tok = load_tokenizer(model_dir)
     model, chat = load_model(model_dir).eval(), ChatRenderer(tok)
     piles = start_piles(5, 15)
@@ -67,6 +77,8 @@ def table(model_dir: str, label: str) -> None:
                               {"role": "user", "content": observe(pile)}])
              for pile in range(1, 16)]  # fmt: skip
     for kind, pile, messages in rows:
+        if window is not None:
+            messages = window_messages(messages, window)
         probs = move_probs(model, chat, tok, messages)
         move = 1 + max(range(3), key=probs.__getitem__)
         (first if kind == "start" else later)[pile] = move
@@ -85,7 +97,7 @@ def main() -> None:
     for run in p.parse_args().runs:
         for stage in ("sft", "rl"):
             if (Path(run) / stage / "model").exists():
-                table(str(Path(run) / stage / "model"), stage)
+                table(str(Path(run) / stage / "model"), stage, run_window(run))
 
 
 if __name__ == "__main__":

@@ -7,25 +7,32 @@ Two item shapes:
   target then EOS as the response.
 * ``{"messages": [...]}``: a multi-turn chat transcript (system/user/assistant/tool
   messages), laid out exactly as ``forge.envs.run_episode`` lays out an episode; only the
-  assistant turns after the first user message are learned.
+  assistant turns after the first user message are learned. With a history window
+  (``window``, the RL run's ``env.history``) each assistant turn is its own row, prompted
+  with its window, as the episode runner prompts it.
 """
 
 from __future__ import annotations
 
-from forge.envs.conversation import conversation_tokens
+from forge.envs.conversation import conversation_rows, conversation_tokens
+from forge.envs.window import HistoryWindow
 from forge.replay import collate_episodes
 from forge.types import Episode, TrainBatch
 
 __all__ = ["sft_batch"]
 
 
-def sft_batch(tokenizer, items: list[dict]) -> TrainBatch:
+def sft_batch(tokenizer, items: list[dict], window: HistoryWindow | None = None) -> TrainBatch:
     """One SFT batch from ``items`` (see the module docstring)."""
     eos = tokenizer.eos_token_id
     episodes = []
     for i, it in enumerate(items):
-        mask = None
-        if "messages" in it:
+        mask, starts = None, None
+        if "messages" in it and window is not None:
+            ids, full_mask, p, starts = conversation_rows(tokenizer, it["messages"], window)
+            prompt_ids, response_ids, mask = ids[:p], ids[p:], full_mask[p:]
+            starts = [s - p for s in starts] or None
+        elif "messages" in it:
             ids, full_mask, p = conversation_tokens(tokenizer, it["messages"])
             prompt_ids, response_ids, mask = ids[:p], ids[p:], full_mask[p:]
         else:
@@ -42,6 +49,7 @@ def sft_batch(tokenizer, items: list[dict]) -> TrainBatch:
                 policy_version=0,
                 advantage=1.0,
                 loss_mask=mask,
+                row_starts=starts,
             )
         )
     return collate_episodes(episodes, pad_id=tokenizer.pad_token_id or 0)

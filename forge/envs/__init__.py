@@ -32,6 +32,7 @@ from forge.envs.types import (
     as_step_result,
     to_messages,
 )
+from forge.envs.window import HistoryWindow, window_messages
 
 __all__ = [
     "FINISH_REASONS",
@@ -40,6 +41,7 @@ __all__ = [
     "Environment",
     "FunctionEnv",
     "HermesToolParser",
+    "HistoryWindow",
     "Message",
     "SandboxResult",
     "StepResult",
@@ -62,4 +64,5 @@ __all__ = [
     "to_messages",
     "tool",
     "tools_system_prompt",
+    "window_messages",
 ]

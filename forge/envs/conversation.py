@@ -8,14 +8,18 @@ renders a chat transcript with the same ``ChatRenderer`` arithmetic as the episo
     [assistant content ids + end-of-turn token]                 mask 1   (what the model samples)
     [close + next messages + generation prompt]                 mask 0
     ...
+
+With a history window (``forge.envs.window``) ``conversation_rows`` lays a transcript out as
+``run_episode`` does then: one row per assistant turn, its prompt rendered from the window.
 """
 
 from __future__ import annotations
 
 from forge.envs.chat import ChatRenderer
 from forge.envs.types import Message
+from forge.envs.window import HistoryWindow, window_messages
 
-__all__ = ["conversation_tokens"]
+__all__ = ["conversation_rows", "conversation_tokens"]
 
 
 def conversation_tokens(tokenizer, messages: list[Message]) -> tuple[list[int], list[int], int]:
@@ -49,6 +53,36 @@ def conversation_tokens(tokenizer, messages: list[Message]) -> tuple[list[int], 
         mask += [0] * len(context)
         i = j
     return ids, mask, prompt_length
+
+
+def conversation_rows(
+    tokenizer, messages: list[Message], window: HistoryWindow
+) -> tuple[list[int], list[int], int, list[int]]:
+    """``(token_ids, loss_mask, prompt_length, row_starts)`` of a transcript under a history
+    window: each assistant turn's row is the template of its window plus the turn's content
+    and end-of-turn token (mask 1); ``row_starts`` are where the rows after the first begin."""
+    chat = ChatRenderer(tokenizer)
+    said = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not said or said[0] == 0:
+        raise ValueError(
+            "a training conversation needs an opening message (user/system) and at least one "
+            f"assistant message, got roles {[m['role'] for m in messages]}"
+        )
+    end_of_turn = _end_of_turn_id(tokenizer)
+    ids: list[int] = []
+    mask: list[int] = []
+    starts: list[int] = []
+    prompt_length = 0
+    for k, i in enumerate(said):
+        prompt = chat.prompt_ids(window_messages(messages[:i], window))
+        if k:
+            starts.append(len(ids))
+        else:
+            prompt_length = len(prompt)
+        sampled = chat.encode(messages[i]["content"]) + [end_of_turn]
+        ids += prompt + sampled
+        mask += [0] * len(prompt) + [1] * len(sampled)
+    return ids, mask, prompt_length, starts
 
 
 def _end_of_turn_id(tokenizer) -> int:

@@ -20,6 +20,12 @@ How the token ids grow (never re-rendered, never re-tokenised)::
     [observation: template(tool/env messages) + generation prompt]    mask 0
     [turn 2 ...]
 
+With a history window (``history``, ``forge.envs.window``) each later turn is prompted
+afresh with the window's messages instead, and its prompt starts a new row of the
+trajectory (``Trajectory.row_starts``)::
+
+    [prompt 1] [turn 1]  |  [prompt 2: template(window) + generation prompt] [turn 2]  | ...
+
 A turn whose text holds tool calls (when ``tools`` is given) is answered by executing them
 (the environment is not stepped; the turn's reward is 0); any other turn goes to
 ``env.step``. The episode ends when the environment says ``done`` ("done"), after
@@ -58,6 +64,7 @@ from forge.envs.types import (
     as_observation,
     as_step_result,
 )
+from forge.envs.window import HistoryWindow, window_messages
 from forge.observability import Reduce, record_metric
 
 __all__ = ["EnvError", "run_episode", "sum_rewards"]
@@ -85,6 +92,7 @@ class _Builder:
         self.turn_rewards: list[float | dict[str, float]] = []
         self.turn_spans: list[tuple[int, int]] = []
         self.turn_states: list[Any] = []
+        self.row_starts: list[int] = []  # history windows: where each later turn's row begins
         self.state: Any = ""  # the key of the state the next turn is taken in
         self.messages: list[Message] = []
         self.prompt_length = 0
@@ -133,6 +141,7 @@ class _Builder:
             turn_spans=self.turn_spans,
             info=self.info,
             turn_states=self.turn_states,
+            row_starts=self.row_starts,
         )
 
 
@@ -178,6 +187,7 @@ class _Settings:
     step_timeout_s: float | None
     end_on_length: bool
     final_observation: bool = False
+    window: HistoryWindow | None = None
 
 
 async def run_episode(
@@ -195,6 +205,7 @@ async def run_episode(
     step_timeout_s: float | None = None,
     end_on_length: bool = False,
     final_observation: bool = False,
+    history: HistoryWindow | None = None,
     aggregate_reward: Callable[[list[float | dict[str, float]]], float] = sum_rewards,
     task_id: str | None = None,
     close_env: bool = True,
@@ -221,6 +232,10 @@ async def run_episode(
             time), append the environment's last answer as context tokens (mask 0), so the
             state after the last turn is in the trajectory (``info["final_state_at"]``: its
             length then) for a critic to bootstrap from.
+        history: prompt each turn with a window of the game (``forge.envs.window``)
+            instead of the whole conversation; each later turn's prompt then starts a new
+            row of the trajectory (``Trajectory.row_starts``) and ``max_context_tokens``
+            bounds each row.
         aggregate_reward: ``turn_rewards -> reward`` (default: sum of scalar rewards).
         task_id: overrides the id taken from ``task``.
         close_env: call ``env.close()`` at the end (errors there are logged only).
@@ -235,9 +250,15 @@ async def run_episode(
             f"run_episode needs max_turns >= 1 and max_context_tokens >= 2, got {max_turns} "
             f"and {max_context_tokens}"
         )
+    if history is not None and final_observation:
+        raise ValueError(
+            "final_observation keeps the state after the last turn at the end of the "
+            "episode's one token sequence, for a critic over turns; with a history window "
+            "each turn is its own row: drop one of them"
+        )
     settings = _Settings(
         max_turns, max_context_tokens, sampling, tools, parser or HermesToolParser(),
-        version_of, step_timeout_s, end_on_length, final_observation,
+        version_of, step_timeout_s, end_on_length, final_observation, history,
     )  # fmt: skip
     tid, target = _task_fields(task, task_id)
     b = _Builder()
@@ -274,11 +295,12 @@ async def _play(env, task, generate, tokenizer, b: _Builder, s: _Settings) -> tu
     if len(prompt) >= s.max_context:
         return "max_context", True  # no room to sample a single token
     b.add_context(prompt)
+    context = b.token_ids  # what the next turn is sampled from (grows with the episode)
     requested = s.sampling.get("max_tokens")
     for turn in range(s.max_turns):
-        room = s.max_context - len(b.token_ids)  # >= 1: checked before each append
+        room = s.max_context - len(context)  # >= 1: checked before each turn
         cap = room if requested is None else min(requested, room)
-        c = await _sample(generate, b.token_ids, {**s.sampling, "max_tokens": cap})
+        c = await _sample(generate, context, {**s.sampling, "max_tokens": cap})
         b.add_sampled(list(c.token_ids), list(c.logprobs), _version(c, s.version_of))
         b.messages.append({"role": "assistant", "content": c.text})
         if c.stop_reason == "length" and (requested is None or cap < requested):
@@ -293,6 +315,14 @@ async def _play(env, task, generate, tokenizer, b: _Builder, s: _Settings) -> tu
         last = turn == s.max_turns - 1
         if last and not s.final_observation:
             return "max_turns", False
+        if s.window is not None:
+            row = chat.prompt_ids(window_messages(b.messages, s.window))
+            if len(row) >= s.max_context:
+                return "max_context", True
+            b.row_starts.append(len(b.token_ids))
+            b.add_context(row)
+            context = row
+            continue
         close = chat.close_ids(list(c.token_ids))
         fallbacks = chat.fallbacks
         suffix = chat.suffix_ids(history, new)

@@ -113,6 +113,10 @@ class Trajectory:
     ``reward`` is the episode's scalar reward (by default the sum of the scalar turn rewards);
     ``reward_components`` sums named (dict) turn rewards by name. ``prompt_length`` is the
     number of tokens of the initial prompt. ``messages`` is the chat transcript (logging).
+
+    ``row_starts`` (history windows, ``forge.envs.window``): where in ``token_ids`` each
+    turn after the first begins its own row, its prompt rendered afresh from the window; the
+    tokens of a row see only that row. Empty: one sequence.
     """
 
     task_id: str
@@ -132,6 +136,7 @@ class Trajectory:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     turn_states: list[Any] = field(default_factory=list)
+    row_starts: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -1,7 +1,7 @@
 """Replay buffer core: episodes in, ``dp_size`` padded batches out, with off-policy limits."""
 
 from forge.replay.buffer import ReplayBufferCore
-from forge.replay.collate import collate_episodes
+from forge.replay.collate import collate_episodes, join_rows, split_rows
 from forge.replay.policies import (
     EvictionPolicy,
     FifoEvictionPolicy,
@@ -24,4 +24,6 @@ __all__ = [
     "build_eviction_policy",
     "build_sample_policy",
     "collate_episodes",
+    "join_rows",
+    "split_rows",
 ]

@@ -11,17 +11,21 @@ Layout of row ``b`` (prompt length ``p``, response length ``r``, right padding t
 so position ``t`` of a logprob tensor holds the log-probability of ``input_ids[t]`` given the
 tokens before it, matching :class:`~forge.types.TrainBatch`. A multi-turn episode's
 ``loss_mask`` replaces the ``response`` row's 1s (environment and template tokens get 0).
+An episode with ``row_starts`` (history windows) becomes one row per turn (``split_rows``),
+each with its own prompt, so a batch may hold more rows than episodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 
 import torch
 
 from forge.types import Episode, TrainBatch
 
-__all__ = ["collate_episodes"]
+__all__ = ["collate_episodes", "join_rows", "split_rows"]
 
 
 def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch:
@@ -36,6 +40,7 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
         raise ValueError("collate_episodes needs at least one episode, got an empty list")
     for ep in episodes:
         _check_lengths(ep)
+    episodes = [row for ep in episodes for row in split_rows(ep)]
     with_ref = all(ep.ref_logprobs is not None for ep in episodes)
     per_token = any(ep.token_advantages is not None for ep in episodes)
     batch, seq = len(episodes), max(ep.num_tokens for ep in episodes)
@@ -83,8 +88,70 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
     )
 
 
+def split_rows(ep: Episode) -> list[Episode]:
+    """An episode with ``row_starts`` as one episode per row (``[ep]`` without): row ``k``'s
+    prompt is its tokens before its first sampled one, its response the rest up to the next
+    row; per-token fields are cut alike. Rows keep the episode's reward, advantage and
+    version; ``turn_rewards`` and ``bootstrap_at`` (a critic over one sequence) are dropped."""
+    if not ep.row_starts:
+        return [ep]
+    if ep.loss_mask is None:
+        raise ValueError(f"episode {ep.episode_id!r} has row_starts but no loss_mask")
+    bounds = [0, *ep.row_starts, len(ep.response_ids)]
+    rows = []
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        if k == 0:
+            prompt, cut = list(ep.prompt_ids), a
+        else:
+            sampled = [i for i in range(a, b) if ep.loss_mask[i]]
+            cut = sampled[0] if sampled else b
+            prompt = ep.response_ids[a:cut]
+
+        part = functools.partial(_cut, start=cut, end=b)
+        rows.append(
+            dataclasses.replace(
+                ep,
+                episode_id=f"{ep.episode_id}/{k}",
+                prompt_ids=prompt,
+                response_ids=part(ep.response_ids),
+                behavior_logprobs=part(ep.behavior_logprobs),
+                loss_mask=part(ep.loss_mask),
+                token_advantages=part(ep.token_advantages),
+                ref_logprobs=part(ep.ref_logprobs),
+                turn_rewards=None,
+                bootstrap_at=None,
+                row_starts=None,
+            )
+        )
+    return rows
+
+
+def _cut(values, start: int, end: int):
+    return None if values is None else list(values[start:end])
+
+
+def join_rows(ep: Episode, row_values: list[list[float]]) -> list[float]:
+    """Per-token values of ``split_rows(ep)``'s responses laid back on ``ep.response_ids``
+    (0.0 on each later row's prompt)."""
+    rows = split_rows(ep)
+    if len(row_values) != len(rows):
+        raise ValueError(f"episode {ep.episode_id!r}: {len(rows)} rows, {len(row_values)} values")
+    out: list[float] = []
+    for k, (row, values) in enumerate(zip(rows, row_values)):
+        if k:
+            out += [0.0] * len(row.prompt_ids)
+        out += list(values)
+    return out
+
+
 def _check_lengths(ep: Episode) -> None:
     r = len(ep.response_ids)
+    starts = list(ep.row_starts or [])
+    if starts and (starts != sorted(set(starts)) or starts[0] <= 0 or starts[-1] >= r):
+        raise ValueError(
+            f"episode {ep.episode_id!r}: row_starts {starts} must rise strictly inside its "
+            f"{r} response tokens"
+        )
     if len(ep.behavior_logprobs) != r:
         raise ValueError(
             f"episode {ep.episode_id!r} has {r} response tokens but "

@@ -23,6 +23,7 @@ from typing import Any
 
 from forge.envs import Trajectory, run_episode
 from forge.envs.tool_specs import ToolSpec, build_tools
+from forge.envs.window import HistoryWindow
 from forge.observability.names import M
 from forge.plugins import Spec
 from forge.rewards.vector import pad_components
@@ -49,6 +50,9 @@ class EnvConfig:
     (for a model that learned them in SFT and whose context is too short for the listing).
     ``max_turns`` / ``max_context_tokens`` / ``step_timeout_s`` bound each episode;
     ``retries``: replays of an episode whose environment failed.
+    ``history``: prompt each turn with a window of the game, ``{turns: K, keep_task: true}``
+    (``forge.envs.window``: the last K turns with their answers; each turn its own training
+    row), instead of the whole conversation (``null``, the default).
     """
 
     fn: Spec
@@ -58,6 +62,7 @@ class EnvConfig:
     max_context_tokens: int = 1024
     step_timeout_s: float = 30.0
     retries: int = 2
+    history: HistoryWindow | None = None
 
     def __post_init__(self) -> None:
         ENVIRONMENT.validate(self.fn, key="env.fn")
@@ -104,7 +109,7 @@ class EpisodeScorer:
                     max_turns=c.max_turns, max_context_tokens=c.max_context_tokens,
                     sampling={"max_tokens": max_tokens, "temperature": temperature},
                     tools=self.tools, step_timeout_s=c.step_timeout_s,
-                    final_observation=self.bootstrap,
+                    final_observation=self.bootstrap, history=c.history,
                 )  # fmt: skip
             if traj.finish_reason != "env_error" and traj.turn_versions:
                 return traj
@@ -163,6 +168,7 @@ class EpisodeScorer:
             e.loss_mask = t.loss_mask[t.prompt_length :]
             e.stop_reason = t.finish_reason
             e.turn_rewards = sampled_turn_rewards(t, self.base.aggregate)
+            e.row_starts = [s - t.prompt_length for s in t.row_starts] or None
         if self.base.credit is not None:  # per-turn advantages (rollout.credit)
             assign_credit(group, trajs, self.base.credit, self.base.aggregate, self.base.log)
         for e, t in zip(group, trajs):

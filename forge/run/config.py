@@ -229,6 +229,12 @@ class RLConfig:
                 raise ValueError(f"replicas.env={self.replicas.env} but there is no env section")
             return
         turn_critic = self.critic is not None and self.critic.level == "turn"
+        if self.env.history is not None and self.critic is not None:
+            raise ValueError(
+                "env.history makes each turn its own training row, but the critic reads its "
+                "values along one sequence per episode (GAE over the whole game); remove "
+                "env.history or the critic"
+            )
         if self.rewards and (not per_episode(self.rollout.credit) or turn_critic):
             raise ValueError(
                 "rewards: with env, reward functions score each episode's final answer (one "

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from forge.models import token_logprobs
-from forge.replay import collate_episodes
+from forge.replay import collate_episodes, join_rows, split_rows
 from forge.training.config import ReferenceConfig, resolve_device
 from forge.training.reference_update import apply_update_, should_update
 from forge.types import Episode, TrainBatch
@@ -121,10 +121,16 @@ class ReferenceCore:
                 f"{type(batch).__name__}"
                 + (f" of {type(episodes[0]).__name__}" if episodes else " (empty)")
             )
-        collated = collate_episodes(episodes)
+        rows = [split_rows(ep) for ep in episodes]  # history windows: a row per turn
+        flat = [r for rs in rows for r in rs]
+        collated = collate_episodes(flat)
         lp_bt = self.logprobs_bt(collated.input_ids_bt, collated.attention_mask_bt)
-        out = []
-        for b, ep in enumerate(episodes):
-            start = len(ep.prompt_ids)
-            out.append(lp_bt[b, start : start + len(ep.response_ids)].tolist())
+        per_row = []
+        for b, r in enumerate(flat):
+            start = len(r.prompt_ids)
+            per_row.append(lp_bt[b, start : start + len(r.response_ids)].tolist())
+        out, b = [], 0
+        for ep, rs in zip(episodes, rows):
+            out.append(join_rows(ep, per_row[b : b + len(rs)]) if ep.row_starts else per_row[b])
+            b += len(rs)
         return out

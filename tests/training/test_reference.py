@@ -10,6 +10,7 @@ from forge.actors.reference_model import ReferenceModel
 from forge.losses import LossConfig
 from forge.replay import collate_episodes
 from forge.training import ReferenceConfig, ReferenceCore, TrainerConfig, TrainerCore
+from forge.types import Episode
 from tests.training.conftest import make_batch, make_episodes
 
 
@@ -38,6 +39,26 @@ def test_episode_lists_match_the_padded_layout(tiny_model):
     torch.testing.assert_close(batch.ref_logprobs_bt, ref.logprobs(batch), rtol=0, atol=1e-6)
     with pytest.raises(TypeError, match="TrainBatch or a non-empty list of Episode"):
         ref.logprobs([])
+
+
+def test_rows_of_a_windowed_episode_each_see_their_own_prompt(tiny_model):
+    """An episode with row_starts (history windows): each row scored on its own, the values
+    laid back on the episode's response; collating it gives the same numbers."""
+    a, b = make_episodes(tiny_model, n=2)
+    joined = Episode(
+        "w", a.prompt_ids, a.response_ids + b.prompt_ids + b.response_ids,
+        a.behavior_logprobs + [0.0] * len(b.prompt_ids) + b.behavior_logprobs, 0.0, 0,
+        loss_mask=[1] * len(a.response_ids) + [0] * len(b.prompt_ids) + [1] * len(b.response_ids),
+        row_starts=[len(a.response_ids)],
+    )  # fmt: skip
+    ref = ReferenceCore(ReferenceConfig(model=tiny_model))
+    lp_a, lp_b = ref.logprobs([a, b])
+    (lp_joined,) = ref.logprobs([joined])
+    assert lp_joined == pytest.approx(lp_a + [0.0] * len(b.prompt_ids) + lp_b, abs=1e-6)
+    joined.ref_logprobs = lp_joined
+    batch = collate_episodes([joined])
+    assert batch.input_ids_bt.shape[0] == 2
+    torch.testing.assert_close(batch.ref_logprobs_bt, ref.logprobs(batch), rtol=0, atol=1e-6)
 
 
 async def test_reference_actor_feeds_a_zero_kl_at_the_start(tiny_model):
