@@ -123,7 +123,10 @@ class TrainBatch:
 
     ``advantages_b`` is ``[B]`` (one per episode) or, when an episode carries per-token
     advantages (credit over turns, or a critic's GAE), ``[B, T]``. ``turn_rewards``: each
-    row's per-turn rewards (a list of lists) when every episode has them.
+    row's per-turn rewards (a list of lists) when every episode has them. ``row_episode_b``
+    is set when an episode was split into a row per turn (history windows): rows of one
+    episode share its index and come in turn order, so a critic over turns runs its GAE
+    across them.
     """
 
     input_ids_bt: Any
@@ -136,3 +139,4 @@ class TrainBatch:
     rewards_b: Any = None  # each row's scalar reward (for value-based advantages, e.g. GAE)
     turn_rewards: Any = None
     bootstrap_at_b: Any = None  # [B] int64: where to read a truncated row's final value, -1: none
+    row_episode_b: Any = None  # [B] int64: each row's episode (history windows: a row per turn)

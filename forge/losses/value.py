@@ -163,6 +163,7 @@ def turn_gae_advantages(
     gamma: float = 1.0,
     lam: float = 1.0,
     bootstrap_at_b: torch.Tensor | None = None,
+    row_episode_b: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the *turns* of each row; returns ``(advantages_bt, returns_bt)``.
 
@@ -180,6 +181,10 @@ def turn_gae_advantages(
     ``A_k`` is laid on every token of turn ``k`` (a turn's tokens share its credit) and so is
     ``R_k``, the value target of the turn's positions. ``gamma`` discounts per turn, not per
     token. Masked positions hold 0. Each row needs one reward per turn.
+
+    With ``row_episode_b`` (history windows: each turn its own row, ``TrainBatch``) the rows
+    of one episode, in order, are its turns: the recursion runs across them, and turn ``k``'s
+    ``V_k`` is read in its own row (the value of its window).
     """
     _check_same_shape(mask_bt, values_bt=values_bt)
     if not 0.0 <= gamma <= 1.0 or not 0.0 <= lam <= 1.0:
@@ -192,17 +197,19 @@ def turn_gae_advantages(
     values_bt = values_bt.detach().float()
     advantages_bt = torch.zeros_like(values_bt)
     returns_bt = torch.zeros_like(values_bt)
-    for b, rewards in enumerate(turn_rewards):
-        runs = _turn_runs(mask_bt[b])
+    for rows in _episodes(row_episode_b, len(turn_rewards)):
+        runs = [(b, start, end) for b in rows for start, end in _turn_runs(mask_bt[b])]
+        rewards = [r for b in rows for r in turn_rewards[b]]
         if len(runs) != len(rewards):
             raise ValueError(
-                f"row {b} has {len(runs)} turns (runs of counted tokens) but {len(rewards)} "
-                "turn rewards; pass one reward per turn that sampled tokens"
+                f"row(s) {rows} have {len(runs)} turns (runs of counted tokens) but "
+                f"{len(rewards)} turn rewards; pass one reward per turn that sampled tokens"
             )
         next_v = next_a = 0.0
-        if bootstrap_at_b is not None and int(bootstrap_at_b[b]) >= 0:
-            next_v = float(values_bt[b, int(bootstrap_at_b[b])])
-        for (start, end), r in zip(reversed(runs), reversed(rewards)):
+        last = rows[-1]
+        if bootstrap_at_b is not None and int(bootstrap_at_b[last]) >= 0:
+            next_v = float(values_bt[last, int(bootstrap_at_b[last])])
+        for (b, start, end), r in zip(reversed(runs), reversed(rewards)):
             v = float(values_bt[b, start])
             a = float(r) + gamma * next_v - v + gamma * lam * next_a
             on = mask_bt[b, start:end] > 0
@@ -210,6 +217,18 @@ def turn_gae_advantages(
             returns_bt[b, start:end] = torch.where(on, a + v, 0.0)
             next_v, next_a = v, a
     return advantages_bt, returns_bt
+
+
+def _episodes(row_episode_b: torch.Tensor | None, rows: int) -> list[list[int]]:
+    """The rows of each episode, in order: one row each without ``row_episode_b``."""
+    if row_episode_b is None:
+        return [[b] for b in range(rows)]
+    if len(row_episode_b) != rows:
+        raise ValueError(f"row_episode_b has {len(row_episode_b)} entries for {rows} rows")
+    grouped: dict[int, list[int]] = {}
+    for b, e in enumerate(row_episode_b.tolist()):
+        grouped.setdefault(int(e), []).append(b)
+    return list(grouped.values())
 
 
 def whiten(

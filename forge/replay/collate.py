@@ -40,7 +40,10 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
         raise ValueError("collate_episodes needs at least one episode, got an empty list")
     for ep in episodes:
         _check_lengths(ep)
-    episodes = [row for ep in episodes for row in split_rows(ep)]
+    split = [split_rows(ep) for ep in episodes]
+    owner = [i for i, rows in enumerate(split) for _ in rows]
+    windowed = len(owner) > len(episodes)
+    episodes = [row for rows in split for row in rows]
     with_ref = all(ep.ref_logprobs is not None for ep in episodes)
     per_token = any(ep.token_advantages is not None for ep in episodes)
     batch, seq = len(episodes), max(ep.num_tokens for ep in episodes)
@@ -85,6 +88,7 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
             if all(ep.turn_rewards is not None for ep in episodes)
             else None
         ),
+        row_episode_b=torch.tensor(owner, dtype=torch.long) if windowed else None,
     )
 
 
@@ -92,12 +96,14 @@ def split_rows(ep: Episode) -> list[Episode]:
     """An episode with ``row_starts`` as one episode per row (``[ep]`` without): row ``k``'s
     prompt is its tokens before its first sampled one, its response the rest up to the next
     row; per-token fields are cut alike. Rows keep the episode's reward, advantage and
-    version; ``turn_rewards`` and ``bootstrap_at`` (a critic over one sequence) are dropped."""
+    version; each row's ``turn_rewards`` are those of its turn (none if it sampled nothing),
+    and ``bootstrap_at`` (a position in one sequence) is dropped."""
     if not ep.row_starts:
         return [ep]
     if ep.loss_mask is None:
         raise ValueError(f"episode {ep.episode_id!r} has row_starts but no loss_mask")
     bounds = [0, *ep.row_starts, len(ep.response_ids)]
+    rewards = list(ep.turn_rewards) if ep.turn_rewards is not None else None
     rows = []
     for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
         if k == 0:
@@ -108,6 +114,9 @@ def split_rows(ep: Episode) -> list[Episode]:
             prompt = ep.response_ids[a:cut]
 
         part = functools.partial(_cut, start=cut, end=b)
+        turn_rewards = None
+        if rewards is not None:  # one reward per turn that sampled tokens
+            turn_rewards = [rewards.pop(0)] if any(ep.loss_mask[cut:b]) and rewards else []
         rows.append(
             dataclasses.replace(
                 ep,
@@ -118,7 +127,7 @@ def split_rows(ep: Episode) -> list[Episode]:
                 loss_mask=part(ep.loss_mask),
                 token_advantages=part(ep.token_advantages),
                 ref_logprobs=part(ep.ref_logprobs),
-                turn_rewards=None,
+                turn_rewards=turn_rewards,
                 bootstrap_at=None,
                 row_starts=None,
             )

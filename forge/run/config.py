@@ -230,11 +230,14 @@ class RLConfig:
             return
         turn_critic = self.critic is not None and self.critic.level == "turn"
         if self.env.history is not None and self.critic is not None:
-            raise ValueError(
-                "env.history makes each turn its own training row, but the critic reads its "
-                "values along one sequence per episode (GAE over the whole game); remove "
-                "env.history or the critic"
-            )
+            if self.critic.level != "turn" or self.critic.bootstrap_truncated:
+                raise ValueError(
+                    "env.history makes each turn its own training row; a critic then needs "
+                    "critic.level=turn (GAE across an episode's rows) without "
+                    "bootstrap_truncated (the state after the last turn is in no row); got "
+                    f"level={self.critic.level!r}, "
+                    f"bootstrap_truncated={self.critic.bootstrap_truncated}"
+                )
         if self.rewards and (not per_episode(self.rollout.credit) or turn_critic):
             raise ValueError(
                 "rewards: with env, reward functions score each episode's final answer (one "

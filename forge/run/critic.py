@@ -68,7 +68,7 @@ class GAECritic:
         at_b = b.bootstrap_at_b if self.cfg.bootstrap_truncated else None
         adv_bt, returns_bt = turn_gae_advantages(
             b.turn_rewards, values_bt.to(mask_bt.device), mask_bt, self.cfg.gamma, self.cfg.lam,
-            at_b,
+            at_b, b.row_episode_b,
         )  # fmt: skip
         return (whiten(adv_bt, mask_bt) if self.whiten else adv_bt), returns_bt
 

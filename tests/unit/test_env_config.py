@@ -30,13 +30,17 @@ def test_single_turn_knobs_next_to_an_env_are_errors(overrides, error):
         load_app(GUESS, overrides)
 
 
-def test_history_window_loads_and_refuses_a_critic():
+def test_history_window_loads_and_takes_only_a_critic_over_turns():
     _, cfg = load_app(GUESS, ["rl.env.history.turns=1", "rl.env.history.keep_task=false"])
     assert (cfg.rl.env.history.turns, cfg.rl.env.history.keep_task) == (1, False)
     with pytest.raises(ValueError, match="rl.env.history: .*turns must be an int >= 0, got -1"):
         load_app(GUESS, ["rl.env.history.turns=-1"])
     with pytest.raises(ValueError, match="history.tunrs"):
         load_app(GUESS, ["rl.env.history.tunrs=1"])
-    with pytest.raises(ValueError, match="env.history makes each turn its own training row"):
-        load_app(GUESS, ["rl.env.history.turns=0", "rl.critic.level=turn",
-                         "rl.trainer.loss.type=ppo"])  # fmt: skip
+    ppo = ["rl.env.history.turns=0", "rl.trainer.loss.type=ppo"]
+    _, cfg = load_app(GUESS, [*ppo, "rl.critic.level=turn"])
+    assert cfg.rl.critic.level == "turn"
+    for bad in (["rl.critic.level=token"], ["rl.critic.level=turn",
+                                            "rl.critic.bootstrap_truncated=true"]):  # fmt: skip
+        with pytest.raises(ValueError, match="a critic then needs critic.level=turn"):
+            load_app(GUESS, [*ppo, *bad])

@@ -8,10 +8,12 @@ reference path gives each row the logprobs of its own window.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from forge.envs import Environment, HistoryWindow, StepResult, run_episode, window_messages
 from forge.envs.chat import ChatRenderer
 from forge.envs.conversation import conversation_rows
+from forge.losses.value import turn_gae_advantages
 from forge.models import load_tokenizer, make_tiny_model
 from forge.replay import collate_episodes, join_rows, split_rows
 from forge.types import Completion, Episode
@@ -121,8 +123,8 @@ def test_split_rows_cuts_every_per_token_field():
     assert [r.token_advantages for r in rows] == [[0.1, 0.1], [0.2], [0.3]]
     assert [r.ref_logprobs for r in rows] == [[-1, -1], [-2], [-3]]
     assert [r.loss_mask for r in rows] == [[1, 1], [1], [1]]
-    assert {(r.reward, r.advantage, r.policy_version, r.turn_rewards) for r in rows} == {
-        (1.0, 0.5, 3, None)}  # fmt: skip
+    assert {(r.reward, r.advantage, r.policy_version) for r in rows} == {(1.0, 0.5, 3)}
+    assert [r.turn_rewards for r in rows] == [[0.0], [0.0], [1.0]]
     assert join_rows(_episode(), [r.ref_logprobs for r in rows]) == _episode().ref_logprobs
     no_rows = Episode("x", [1], [2], [0.0], reward=0.0, policy_version=0)
     assert split_rows(no_rows) == [no_rows]
@@ -139,3 +141,27 @@ def test_collate_makes_a_row_per_turn():
     bad.row_starts = [5, 2]
     with pytest.raises(ValueError, match="row_starts"):
         collate_episodes([bad])
+
+
+def test_gae_over_turns_runs_across_an_episodes_rows():
+    """PPO over turns with a window: V_k read in turn k's own row, the recursion across the
+    rows: rewards 0, 0, 1; V = 0.2, 0.5, 0.7; gamma 0.9, lambda 0.8 (by hand)."""
+    other = Episode("x", [1], [2, 3], [-0.2, -0.3], 0.0, 0, turn_rewards=[0.5])
+    batch = collate_episodes([_episode(), other])
+    assert batch.row_episode_b.tolist() == [0, 0, 0, 1]
+    values_bt = torch.zeros(4, 4)
+    values_bt[0, 2], values_bt[1, 2], values_bt[2, 1], values_bt[3, 1] = 0.2, 0.5, 0.7, 0.1
+    adv_bt, ret_bt = turn_gae_advantages(
+        batch.turn_rewards, values_bt, batch.response_mask_bt, 0.9, 0.8,
+        batch.bootstrap_at_b, batch.row_episode_b,
+    )  # fmt: skip
+    a2 = 1 - 0.7
+    a1 = 0.9 * 0.7 - 0.5 + 0.72 * a2
+    a0 = 0.9 * 0.5 - 0.2 + 0.72 * a1
+    assert adv_bt[0].tolist() == pytest.approx([0, 0, a0, a0])
+    assert adv_bt[1].tolist() == pytest.approx([0, 0, a1, 0])
+    assert adv_bt[2].tolist() == pytest.approx([0, a2, 0, 0])
+    assert adv_bt[3].tolist() == pytest.approx([0, 0.4, 0.4, 0])  # its own episode: 0.5 - 0.1
+    assert ret_bt[1, 2].item() == pytest.approx(a1 + 0.5)
+    alone, _ = turn_gae_advantages(batch.turn_rewards, values_bt, batch.response_mask_bt)
+    assert alone[0, 2].item() == pytest.approx(-0.2)  # without the map a row is an episode
