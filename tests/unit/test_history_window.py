@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from forge.data.sft import sft_batch
 from forge.envs import Environment, HistoryWindow, StepResult, run_episode, window_messages
 from forge.envs.chat import ChatRenderer
 from forge.envs.conversation import conversation_rows
@@ -92,6 +93,10 @@ async def test_episode_rows_are_the_sft_rows_and_each_turn_sees_its_window(tok, 
     assert (ids, mask, p, starts) == (
         traj.token_ids, traj.loss_mask, traj.prompt_length, traj.row_starts)  # fmt: skip
     assert [traj.token_ids[s : s + len(calls[k + 1])] for k, s in enumerate(starts)] == calls[1:]
+    batch = sft_batch(tok, [{"messages": traj.messages}], window)  # SFT: the same rows
+    assert batch.input_ids_bt.shape[0] == 3
+    for k, prompt in enumerate(calls):
+        assert batch.input_ids_bt[k, : len(prompt)].tolist() == prompt
 
 
 def _upto(messages, k):
