@@ -33,6 +33,16 @@ def _steps(run) -> list[dict]:
                 "rl.env.max_turns=3",
             ],
         ),
+        # A history window: each turn its own row, the critic's GAE across an episode's rows.
+        (
+            "ppo_turns_window",
+            [
+                "rl.critic.level=turn",
+                "rl.trainer.loss.type=ppo",
+                "rl.env.history.turns=0",
+                "rl.env.history.keep_task=false",
+            ],
+        ),
     ],
 )
 def test_credit_methods_run(tmp_path, method, overrides):
@@ -53,7 +63,11 @@ def test_credit_methods_run(tmp_path, method, overrides):
         rolled = [r for r in steps if "credit/step_grouped_turns" in r]
         assert len(rolled) >= 2 and all(r["credit/step_grouped_turns"] > 0 for r in rolled)
         assert all("credit/advantage_std/turn0" in r for r in rolled)
-    else:
+    elif method == "ppo_turns":
         assert all(r["train/critic/tokens"] > 0 for r in steps)
         assert sum(r.get("env/finish/max_turns", 0) for r in steps) > 0  # bootstrapped
         assert "credit/step_grouped_turns" not in steps[-1]
+    else:
+        assert all(r["train/critic/tokens"] > 0 for r in steps)
+        cfg = (run / "config.yaml").read_text()
+        assert "history:\n    turns: 0\n    keep_task: false" in cfg  # the SFT stage's too
