@@ -2,7 +2,7 @@
 
     python -m forge.cli run --config benchmarks/credit/subtraction.yaml --run-dir DIR  # Forge
     python -m benchmarks.credit.trl_multiturn --model DIR/sft/model --steps 200 --seed 0 \\
-        [--threads 1] [--out trl.json]                                                  # TRL
+        [--threads 1] [--out trl.json] [--max-tokens 3] [--entropy-coef 0]              # TRL
 
 Both start from the same SFT model (``DIR/sft/model``, made by Forge's run) and play
 ``benchmarks.credit.subtraction`` (``Subtraction`` against a random opponent, tasks from
@@ -14,6 +14,9 @@ tokens per turn and 8 turns, fp32 on CPU (``use_cpu``), no vLLM, eager attention
 torch threads. The loss is TRL's default: ``loss_type="dapo"`` (token-level sum over the
 batch's sampled tokens), ``scale_rewards="group"`` (``(r - mean) / std`` per group, unbiased
 std), ``epsilon=0.2`` clipping (inactive: one iteration per batch, so the ratio is 1).
+``--max-tokens 1 --entropy-coef 0.2`` gives TRL what Forge's capped-bonus runs use where its
+API has it: one-token moves and TRL's ``entropy_coef`` (the mean per-token entropy of the
+full next-token distribution, not Forge's capped sampled estimate).
 
 Episodes come from TRL's ``rollout_func``: TRL hands it the step's 64 prompts (each task 8
 times, by its ``RepeatSampler``) and it plays the 64 games, one ``generate`` call per turn
@@ -75,9 +78,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--entropy-coef", type=float, default=0.0,
+                   help="TRL's entropy_coef (the mean per-token entropy of the full "
+                        "distribution; 0: off, TRL's default)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="new tokens per turn")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.threads < 1:
-        p.error("--steps and --threads must be >= 1")
+    if args.steps < 1 or args.threads < 1 or args.max_tokens < 1 or args.entropy_coef < 0:
+        p.error("--steps, --threads and --max-tokens must be >= 1, --entropy-coef >= 0")
     return args
 
 
@@ -158,11 +165,12 @@ def success_reward(prompts, completions, success, **kwargs) -> list[float]:
     return [float(s) for s in success]
 
 
-def trl_config(out_dir: Path, steps: int, seed: int):
+def trl_config(out_dir: Path, steps: int, seed: int, max_tokens: int = MAX_TOKENS,
+               entropy_coef: float = 0.0):  # fmt: skip
     # max_tokens is per turn (the rollout_func's generate); the tasks keep Piles(seed=2)'s order.
     return cpu_grpo_config(
-        out_dir, prompts=PROMPTS, group=GROUP, max_tokens=MAX_TOKENS, lr=LR, steps=steps,
-        seed=seed, shuffle_dataset=False,
+        out_dir, prompts=PROMPTS, group=GROUP, max_tokens=max_tokens, lr=LR, steps=steps,
+        seed=seed, shuffle_dataset=False, entropy_coef=entropy_coef,
     )  # fmt: skip
 
 
@@ -215,7 +223,7 @@ def run(args: argparse.Namespace) -> dict:
         trainer = GRPOTrainer(
             model=str(args.model),
             reward_funcs=success_reward,
-            args=trl_config(Path(tmp), args.steps, args.seed),
+            args=trl_config(Path(tmp), args.steps, args.seed, args.max_tokens, args.entropy_coef),
             train_dataset=dataset,
             rollout_func=rollout_func,
             callbacks=[Clock()],
@@ -224,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
         tok = trainer.processing_class
         holder.update(games=Games(tok, args.seed), turns=[])
         greedy = GenerationConfig(
-            max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id,
+            max_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
             eos_token_id=trainer.eos_token_ids, disable_compile=True,
         )  # fmt: skip
         tasks = Piles(heldout_repeats=8).heldout()  # as subtraction.yaml
@@ -264,6 +272,8 @@ def run(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "model": str(args.model),
         "loss": "trl default: loss_type=dapo, scale_rewards=group, epsilon=0.2, beta=0",
+        "entropy_coef": args.entropy_coef,
+        "max_tokens": args.max_tokens,
     }
 
 
