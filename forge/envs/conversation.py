@@ -26,12 +26,7 @@ def conversation_tokens(tokenizer, messages: list[Message]) -> tuple[list[int], 
     """``(token_ids, loss_mask, prompt_length)`` of a transcript whose assistant messages are
     the targets. The transcript starts with at least one non-assistant message."""
     chat = ChatRenderer(tokenizer)
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if not first:
-        raise ValueError(
-            "a training conversation needs an opening message (user/system) and at least one "
-            f"assistant message, got roles {[m['role'] for m in messages]}"
-        )
+    first = _assistant_turns(messages)[0]
     end_of_turn = _end_of_turn_id(tokenizer)
     ids = chat.prompt_ids(messages[:first])
     prompt_length = len(ids)
@@ -62,12 +57,7 @@ def conversation_rows(
     window: each assistant turn's row is the template of its window plus the turn's content
     and end-of-turn token (mask 1); ``row_starts`` are where the rows after the first begin."""
     chat = ChatRenderer(tokenizer)
-    said = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if not said or said[0] == 0:
-        raise ValueError(
-            "a training conversation needs an opening message (user/system) and at least one "
-            f"assistant message, got roles {[m['role'] for m in messages]}"
-        )
+    said = _assistant_turns(messages)
     end_of_turn = _end_of_turn_id(tokenizer)
     ids: list[int] = []
     mask: list[int] = []
@@ -83,6 +73,17 @@ def conversation_rows(
         ids += prompt + sampled
         mask += [0] * len(prompt) + [1] * len(sampled)
     return ids, mask, prompt_length, starts
+
+
+def _assistant_turns(messages: list[Message]) -> list[int]:
+    """Indices of the assistant messages; the transcript must open with another role."""
+    said = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not said or said[0] == 0:
+        raise ValueError(
+            "a training conversation needs an opening message (user/system) and at least one "
+            f"assistant message, got roles {[m['role'] for m in messages]}"
+        )
+    return said
 
 
 def _end_of_turn_id(tokenizer) -> int:

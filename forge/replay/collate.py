@@ -139,12 +139,11 @@ def _cut(values, start: int, end: int):
     return None if values is None else list(values[start:end])
 
 
-def join_rows(ep: Episode, row_values: list[list[float]]) -> list[float]:
-    """Per-token values of ``split_rows(ep)``'s responses laid back on ``ep.response_ids``
-    (0.0 on each later row's prompt)."""
-    rows = split_rows(ep)
+def join_rows(rows: list[Episode], row_values: list[list[float]]) -> list[float]:
+    """Per-token values of the responses of ``rows`` (one episode's ``split_rows``) laid back
+    on the episode's ``response_ids`` (0.0 on each later row's prompt)."""
     if len(row_values) != len(rows):
-        raise ValueError(f"episode {ep.episode_id!r}: {len(rows)} rows, {len(row_values)} values")
+        raise ValueError(f"{len(rows)} rows but {len(row_values)} lists of values")
     out: list[float] = []
     for k, (row, values) in enumerate(zip(rows, row_values)):
         if k:

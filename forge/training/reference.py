@@ -130,7 +130,7 @@ class ReferenceCore:
             start = len(r.prompt_ids)
             per_row.append(lp_bt[b, start : start + len(r.response_ids)].tolist())
         out, b = [], 0
-        for ep, rs in zip(episodes, rows):
-            out.append(join_rows(ep, per_row[b : b + len(rs)]) if ep.row_starts else per_row[b])
+        for rs in rows:
+            out.append(join_rows(rs, per_row[b : b + len(rs)]))
             b += len(rs)
         return out

@@ -130,7 +130,7 @@ def test_split_rows_cuts_every_per_token_field():
     assert [r.loss_mask for r in rows] == [[1, 1], [1], [1]]
     assert {(r.reward, r.advantage, r.policy_version) for r in rows} == {(1.0, 0.5, 3)}
     assert [r.turn_rewards for r in rows] == [[0.0], [0.0], [1.0]]
-    assert join_rows(_episode(), [r.ref_logprobs for r in rows]) == _episode().ref_logprobs
+    assert join_rows(rows, [r.ref_logprobs for r in rows]) == _episode().ref_logprobs
     no_rows = Episode("x", [1], [2], [0.0], reward=0.0, policy_version=0)
     assert split_rows(no_rows) == [no_rows]
 
