@@ -143,6 +143,8 @@ _EXPORTS: dict[str, str] = {
     "ensure_tiny_model": "forge.models",
     "load_model": "forge.models",
     "load_tokenizer": "forge.models",
+    "resolve_model": "forge.models.gguf",
+    "extract_final_answer": "forge.rewards",
     "HFEngine": "forge.generation.hf_engine",
     # observability
     "record_metric": "forge.observability",

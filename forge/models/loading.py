@@ -44,11 +44,16 @@ def _missing_model_error(path_or_id: str) -> FileNotFoundError:
 
 
 def local_source(path_or_id: str | os.PathLike) -> str:
-    """``path_or_id`` as a string to load from on this host: a hub id as is; a path that
+    """``path_or_id`` as a string to load from on this host: a hub id as is; a GGUF file or a
+    shipped model's name (``forge.models.gguf``) as its converted directory; a path that
     exists here as is; a path of the controller's host that does not exist here (a worker on
     another host) staged from there (``controller.files``). Raises ``FileNotFoundError`` for a
     path found nowhere."""
     s = os.fspath(path_or_id)
+    from forge.models.gguf import is_model_spec, resolve_model
+
+    if is_model_spec(s):  # a GGUF file or a shipped model's name: its converted directory
+        return resolve_model(s)
     if Path(s).expanduser().exists():
         return str(Path(s).expanduser())
     if isinstance(path_or_id, Path) or _looks_like_path(s):

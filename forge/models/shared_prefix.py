@@ -19,7 +19,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from forge.models.logprobs import _split_head, effective_temperature, gather_logprobs
+from forge.models.logprobs import (
+    _split_head,
+    effective_temperature,
+    gather_logprobs,
+    head_logits,
+)
 
 __all__ = ["shared_prefix_logprobs"]
 
@@ -100,7 +105,7 @@ def shared_prefix_logprobs(
     )
     # Tail token j is predicted from the hidden state before it: the prefix's last for j = 0.
     hidden_btd = torch.cat([last_hidden_bd[src_b, None], t_out.last_hidden_state[:, :-1]], dim=1)
-    logits_btv = head(hidden_btd).float() / effective_temperature(temperature)
+    logits_btv = head_logits(head, hidden_btd).float() / effective_temperature(temperature)
     lp_tail = gather_logprobs(logits_btv, t_ids) * t_mask
     # Scatter tails back to their positions (one spare column per tail slot, then cut off).
     pos_bt = torch.tensor(cut, device=device)[:, None] + torch.arange(t_width, device=device)

@@ -43,13 +43,15 @@ class Stage:
 
 @dataclass
 class PipelineConfig:
-    """SFT then RL: ``sft`` and ``rl`` are stages (any apps with a ``stage`` entry);
-    ``base_model``: the model SFT starts from (default: a ``preset`` model built with
-    ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``)."""
+    """SFT then RL: ``sft`` and ``rl`` are stages (any apps with a ``stage`` entry; without
+    ``sft`` the RL stage starts from the base model); ``base_model``: the model the first
+    stage starts from: a model directory, a hub id, a GGUF file or a shipped model's name
+    (``forge.models.gguf``, e.g. ``smollm2-135m-instruct``); default: a ``preset`` model built
+    with ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``."""
 
     app: str
-    sft: Stage
     rl: Stage
+    sft: Stage | None = None
     preset: str = "mini"
     seed: int = 0
     base_model: str = ""
@@ -57,6 +59,11 @@ class PipelineConfig:
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
+        base = data.get("base_model")
+        if isinstance(base, str) and base:  # a GGUF file or shipped model: converted now
+            from forge.models.gguf import resolve_model
+
+            data = {**data, "base_model": resolve_model(base)}
         return with_stage_defaults(data)
 
 
@@ -92,10 +99,13 @@ async def run_stage(cfg: Any, run_dir: Path, resume: bool) -> dict:
     return await app_module(cfg.app, "stage", needs=("stage",)).stage(cfg, run_dir, resume)
 
 
-def base_model(cfg: PipelineConfig, name: str, corpus: list[str] | None = None) -> Path:
-    """The untrained model a demo starts from, built once into the cache."""
+def base_model(cfg: PipelineConfig, name: str, corpus: list[str] | None = None) -> Path | str:
+    """The model the first stage starts from: ``cfg.base_model`` (resolved when the config
+    loaded), else an untrained model built once into the cache."""
     from forge.models import make_tiny_model
 
+    if cfg.base_model and not Path(cfg.base_model).expanduser().is_dir():
+        return cfg.base_model  # a hub id
     base = Path(cfg.base_model or get_cache_dir() / f"{name}-{cfg.preset}-seed{cfg.seed}")
     if not (base / "config.json").exists():
         print(f"[{name}] building a {cfg.preset} model in {base}", flush=True)
@@ -104,20 +114,28 @@ def base_model(cfg: PipelineConfig, name: str, corpus: list[str] | None = None) 
 
 
 async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: str) -> dict:
-    """Build (or reuse) the base model, run the SFT stage, then the RL stage from its
-    result. Returns ``{"evals": {step: score}, "first", "last", "mean_turns", "minutes",
-    "history", "model"}`` (``first``/``last``: the first and last evaluation, ``nan`` if
-    none ran; ``mean_turns``: the last evaluation's, with an environment; ``model``: the
+    """Build (or reuse) the base model, run the SFT stage (if any), then the RL stage from
+    its result. Returns ``{"evals": {step: score}, "first", "last", "mean_turns", "sets",
+    "minutes", "history", "model"}`` (``first``/``last``: the first and last evaluation,
+    ``nan`` if none ran; ``mean_turns``: the last evaluation's, with an environment;
+    ``sets``: ``{name: (first, last)}`` of each ``eval.sets`` entry's pass@1; ``model``: the
     final policy's directory); writes ``curves.png`` into ``run_dir``."""
     t0 = time.perf_counter()
-    retarget(cfg.sft, str(base_model(cfg, name)))
-    sft = await run_stage(cfg.sft, run_dir / "sft", resume)
-    retarget(cfg.rl, str(sft["model"]))
+    start = str(base_model(cfg, name))
+    if cfg.sft is not None:
+        retarget(cfg.sft, start)
+        start = str((await run_stage(cfg.sft, run_dir / "sft", resume))["model"])
+    retarget(cfg.rl, start)
     result = await run_stage(cfg.rl, run_dir / "rl", resume)
     rows = _rows(run_dir / "rl" / "metrics.jsonl")
     evals = {**_column(rows, M.HELDOUT_ACCURACY), **result["eval"]}
     turns = _column(rows, M.MEAN_TURNS)
     sets = [f"eval/{x.name}/pass@1" for x in getattr(getattr(cfg.rl, "eval", None), "sets", [])]
+    set_scores = {}
+    for key in sets:
+        col = _column(rows, key)
+        if col:
+            set_scores[key.split("/")[1]] = (col[min(col)], col[max(col)])
     keys = [M.REWARD, M.LOSS, M.HELDOUT_ACCURACY, *sets]
     plot_curves(result["history"], keys, run_dir / "curves.png")
     print(f"[{name}] curves: {run_dir / 'curves.png'}")
@@ -127,6 +145,7 @@ async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: st
         "first": evals[min(evals)] if evals else nan,
         "last": evals[max(evals)] if evals else nan,
         "mean_turns": turns[max(turns)] if turns else nan,
+        "sets": set_scores,
         "minutes": (time.perf_counter() - t0) / 60,
         "history": result["history"],
         "model": result.get("model"),

@@ -54,7 +54,11 @@ def policy_defaults(data: dict[str, Any], roles: tuple[str, ...]) -> dict[str, A
     if not isinstance(policy, dict) or "model" not in policy:
         return data
     model, temperature = policy["model"], policy.get("temperature", 1.0)
-    out = dict(data)
+    if isinstance(model, str):  # a GGUF file or shipped model: its converted directory
+        from forge.models.gguf import resolve_model
+
+        model = resolve_model(model)
+    out = {**data, "policy": {**policy, "model": model}}
     for role in roles:
         section = out.get(role)
         if role in SAME_MODEL and section is None:

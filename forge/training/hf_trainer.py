@@ -64,6 +64,37 @@ def loss_denominator(mask_bt: torch.Tensor, aggregation: str) -> float:
     raise ValueError(f"unknown aggregation mode: {aggregation!r}")
 
 
+# Metrics folded over micro-batches and ranks by their maximum, not a weighted mean.
+MAX_METRICS = frozenset({"logprob_gap_max"})
+
+
+def fold_metrics(sums: dict[str, float], metrics: dict[str, float], weight: float) -> None:
+    """Add a micro-batch's ``metrics`` into ``sums``: weighted, or the max for MAX_METRICS."""
+    for k, v in metrics.items():
+        if k in MAX_METRICS:
+            sums[k] = max(sums.get(k, float("-inf")), v)
+        else:
+            sums[k] = sums.get(k, 0.0) + weight * v
+
+
+def mismatch_metrics(
+    lp_bt: torch.Tensor, gen_bt: torch.Tensor, mask_bt: torch.Tensor
+) -> dict[str, float]:
+    """How far the trainer's logprobs of the sampled tokens are from the generator's (the
+    mismatch TIS corrects, plus the policy lag for rows sampled a version ago):
+    ``logprob_gap`` (mean |difference|), ``logprob_gap_max`` and ``mismatch_kl`` (the k3
+    estimate of KL(generator || trainer) per token: exp(d) - 1 - d, d = trainer - generator,
+    >= 0, unbiased for samples drawn from the generator)."""
+    n = mask_bt.sum().clamp(min=1.0)
+    d_bt = (lp_bt - gen_bt).clamp(-20.0, 20.0) * mask_bt
+    kl_bt = torch.expm1(d_bt) - d_bt
+    return {
+        "logprob_gap": float(d_bt.abs().sum() / n),
+        "logprob_gap_max": float(d_bt.abs().max()) if mask_bt.any() else 0.0,
+        "mismatch_kl": float((kl_bt * mask_bt).sum() / n),
+    }
+
+
 def wrapped_logprobs(
     model: torch.nn.Module,
     input_ids_bt: torch.Tensor,
@@ -272,9 +303,17 @@ class TrainerCore:
 
     def logprobs(self, input_ids_bt: torch.Tensor, attention_mask_bt: torch.Tensor) -> torch.Tensor:
         """Per-token logprobs ``[B, T]`` at the current weights (with grad if enabled)."""
-        return self.adapter.logprobs(
-            self.model, input_ids_bt, attention_mask_bt, self.cfg.temperature
-        )
+        with self.precision():
+            return self.adapter.logprobs(
+                self.model, input_ids_bt, attention_mask_bt, self.cfg.temperature
+            )
+
+    def precision(self):
+        """The forward's precision: autocast to ``cfg.autocast`` (mixed precision), or none."""
+        if self.cfg.autocast is None:
+            return contextlib.nullcontext()
+        kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
+        return torch.autocast(kind, dtype=getattr(torch, self.cfg.autocast))
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One update on this rank's ``batch`` (all ranks call it together); returns metrics
@@ -306,8 +345,7 @@ class TrainerCore:
                 loss, metrics = self._micro_loss(b, rows)
                 budget.rebalance()
                 (loss * (share * self.world)).backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + share * v
+            fold_metrics(sums, metrics, share)
         out = self._reduce_metrics(sums)
         budget.rebalance()
         out["grad_norm"] = self._clip_and_step()
@@ -345,8 +383,7 @@ class TrainerCore:
             loss, metrics = self._micro_loss(b, rows)
             budget.rebalance()
             (loss * d).backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + d * v
+            fold_metrics(sums, metrics, d)
             acc["denom"] += d
         acc["tokens"] += float(mask_bt.sum().item())
         acc["parts"] += 1
@@ -364,7 +401,7 @@ class TrainerCore:
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.div_(denom)
-        out = {k: v / denom for k, v in acc["sums"].items()}
+        out = {k: v if k in MAX_METRICS else v / denom for k, v in acc["sums"].items()}
         threads.get_budget().rebalance()
         out["grad_norm"] = self._clip_and_step()
         out.update(lr=self.last_lr, tokens=acc["tokens"], step=float(self.step))
@@ -389,13 +426,14 @@ class TrainerCore:
     def _rows_logprobs(self, b: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
         lp_bt = None
         if self.adapter.name == "hf" and self.world == 1:  # a group's prompt runs once
-            lp_bt = shared_prefix_logprobs(
-                self.model,
-                b.input_ids_bt[rows],
-                b.attention_mask_bt[rows],
-                b.response_mask_bt[rows],
-                self.cfg.temperature,
-            )
+            with self.precision():
+                lp_bt = shared_prefix_logprobs(
+                    self.model,
+                    b.input_ids_bt[rows],
+                    b.attention_mask_bt[rows],
+                    b.response_mask_bt[rows],
+                    self.cfg.temperature,
+                )
         if lp_bt is None:  # the rows' own width: right padding past their longest is dropped
             width = b.attention_mask_bt.shape[1]
             used = max(1, int(b.attention_mask_bt[rows].sum(-1).max()))
@@ -434,9 +472,7 @@ class TrainerCore:
             old_logprobs_bt=old_bt,
             ref_logprobs_bt=ref_bt,
         )
-        # The generator/trainer mismatch TIS corrects for (and, off-policy, the policy lag).
-        gap = ((lp_bt.detach() - gen_bt).abs() * mask_bt).sum() / mask_bt.sum().clamp(min=1.0)
-        return loss, {**metrics, "logprob_gap": float(gap)}
+        return loss, {**metrics, **mismatch_metrics(lp_bt.detach(), gen_bt, mask_bt)}
 
     def _no_sync(self, last: bool):
         """DDP: all-reduce gradients only on the last micro-batch's backward."""
@@ -445,12 +481,17 @@ class TrainerCore:
         return contextlib.nullcontext()
 
     def _reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        keys = sorted(sums)
-        if self.world > 1 and keys:
-            t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
-            torch.distributed.all_reduce(t)
-            sums = dict(zip(keys, t.tolist()))
-        return dict(sums)
+        out = dict(sums)
+        if self.world == 1:
+            return out
+        for op, keys in ((torch.distributed.ReduceOp.SUM, [k for k in sums if k not in
+                         MAX_METRICS]), (torch.distributed.ReduceOp.MAX, [k for k in sums
+                         if k in MAX_METRICS])):  # fmt: skip
+            if keys:
+                t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
+                torch.distributed.all_reduce(t, op=op)
+                out.update(zip(keys, t.tolist()))
+        return out
 
     def _clip_and_step(self) -> float:
         """Clip to ``max_grad_norm`` (the norm over all ranks' shards), step; return the norm
