@@ -35,6 +35,7 @@ __all__ = [
     "turn_gae_advantages",
     "turn_rewards_bt",
     "whiten",
+    "whiten_together",
 ]
 
 Metrics = dict[str, float]
@@ -244,6 +245,23 @@ def whiten(
     out_bt = (advantages_bt - mean) if shift_mean else advantages_bt
     out_bt = out_bt / (var.sqrt() + eps)
     return torch.where(mask_bt > 0, out_bt, torch.zeros_like(out_bt))
+
+
+def whiten_together(
+    advantages: list[torch.Tensor], masks: list[torch.Tensor], eps: float = 1e-8
+) -> list[torch.Tensor]:
+    """``whiten`` over the counted tokens of several ``[B_i, T_i]`` batches at once (one
+    mean and std for all, e.g. a step's per-rank batches), each returned in its own shape."""
+    width = max(a.shape[1] for a in advantages)
+    pad = torch.nn.functional.pad
+    adv_bt = torch.cat([pad(a, (0, width - a.shape[1])) for a, m in zip(advantages, masks)])
+    mask_bt = torch.cat([pad(m.to(adv_bt.dtype), (0, width - m.shape[1])) for m in masks])
+    out_bt = whiten(adv_bt, mask_bt, eps=eps)
+    pieces, start = [], 0
+    for a in advantages:
+        pieces.append(out_bt[start : start + a.shape[0], : a.shape[1]])
+        start += a.shape[0]
+    return pieces
 
 
 def explained_variance(
