@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from forge.evaluation.sets import EvalSet
 from forge.generation.backend import GeneratorConfig
@@ -146,6 +146,9 @@ class RLConfig:
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     seed: int = 0
     deterministic: bool = False  # same config and seed, same numbers (slower; see below)
+    # Whether the app's advantages are rollout.advantage's, relative to each prompt's group
+    # (GroupScorer). An app that computes its own (a running baseline) sets False.
+    group_advantages: ClassVar[bool] = True
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -242,7 +245,8 @@ class RLConfig:
         name = name or (rollout.advantage if isinstance(rollout.advantage, str) else "")
         relative = name in GROUP_RELATIVE or name.split(":")[-1] in GROUP_RELATIVE_FNS
         if (
-            rollout.group_size == 1
+            self.group_advantages
+            and rollout.group_size == 1
             and relative
             and self.critic is None
             and per_episode(rollout.credit)
