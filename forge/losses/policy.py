@@ -266,7 +266,8 @@ def gspo_loss(
     That band is narrower than the generator/trainer mismatch: with ``old`` the generator's
     logprobs, a per-token noise of 0.005-0.02 nats already puts a sizeable share of long
     sequences outside it at step 0 (``clip_fraction`` reports the share of sequences whose
-    gradient clipping zeroed). Use ``TrainerConfig.old_logprobs = "current"`` (the ratio is
+    gradient clipping zeroed, ``log_ratio_abs_mean`` the mean ``|log s_i|`` to set against
+    the band). Use ``TrainerConfig.old_logprobs = "current"`` (the ratio is
     then exactly 1 at the update, the band binds only on genuine policy change) with
     ``tis_cap`` to correct the mismatch; see docs/rl_maths.md.
     """
@@ -301,4 +302,6 @@ def gspo_loss(
         metrics.update(
             _clip_metrics(ratio_b, high_b, low_b, dual_b, seqs_b, clip_ratio_c is not None)
         )
+        # Compare with the band (3e-4 / 4e-4): how far sequences sit from ratio 1.
+        metrics["log_ratio_abs_mean"] = masked_mean(log_ratio_b.abs(), seqs_b).item()
     return loss, metrics
