@@ -150,7 +150,9 @@ def ppo_clip_loss(
         mask_bt, logprobs_bt, old_logprobs_bt.detach(), generator_logprobs_bt
     )
     ratio_bt = _ratio(lp_bt - old_bt)
-    loss_bt, high_bt, low_bt, dual_bt = _clipped_surrogate(ratio_bt, adv_bt, low, high, clip_ratio_c)
+    loss_bt, high_bt, low_bt, dual_bt = _clipped_surrogate(
+        ratio_bt, adv_bt, low, high, clip_ratio_c
+    )
     metrics: Metrics = {}
     if tis_cap is not None:
         if gen_bt is None:

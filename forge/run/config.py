@@ -64,6 +64,7 @@ def check_sampling(generator: GeneratorConfig) -> None:
             "sharpen sampling instead); see docs/rl_maths.md"
         )
 
+
 # Keys of earlier versions, and where their fact lives now.
 RENAMED = {
     "model": "policy.model",
