@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from forge.losses.normalize import aggregate, masked_mean
+from forge.losses.normalize import aggregate, masked_mean, masked_values
 from forge.types import TrainBatch
 
 __all__ = [
@@ -304,7 +304,11 @@ def clipped_value_loss(
     )
     if clip_eps is not None and clip_eps < 0:
         raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps}")
-    old_values_bt, returns_bt = old_values_bt.detach(), returns_bt.detach()
+    # Masked positions become 0 before any arithmetic: their values (even inf or NaN) can
+    # then change neither the loss nor, through a NaN * 0 in the backward, the gradient.
+    values_bt, old_values_bt, returns_bt = (
+        masked_values(x, mask_bt) for x in (values_bt, old_values_bt.detach(), returns_bt.detach())
+    )
     loss_bt = (values_bt - returns_bt) ** 2
     clipped_bt = torch.zeros_like(mask_bt, dtype=torch.bool)
     if clip_eps is not None:
