@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from forge.losses import (
@@ -41,7 +41,7 @@ CONFIGS = {
     "gspo_tis_kl": LossConfig(type="gspo", tis_cap=2.0, kl_coef=0.1),
 }
 GARBAGE = [0.0, -95.0, -1e4, 1e4, math.inf, -math.inf, math.nan]
-SETTINGS = settings(max_examples=30, deadline=None)
+SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)  # reproducible in CI
 
 seeds = st.integers(0, 2**31 - 1)
 shapes = st.tuples(st.integers(1, 6), st.integers(2, 12))
@@ -149,10 +149,10 @@ def test_on_policy_ratio_is_exactly_one_at_step_0(name, seed, shape):
     _, metrics = build_loss(CONFIGS[name])(
         **{**batch, "logprobs_bt": lp, "old_logprobs_bt": lp.detach()}
     )
-    if batch["mask_bt"].sum() > 0:
-        assert metrics["ratio_mean"] == 1.0
     assert metrics["clip_fraction"] == 0.0
-    assert metrics.get("tis_weight_mean", 1.0) == 1.0
+    if batch["mask_bt"].sum() > 0:  # (means over no counted token are 0)
+        assert metrics["ratio_mean"] == 1.0
+        assert metrics.get("tis_weight_mean", 1.0) == 1.0
 
 
 def test_on_policy_grpo_gradient_is_the_policy_gradient_by_hand():
@@ -171,6 +171,8 @@ finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=32)
 
 @SETTINGS
 @given(value=finite, size=st.integers(2, 16), groups=st.integers(1, 4), seed=seeds)
+@example(value=1.2, size=8, groups=1, seed=0)  # float32 mean one ulp off: +/-0.107 before
+@example(value=3.7, size=7, groups=2, seed=0)
 def test_equal_rewards_give_exactly_zero_advantage_in_their_group(value, size, groups, seed):
     g = torch.Generator().manual_seed(seed)
     rewards = torch.randn(groups, size, generator=g) * 3
