@@ -20,6 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from forge import (
     DatasetActor,
@@ -45,6 +46,7 @@ class Config(RLConfig):
     ``rollout.group_size`` must be 1) plus the baseline's decay."""
 
     baseline_decay: float = 0.9
+    group_advantages: ClassVar[bool] = False  # the running baseline gives the advantages
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,7 +23,9 @@ Endpoints:
     of the return in the state "tokens < t" (aligned with logprobs), 0 at position 0 and on
     padding. Prompt positions hold values too; only counted tokens are used downstream.
 ``train_step(batch, returns_bt, old_values_bt=None) -> dict``
-    One update of the clipped value loss on the batch's counted tokens; ``old_values_bt``
+    One update of the clipped value loss on the batch's counted tokens (``batch`` may be a
+    list of batches, with lists of returns and old values: still one update, on all of them;
+    ``forge.run.critic`` passes a step's per-rank batches so); ``old_values_bt``
     (the ``values`` the returns were computed with) centres the clip range, ``None`` uses the
     current values. Returns ``value_loss``, ``value_clip_fraction``, ``explained_variance``,
     ``value_mean``, ``return_mean``, ``grad_norm``, ``lr``, ``tokens``, ``step``, ``seconds``.
@@ -98,14 +100,15 @@ class Critic(ForgeActor):
     @endpoint
     def train_step(
         self,
-        batch: TrainBatch,
-        returns_bt: torch.Tensor,
-        old_values_bt: torch.Tensor | None = None,
+        batch: TrainBatch | list[TrainBatch],
+        returns_bt: torch.Tensor | list[torch.Tensor],
+        old_values_bt: torch.Tensor | list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
+        batches = batch if isinstance(batch, list) else [batch]
+        for b in batches:
+            _check_batch(b, "train_step")
         with self.busy(), threads.compute():
-            return self.core.train_step(
-                _check_batch(batch, "train_step"), returns_bt, old_values_bt
-            )
+            return self.core.train_step(batch, returns_bt, old_values_bt)
 
     @endpoint
     def save(self, path: str) -> str:

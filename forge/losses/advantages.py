@@ -2,7 +2,13 @@
 
 Rewards arrive flat, ``rewards_b`` of shape ``[B]``, with each prompt's ``group_size``
 completions *consecutive* (rows ``[g*G, (g+1)*G)`` form group ``g``). Every function returns
-advantages of the same shape, in the same order.
+advantages of the same shape, in the same order (float32).
+
+A group whose rewards are all equal (spread ``max - min <= atol``, the same test as
+``zero_variance_group_fraction``) gets advantage exactly 0 for every member, from every
+estimator. Without that rule the float32 group mean of equal rewards can sit one ulp off
+(1.2 x 8), and GRPO then divides that ulp by a std of about ``eps``: advantages of +/-0.1,
+all one sign, from a group that carries no signal. The centring itself runs in float64.
 """
 
 from __future__ import annotations
@@ -17,8 +23,13 @@ __all__ = [
 ]
 
 
+# Groups whose reward spread is at most this are "all equal": zero advantage.
+EQUAL_ATOL = 1e-8
+
+
 def _grouped(rewards_b: torch.Tensor, group_size: int) -> torch.Tensor:
-    """View ``[B]`` rewards as ``[B // group_size, group_size]``, float, after checking shapes."""
+    """View ``[B]`` rewards as ``[B // group_size, group_size]``, float64, after checking
+    shapes."""
     if rewards_b.dim() != 1:
         raise ValueError(f"rewards_b must be 1-D [batch], got shape {tuple(rewards_b.shape)}")
     if group_size < 1:
@@ -28,11 +39,22 @@ def _grouped(rewards_b: torch.Tensor, group_size: int) -> torch.Tensor:
             f"batch of {rewards_b.numel()} rewards is not a whole number of groups of "
             f"{group_size}; pass all completions of each prompt together"
         )
-    return rewards_b.float().reshape(-1, group_size)
+    return rewards_b.double().reshape(-1, group_size)
+
+
+def _finish(adv_gk: torch.Tensor, r_gk: torch.Tensor, atol: float) -> torch.Tensor:
+    """Flat float32 advantages, exactly 0 in groups whose rewards are all equal."""
+    spread_g1 = r_gk.max(dim=1, keepdim=True).values - r_gk.min(dim=1, keepdim=True).values
+    adv_gk = torch.where(spread_g1 <= atol, torch.zeros_like(adv_gk), adv_gk)
+    return adv_gk.float().reshape(-1)
 
 
 def grpo_advantages(
-    rewards_b: torch.Tensor, group_size: int, eps: float = 1e-6, unbiased: bool = False
+    rewards_b: torch.Tensor,
+    group_size: int,
+    eps: float = 1e-6,
+    unbiased: bool = False,
+    atol: float = EQUAL_ATOL,
 ) -> torch.Tensor:
     """GRPO advantages: ``(r - group mean) / (group std + eps)``.
 
@@ -40,17 +62,19 @@ def grpo_advantages(
     reward within its group, is defined for ``group_size=1`` and matches Dr.GRPO's analysis.
     ``unbiased=True`` divides by ``G - 1`` instead, as ``torch.std`` (and TRL / verl) do; for
     a group of 4 that scales every advantage by ``sqrt(3/4)``. A group whose rewards are all
-    equal gets advantage 0 for every member (no signal, no NaN).
+    equal (within ``atol``) gets advantage exactly 0 for every member (no signal, no NaN).
     """
     r_gk = _grouped(rewards_b, group_size)
     if unbiased and group_size < 2:
         raise ValueError("unbiased std needs group_size >= 2; use unbiased=False")
     mean_g1 = r_gk.mean(dim=1, keepdim=True)
     std_g1 = r_gk.std(dim=1, keepdim=True, unbiased=unbiased)
-    return ((r_gk - mean_g1) / (std_g1 + eps)).reshape(-1)
+    return _finish((r_gk - mean_g1) / (std_g1 + eps), r_gk, atol)
 
 
-def dr_grpo_advantages(rewards_b: torch.Tensor, group_size: int) -> torch.Tensor:
+def dr_grpo_advantages(
+    rewards_b: torch.Tensor, group_size: int, atol: float = EQUAL_ATOL
+) -> torch.Tensor:
     """Dr.GRPO advantages: ``r - group mean``, with no std division.
 
     Dividing by the std up-weights groups that are nearly all right or all wrong (low std);
@@ -58,10 +82,12 @@ def dr_grpo_advantages(rewards_b: torch.Tensor, group_size: int) -> torch.Tensor
     question-difficulty bias.
     """
     r_gk = _grouped(rewards_b, group_size)
-    return (r_gk - r_gk.mean(dim=1, keepdim=True)).reshape(-1)
+    return _finish(r_gk - r_gk.mean(dim=1, keepdim=True), r_gk, atol)
 
 
-def rloo_advantages(rewards_b: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(
+    rewards_b: torch.Tensor, group_size: int, atol: float = EQUAL_ATOL
+) -> torch.Tensor:
     """REINFORCE leave-one-out: ``r_i - mean_{j != i} r_j`` within each group.
 
     The baseline for each sample excludes that sample, so it is independent of the sample's
@@ -71,11 +97,11 @@ def rloo_advantages(rewards_b: torch.Tensor, group_size: int) -> torch.Tensor:
         raise ValueError(f"rloo_advantages needs group_size >= 2, got {group_size}")
     r_gk = _grouped(rewards_b, group_size)
     baseline_gk = (r_gk.sum(dim=1, keepdim=True) - r_gk) / (group_size - 1)
-    return (r_gk - baseline_gk).reshape(-1)
+    return _finish(r_gk - baseline_gk, r_gk, atol)
 
 
 def zero_variance_group_fraction(
-    rewards_b: torch.Tensor, group_size: int, atol: float = 1e-8
+    rewards_b: torch.Tensor, group_size: int, atol: float = EQUAL_ATOL
 ) -> float:
     """Fraction of groups whose rewards are all equal (within ``atol``): they carry no signal.
 

@@ -8,7 +8,9 @@
     loss.backward()
 
 The total is ``policy loss + kl_coef * aggregate(kl_penalty(logprobs, ref))``, both reduced
-with the same ``aggregation``.
+with the same ``aggregation``; the KL is computed on the counted (response) positions only.
+What each KL estimator's gradient does, and the numerical guards every loss applies, are in
+``forge.losses.kl``, ``forge.losses.policy`` and docs/rl_maths.md.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 
 from forge.losses.kl import KL_ESTIMATORS, kl_penalty
-from forge.losses.normalize import AGGREGATION_MODES, aggregate, masked_mean
+from forge.losses.normalize import AGGREGATION_MODES, aggregate, masked_mean, masked_values
 from forge.losses.policy import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
 
 __all__ = ["LOSS_TYPES", "LossConfig", "LossFn", "build_loss"]
@@ -76,8 +78,15 @@ class LossConfig:
     to the type's usual values: 0.2 / 0.2 / ``token_mean`` for grpo and ppo, 3e-4 / 4e-4 /
     ``seq_mean`` for gspo. ``kl_coef`` weighs the KL to the reference (0 disables it; any
     ``ref_logprobs_bt`` passed is then only logged) estimated with ``kl_estimator``
-    (``k1`` | ``k2`` | ``k3``, or an import string ``pkg.module:fn``). ``tis_cap`` enables truncated importance sampling with that cap
-    (2.0 is a common choice). ``max_tokens`` is the constant divisor of ``dr_grpo``
+    (``k1`` | ``k2`` | ``k3``, or an import string ``pkg.module:fn``; the default ``k3``'s
+    gradient is the forward KL(ref || pi)'s, ``k2``'s the reverse KL(pi || ref)'s, ``k1``'s is
+    zero in expectation, see ``forge.losses.kl``). ``tis_cap`` enables truncated importance
+    sampling with that cap (2.0 is a common choice); its weights are ``pi_old / pi_generator``,
+    so it needs ``TrainerConfig.old_logprobs = "current"`` (with ``generator`` every weight is
+    exactly 1, and the trainer config refuses the combination). ``clip_ratio_c`` (> 1, e.g.
+    verl's 3.0; ``None``: off) is the dual clip of ``grpo``/``ppo``/``gspo``: a token (GSPO:
+    sequence) with negative advantage and ratio above ``c`` has its loss capped at ``-c * A``
+    and no gradient (see ``forge.losses.policy``). ``max_tokens`` is the constant divisor of ``dr_grpo``
     aggregation, normally the generation ``max_tokens``; required for that mode.
     ``entropy_coef`` (0 disables it) adds an entropy bonus: the policy's entropy at each
     sampled token's state, estimated from the sampled tokens (the gradient of
@@ -95,6 +104,7 @@ class LossConfig:
     type: str = "grpo"
     clip_eps_low: float | None = None
     clip_eps_high: float | None = None
+    clip_ratio_c: float | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     tis_cap: float | None = None
@@ -110,6 +120,18 @@ class LossConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"LossConfig.{name} must be >= 0, got {value}")
+        if self.clip_ratio_c is not None:
+            if not self.clip_ratio_c > 1.0:
+                raise ValueError(
+                    f"LossConfig.clip_ratio_c must be > 1 (verl uses 3.0) or None, got "
+                    f"{self.clip_ratio_c}"
+                )
+            if self.type not in ("grpo", "ppo", "gspo"):
+                raise ValueError(
+                    f"LossConfig.clip_ratio_c is the dual clip of a ratio, but loss type "
+                    f"{self.type!r} has no clipped ratio it would apply to; remove it or use "
+                    "grpo, ppo or gspo"
+                )
         if self.kl_coef < 0:
             raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
         if not self.entropy_coef >= 0:
@@ -157,6 +179,7 @@ def _entropy_surrogate(lp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) ->
     sampled tokens: in expectation over the sampling, ``-grad H`` (E[grad logp] = 0), so
     minimizing it raises the entropy of each state's next-token distribution. With
     ``entropy_cap`` the weight ``logp`` is clamped at ``-entropy_cap``."""
+    lp = masked_values(lp, mask)  # a masked NaN would give NaN * 0 in the backward
     weight = lp.detach()
     if cfg.entropy_cap is not None:
         weight = weight.clamp(min=-cfg.entropy_cap)
@@ -182,7 +205,7 @@ def _policy_loss(
         return reinforce_loss(
             lp, adv, mask, old_logprobs_bt=old, generator_logprobs_bt=gen, **knobs
         )
-    knobs.update(clip_eps_low=low, clip_eps_high=high)
+    knobs.update(clip_eps_low=low, clip_eps_high=high, clip_ratio_c=cfg.clip_ratio_c)
     if cfg.type == "grpo":
         return grpo_loss(lp, gen, adv, mask, old_logprobs_bt=old, **knobs)
     if cfg.type == "gspo":
@@ -225,7 +248,9 @@ def build_loss(config: LossConfig) -> LossFn:
                 config, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt
             )
         if ref_logprobs_bt is not None:
-            kl_bt = kl_penalty(logprobs_bt, ref_logprobs_bt, config.kl_estimator)
+            # Response positions only: the reference holds 0 on prompt positions while the
+            # policy's logprobs are real there, and exp(q - p) of such a gap overflows.
+            kl_bt = kl_penalty(logprobs_bt, ref_logprobs_bt, config.kl_estimator, mask_bt)
             kl = aggregate(kl_bt, mask_bt, config.resolved_aggregation(), config.max_tokens)
             metrics["kl_ref"] = kl.item()
             if config.kl_coef > 0:

@@ -86,8 +86,9 @@ def episode_credit(
 
 def _normalised(values: list[float], scale: bool, eps: float) -> list[float]:
     """The values as one group: GRPO's ``(v - mean) / (std + eps)`` (population std), or
-    Dr.GRPO's ``v - mean`` without ``scale``."""
-    v = torch.tensor(values, dtype=torch.float32)
+    Dr.GRPO's ``v - mean`` without ``scale``. Equal values (a step-level group of equal
+    returns) give exactly 0."""
+    v = torch.tensor(values, dtype=torch.float64)
     out = grpo_advantages(v, len(values), eps) if scale else dr_grpo_advantages(v, len(values))
     return out.tolist()
 

@@ -13,21 +13,31 @@ The choice changes how much each token and each sequence weighs in the gradient:
     ``sum(loss * mask) / (B * max_tokens)`` with a *constant* ``max_tokens`` (Dr.GRPO): no
     per-sequence length normalisation, so no length bias, and the scale does not depend on the
     batch's lengths.
+
+Masked positions are selected out with ``torch.where``, never multiplied by 0: a masked
+value of ``inf`` or ``NaN`` (an overflowed ratio on a prompt position) would otherwise turn
+the sum into ``NaN`` (``inf * 0``).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["AGGREGATION_MODES", "aggregate", "masked_mean"]
+__all__ = ["AGGREGATION_MODES", "aggregate", "masked_mean", "masked_values"]
 
 AGGREGATION_MODES = ("token_mean", "seq_mean", "dr_grpo")
+
+
+def masked_values(values_bt: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
+    """``values_bt`` where ``mask_bt`` is nonzero, exactly 0 elsewhere (and no gradient flows
+    to the masked positions, whatever they hold: ``where``'s backward never multiplies)."""
+    return torch.where(mask_bt != 0, values_bt, torch.zeros_like(values_bt))
 
 
 def masked_mean(values_bt: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
     """Mean of ``values_bt`` over positions where ``mask_bt`` is 1 (0 if the mask is empty)."""
     mask_bt = mask_bt.to(values_bt.dtype)
-    return (values_bt * mask_bt).sum() / mask_bt.sum().clamp(min=1.0)
+    return (masked_values(values_bt, mask_bt) * mask_bt).sum() / mask_bt.sum().clamp(min=1.0)
 
 
 def aggregate(
@@ -44,6 +54,7 @@ def aggregate(
             f"loss_bt {tuple(loss_bt.shape)} and mask_bt {tuple(mask_bt.shape)} must match"
         )
     mask_bt = mask_bt.to(loss_bt.dtype)
+    loss_bt = masked_values(loss_bt, mask_bt)
     if mode == "token_mean":
         return masked_mean(loss_bt, mask_bt)
     if mode == "seq_mean":

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from forge.losses.normalize import aggregate, masked_mean
+from forge.losses.normalize import aggregate, masked_mean, masked_values
 from forge.types import TrainBatch
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "turn_gae_advantages",
     "turn_rewards_bt",
     "whiten",
+    "whiten_together",
 ]
 
 Metrics = dict[str, float]
@@ -246,6 +247,23 @@ def whiten(
     return torch.where(mask_bt > 0, out_bt, torch.zeros_like(out_bt))
 
 
+def whiten_together(
+    advantages: list[torch.Tensor], masks: list[torch.Tensor], eps: float = 1e-8
+) -> list[torch.Tensor]:
+    """``whiten`` over the counted tokens of several ``[B_i, T_i]`` batches at once (one
+    mean and std for all, e.g. a step's per-rank batches), each returned in its own shape."""
+    width = max(a.shape[1] for a in advantages)
+    pad = torch.nn.functional.pad
+    adv_bt = torch.cat([pad(a, (0, width - a.shape[1])) for a, m in zip(advantages, masks)])
+    mask_bt = torch.cat([pad(m.to(adv_bt.dtype), (0, width - m.shape[1])) for m in masks])
+    out_bt = whiten(adv_bt, mask_bt, eps=eps)
+    pieces, start = [], 0
+    for a in advantages:
+        pieces.append(out_bt[start : start + a.shape[0], : a.shape[1]])
+        start += a.shape[0]
+    return pieces
+
+
 def explained_variance(
     values_bt: torch.Tensor, returns_bt: torch.Tensor, mask_bt: torch.Tensor
 ) -> float:
@@ -286,7 +304,11 @@ def clipped_value_loss(
     )
     if clip_eps is not None and clip_eps < 0:
         raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps}")
-    old_values_bt, returns_bt = old_values_bt.detach(), returns_bt.detach()
+    # Masked positions become 0 before any arithmetic: their values (even inf or NaN) can
+    # then change neither the loss nor, through a NaN * 0 in the backward, the gradient.
+    values_bt, old_values_bt, returns_bt = (
+        masked_values(x, mask_bt) for x in (values_bt, old_values_bt.detach(), returns_bt.detach())
+    )
     loss_bt = (values_bt - returns_bt) ** 2
     clipped_bt = torch.zeros_like(mask_bt, dtype=torch.bool)
     if clip_eps is not None:

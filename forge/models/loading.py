@@ -75,7 +75,8 @@ def load_model(
     device: str = "cpu",
     attn_implementation: str = "eager",
 ):
-    """Load an ``AutoModelForCausalLM`` in eval mode on ``device``.
+    """Load an ``AutoModelForCausalLM`` in eval mode on ``device``, and check once whether
+    its logprobs may use the chunked head (``forge.models.logprobs.check_split_head``).
 
     Raises:
         FileNotFoundError: ``path_or_id`` is a path that does not exist, or a hub id that
@@ -92,7 +93,13 @@ def load_model(
         )
     except OSError as e:
         raise _missing_model_error(source) from e
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    from forge.models.logprobs import check_split_head
+
+    # Decide once, here, whether logprobs may use the memory-saving chunked head: only if it
+    # gives exactly the model's own logits (a post-scaling in forward would be lost).
+    check_split_head(model)
+    return model
 
 
 def load_tokenizer(path_or_id: str | os.PathLike):

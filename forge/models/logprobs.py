@@ -8,6 +8,8 @@ filtering), so ``token_logprobs(model, ..., temperature=T)`` recomputes them exa
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 # Tokens per chunk when projecting hidden states to the vocabulary: bounds the fp32
@@ -47,17 +49,80 @@ def head_logits(head: torch.nn.Module, hidden_btd: torch.Tensor) -> torch.Tensor
     return head(hidden_btd)
 
 
-def _split_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(decoder body, lm_head) if the model exposes them, so logits can be made in chunks."""
+# Token positions of the probe that checks the chunked head against the model's forward.
+_PROBE_TOKENS = 6
+_CHECKED = "_forge_split_head_ok"  # attribute caching the check's result on the model
+
+
+def _body_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     body = getattr(model, "model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    # Models with logit soft-capping or scaling post-process logits; use their full forward.
-    extra = getattr(model.config, "final_logit_softcapping", None) or getattr(
-        model.config, "logit_scale", None
-    )
-    if body is None or head is None or extra:
+    if body is None or head is None:
         return None
     return body, head
+
+
+@torch.no_grad()
+def split_head_matches(model, tokens: int = _PROBE_TOKENS) -> bool:
+    """Whether ``head(body(x).last_hidden_state)`` equals ``model(x).logits`` on a few tokens.
+
+    The chunked path of ``token_logprobs`` projects the body's hidden states with the output
+    embedding itself, so any post-processing the model's own forward applies to its logits
+    (Granite's ``logits / logits_scaling``, a ``lm_head_multiplier``, soft-capping, ...)
+    would be silently dropped. Instead of a list of architectures, this runs both paths on
+    ``tokens`` token ids in eval mode and compares (float tolerance of the model's dtype).
+    The model's train/eval mode is restored.
+    """
+    parts = _body_and_head(model)
+    if parts is None:
+        return False
+    body, head = parts
+    param = next(model.parameters())
+    vocab = int(getattr(model.config, "vocab_size", 0) or head.weight.shape[0])
+    gen = torch.Generator().manual_seed(0)
+    ids_bt = torch.randint(0, max(vocab, 1), (1, tokens), generator=gen).to(param.device)
+    mask_bt = torch.ones_like(ids_bt)
+    stack = contextlib.ExitStack()
+    was_training = model.training
+    model.eval()
+    try:  # in the parameters' own precision, whatever autocast the caller runs under
+        stack.enter_context(torch.autocast(param.device.type, enabled=False))
+        pos_bt = position_ids_from_mask(mask_bt)
+        full = model(input_ids=ids_bt, attention_mask=mask_bt, position_ids=pos_bt).logits
+        hidden = body(input_ids=ids_bt, attention_mask=mask_bt, position_ids=pos_bt)
+        split = head(hidden.last_hidden_state)
+    finally:
+        stack.close()
+        model.train(was_training)
+    full, split = full.float(), split.float()
+    if full.shape != split.shape:
+        return False
+    tol = 1e-4 if param.dtype == torch.float32 else 2e-2
+    scale = float(full.abs().max().clamp(min=1.0))
+    return bool((full - split).abs().max() <= tol * scale)
+
+
+def check_split_head(model) -> bool:
+    """Run ``split_head_matches`` once per model and remember the answer on it; called at
+    load (``forge.models.load_model``) and lazily by ``token_logprobs`` for models built
+    otherwise. Returns whether the chunked head path is used."""
+    ok = getattr(model, _CHECKED, None)
+    if ok is None:
+        ok = split_head_matches(model)
+        object.__setattr__(model, _CHECKED, ok)
+    return ok
+
+
+def _split_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder body, lm_head) if logits can be made in chunks from them exactly as the
+    model's forward makes them (``check_split_head``); ``None``: use the full forward."""
+    parts = _body_and_head(model)
+    # Soft-capping is the identity on small logits, which a probe of an untrained model may
+    # not reach: the config states it, so take its word.
+    capped = getattr(model.config, "final_logit_softcapping", None)
+    if parts is None or capped or not check_split_head(model):
+        return None
+    return parts
 
 
 def token_logprobs(

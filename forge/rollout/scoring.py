@@ -25,7 +25,14 @@ from forge.rollout.groups import group_episodes
 from forge.slots import ADVANTAGE, CREDIT, GROUP_FILTER, REWARD_AGGREGATOR
 from forge.types import Episode
 
-__all__ = ["GroupScorer", "RolloutConfig", "check_rollout_overrides", "per_episode", "per_member"]
+__all__ = [
+    "GroupScorer",
+    "RolloutConfig",
+    "check_rollout_overrides",
+    "per_episode",
+    "per_member",
+    "score_totals",
+]
 
 
 @dataclass
@@ -36,9 +43,10 @@ class RolloutConfig:
     ``filter``: keep a group or try another prompt (``nonzero_variance``: DAPO's dynamic
     sampling; ``keep_all``), within ``over_sampling_factor`` times the groups a step needs.
     ``partial``: groups in flight across a weight update are kept (bounded by the policy
-    age limit) rather than dropped. ``overlong_buffer``: DAPO's soft overlong penalty, a
-    reward component ``overlong`` falling linearly from 0 at ``max_tokens - overlong_buffer``
-    tokens to ``-overlong_penalty`` at ``max_tokens`` (0 disables it).
+    age limit) rather than dropped. ``overlong_buffer``: DAPO's soft overlong penalty,
+    falling linearly from 0 at ``max_tokens - overlong_buffer`` tokens to
+    ``-overlong_penalty`` at ``max_tokens`` (0 disables it), *added to the aggregated reward*
+    as DAPO adds it (logged as the component ``overlong``; see ``score_totals``).
     ``credit`` (multi-turn runs): how each turn of an episode is credited
     (``forge.slots.CREDIT``: ``episode``, ``turn_returns``, ``gigpo``, ``state_baseline``; see
     ``forge.losses.credit``); anything but ``episode`` gives per-token advantages.
@@ -94,6 +102,28 @@ def per_member(aggregator: Spec) -> bool:
     return name in ("weighted_sum", "forge.rewards.vector:WeightedSum") or isinstance(
         aggregator, WeightedSum
     )
+
+
+def score_totals(
+    aggregate, components: list[dict[str, float]], lengths: list[int], cfg: RolloutConfig
+) -> list[float]:
+    """The scalar reward of each member: ``aggregate`` of its reward components, plus the
+    overlong penalty when ``cfg.overlong_buffer`` is set (also recorded in ``components`` as
+    ``overlong``, for the logs).
+
+    The penalty is added *after* aggregation. As one more component it would be mixed in by
+    the aggregator: under ``minimum`` it is 0 for every response within length, so
+    ``min(correct, 0) = 0`` whether the answer is right or wrong and only length is learned;
+    under ``pareto`` it would be one more objective instead of a shaping term.
+    """
+    totals = [float(t) for t in aggregate(components)]
+    if cfg.overlong_buffer:
+        soft = cfg.max_tokens - cfg.overlong_buffer
+        for i, (comp, n) in enumerate(zip(components, lengths)):
+            penalty = length_penalty(n, soft, cfg.max_tokens, cfg.overlong_penalty)
+            comp["overlong"] = penalty
+            totals[i] += penalty
+    return totals
 
 
 def check_rollout_overrides(phases) -> None:
@@ -180,13 +210,8 @@ class GroupScorer:
         for scored in results:
             for comp, s in zip(components, scored):
                 comp.update(s.components)
-        if c.overlong_buffer:
-            soft = c.max_tokens - c.overlong_buffer
-            for comp, x in zip(components, completions):
-                comp["overlong"] = length_penalty(
-                    len(x.token_ids), soft, c.max_tokens, c.overlong_penalty
-                )
-        totals = [float(t) for t in self.aggregate(components)]
+        lengths = [len(x.token_ids) for x in completions]
+        totals = score_totals(self.aggregate, components, lengths, c)
         group = group_episodes(completions, totals, item["target"], self.advantage, components)
         self.log_group(totals, components)
         prompt = _as_messages(item["prompt"])

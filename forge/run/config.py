@@ -9,14 +9,15 @@ ignore are errors, never silent no-ops.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from forge.evaluation.sets import EvalSet
 from forge.generation.backend import GeneratorConfig
 from forge.models.reward_model import RewardModelConfig
-from forge.plugins import Spec
+from forge.plugins import PluginSpec, Spec
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import (
     RolloutConfig,
@@ -28,12 +29,41 @@ from forge.run.critic import check_ppo
 from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
 from forge.run.supervise import check_restarts
 from forge.slots import DATA_SOURCE, REWARD
-from forge.training.config import ReferenceConfig, TrainerConfig
+from forge.training.config import ReferenceConfig, TrainerConfig, check_tis
 from forge.training.critic import CriticConfig
-from forge.training.phases import PhaseConfig, validate_phases
+from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
 from forge.weights.config import WeightTransportConfig
 
-__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig", "make_deterministic"]
+__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig", "check_sampling", "make_deterministic"]
+
+# The advantages that are relative to the group (0 for a group of one).
+GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo")
+GROUP_RELATIVE_FNS = ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages")
+
+
+def check_sampling(generator: GeneratorConfig) -> None:
+    """Refuse top-p / top-k sampling when a trainer consumes the samples.
+
+    The two generator backends report different logprobs under filtering: the hf backend the
+    unfiltered ``log_softmax(logits / T)`` (what the trainer recomputes), vLLM its
+    ``processed_logprobs``, renormalised over the kept tokens (no vLLM logprobs mode gives
+    the tempered, unfiltered distribution). The same config would train differently on the
+    two, and under vLLM every kept token's logprob is inflated by ``-log(kept mass)``, so
+    the ratio sits below 1 and a negative-advantage token gets zero gradient wherever the
+    kept mass is below ``1 - clip_eps_low``. Sampling from a truncated distribution while
+    the loss assumes the full one is off-policy in any case.
+    """
+    s = generator.sampling
+    if s.top_p < 1.0 or s.top_k > 0:
+        raise ValueError(
+            f"generator.sampling top_p={s.top_p}, top_k={s.top_k}: an RL run trains on "
+            "these samples, and under top-p/top-k the hf backend reports unfiltered logprobs "
+            "while vLLM reports logprobs renormalised over the kept tokens, so the policy "
+            "ratio (and TIS, KL) would depend on the backend and be biased under vLLM. Use "
+            "top_p: 1.0 and top_k: 0 for training rollouts (lower policy.temperature to "
+            "sharpen sampling instead); see docs/rl_maths.md"
+        )
+
 
 # Keys of earlier versions, and where their fact lives now.
 RENAMED = {
@@ -117,6 +147,9 @@ class RLConfig:
     threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
     seed: int = 0
     deterministic: bool = False  # same config and seed, same numbers (slower; see below)
+    # Whether the app's advantages are rollout.advantage's, relative to each prompt's group
+    # (GroupScorer). An app that computes its own (a running baseline) sets False.
+    group_advantages: ClassVar[bool] = True
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +189,12 @@ class RLConfig:
         self._check_credit()
         validate_phases(self.phases, self.trainer.loss)
         check_rollout_overrides(self.phases)
+        check_sampling(self.generator)
+        self._check_groups(self.rollout, "rollout")
+        for phase in resolve_phases(self.phases, self.trainer.loss):
+            check_tis(phase.loss, self.trainer.old_logprobs, key=f"phases[{phase.index}].loss")
+            rollout = dataclasses.replace(self.rollout, **phase.rollout)
+            self._check_groups(rollout, f"phases[{phase.index}].rollout")
         check_restarts(self.restart_on_failure, self.checkpoint_every)
         self._check_env()
         if self.stream and (self.trainer_procs != 1 or self.critic is not None):
@@ -198,6 +237,26 @@ class RLConfig:
             raise ValueError(
                 f"{what} (per token), but trainer.loss.type=gspo takes one per sequence; "
                 "use grpo, ppo or reinforce"
+            )
+
+    def _check_groups(self, rollout: RolloutConfig, key: str) -> None:
+        """A group-relative advantage of a group of one is always 0: without a critic (which
+        gives the advantages instead) or credit over turns, nothing would be learned."""
+        name = rollout.advantage.fn if isinstance(rollout.advantage, PluginSpec) else None
+        name = name or (rollout.advantage if isinstance(rollout.advantage, str) else "")
+        relative = name in GROUP_RELATIVE or name.split(":")[-1] in GROUP_RELATIVE_FNS
+        if (
+            self.group_advantages
+            and rollout.group_size == 1
+            and relative
+            and self.critic is None
+            and per_episode(rollout.credit)
+        ):
+            raise ValueError(
+                f"{key}.group_size=1 with {key}.advantage={name!r}: a group-relative advantage "
+                "compares a completion with the other completions of its prompt, and a group "
+                "of one has none, so every advantage is 0 and nothing is learned. Set "
+                "group_size >= 2, or add a critic section (PPO, GAE advantages)"
             )
 
     def _check_broadcast(self) -> None:

@@ -6,6 +6,11 @@ into per-token advantages, and the critic trains on the returns, beside the poli
 
 Enabled by a ``critic`` section in a run's config (``forge.training.critic.CriticConfig``);
 the trainer's loss must then take per-token advantages (``ppo`` or ``reinforce``).
+
+One policy step is one critic step, whatever ``trainer_procs`` is: the step's per-rank batches
+are whitened together (one mean and std over the whole step) and the critic makes one
+optimizer update on all of them (its gradient the one of the whole step's value loss, its
+schedule advancing once), as a single-rank run would.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from forge.losses.value import ppo_advantages_for_batch, turn_gae_advantages, whiten
+from forge.losses.value import ppo_advantages_for_batch, turn_gae_advantages, whiten_together
 from forge.training.critic import CriticConfig
 from forge.types import TrainBatch
 
@@ -42,23 +47,29 @@ class GAECritic:
     whiten: bool = True  # normalise GAE advantages per batch
 
     async def advantages(self, batches: list[TrainBatch]) -> list[tuple[Any, Any]]:
-        """Set GAE advantages on each rank's batch; returns ``[(returns_bt, values_bt)]``."""
+        """Set GAE advantages on each rank's batch (whitened over all of them together);
+        returns ``[(returns_bt, values_bt)]``."""
         values = await asyncio.gather(*(self.actor.values.call_one(b) for b in batches))
-        targets = []
+        targets, advantages = [], []
         for b, values_bt in zip(batches, values):
             if self.cfg.level == "turn":
                 adv_bt, returns_bt = self.turn_advantages(b, values_bt)
             else:
                 adv_bt, returns_bt = ppo_advantages_for_batch(
-                    b, b.rewards_b, values_bt, self.cfg.gamma, self.cfg.lam,
-                    whiten_advantages=self.whiten,
-                )  # fmt: skip
-            b.advantages_b = adv_bt
+                    b, b.rewards_b, values_bt, self.cfg.gamma, self.cfg.lam
+                )
+            advantages.append(adv_bt)
             targets.append((returns_bt, values_bt))
+        if self.whiten:
+            masks = [b.response_mask_bt for b in batches]
+            advantages = whiten_together(advantages, masks)
+        for b, adv_bt in zip(batches, advantages):
+            b.advantages_b = adv_bt
         return targets
 
     def turn_advantages(self, b: TrainBatch, values_bt) -> tuple[Any, Any]:
-        """PPO over turns: GAE at turn boundaries from the episodes' per-turn rewards."""
+        """PPO over turns: GAE at turn boundaries from the episodes' per-turn rewards
+        (not whitened: ``advantages`` whitens the whole step)."""
         if b.turn_rewards is None:
             raise ValueError(
                 "critic.level=turn needs per-turn rewards on every episode; they come from "
@@ -66,17 +77,16 @@ class GAECritic:
             )
         mask_bt = b.response_mask_bt
         at_b = b.bootstrap_at_b if self.cfg.bootstrap_truncated else None
-        adv_bt, returns_bt = turn_gae_advantages(
+        return turn_gae_advantages(
             b.turn_rewards, values_bt.to(mask_bt.device), mask_bt, self.cfg.gamma, self.cfg.lam,
             at_b, b.row_episode_b,
         )  # fmt: skip
-        return (whiten(adv_bt, mask_bt) if self.whiten else adv_bt), returns_bt
 
     async def train(self, batches: list[TrainBatch], targets) -> dict[str, float]:
-        """One critic update per rank batch; returns the last update's metrics, prefixed."""
-        m: dict[str, float] = {}
-        for b, (returns_bt, values_bt) in zip(batches, targets):
-            m = await self.actor.train_step.call_one(b, returns_bt, values_bt)
+        """One critic update on all the step's rank batches together; its metrics, prefixed."""
+        returns = [r for r, _ in targets]
+        olds = [v for _, v in targets]
+        m = await self.actor.train_step.call_one(list(batches), returns, olds)
         return {f"critic/{k}": v for k, v in m.items()}
 
 

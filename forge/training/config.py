@@ -50,6 +50,19 @@ def _choice(owner: str, key: str, value: object, choices: tuple[str, ...]) -> No
         raise ValueError(f"{owner}.{key}: unknown value {value!r}; choose one of {choices}")
 
 
+def check_tis(loss, old_logprobs: str, key: str = "trainer.loss") -> None:
+    """A TIS cap with ``old_logprobs="generator"`` would weigh every token by exactly
+    ``pi_generator / pi_generator = 1``: a knob with no effect, so an error naming the fix."""
+    if loss.tis_cap is not None and old_logprobs == "generator":
+        raise ValueError(
+            f"{key}.tis_cap={loss.tis_cap} has no effect with trainer.old_logprobs=generator: "
+            "TIS weighs each token by pi_old / pi_generator, and with the generator's logprobs "
+            "as pi_old every weight is exactly 1. Set trainer.old_logprobs: current (the "
+            "trainer's own logprobs before the update, which is what TIS corrects towards), "
+            "or remove tis_cap"
+        )
+
+
 def _positive(owner: str, key: str, value: float | int | None, allow_zero: bool = False) -> None:
     if value is None:
         return
@@ -176,7 +189,8 @@ class TrainerConfig:
     must equal the generator's, since logprobs are of ``logits / temperature``.
     ``old_logprobs``: the denominator of the policy ratio and numerator of TIS weights;
     ``generator`` uses the generator's logprobs, ``current`` the trainer's own logprobs at
-    the weights before this step's update (see ``forge.training.hf_trainer``).
+    the weights before this step's update (see ``forge.training.hf_trainer``). ``loss.tis_cap``
+    needs ``current``: with ``generator`` every TIS weight is 1, so that pair is an error.
     ``length_buckets``: micro-batches hold rows of similar length (sorted), so less compute
     goes to padding; with ``micro_batch_size`` unset, one trainer rank splits the batch
     wherever the padded positions saved exceed ``bucket_cost_tokens`` (what one more
@@ -247,6 +261,7 @@ class TrainerConfig:
                     f"TrainerConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
                     f"got {type(value).__name__}"
                 )
+        check_tis(self.loss, self.old_logprobs)
         if self.lora is not None:
             self._check_lora()
 

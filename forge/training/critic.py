@@ -21,11 +21,13 @@ the accumulated gradient equals the one-big-batch gradient (as in
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from forge.losses.value import clipped_value_loss
@@ -153,6 +155,20 @@ def _check_bt(mask_bt: torch.Tensor, **tensors_bt: torch.Tensor | None) -> None:
             )
 
 
+def _parts(batch, returns_bt, old_values_bt) -> list[tuple[TrainBatch, torch.Tensor, Any]]:
+    """``(batch, returns, old values)`` triples from one batch or from lists of each."""
+    if isinstance(batch, TrainBatch):
+        return [(batch, returns_bt, old_values_bt)]
+    batches = list(batch)
+    olds = [None] * len(batches) if old_values_bt is None else list(old_values_bt)
+    if not batches or not len(batches) == len(returns_bt) == len(olds):
+        raise ValueError(
+            f"critic train_step got {len(batches)} batches, {len(returns_bt)} returns and "
+            f"{len(olds)} old values; pass one of each per batch"
+        )
+    return list(zip(batches, returns_bt, olds))
+
+
 class CriticCore:
     """Value model, AdamW and schedule of the critic. See the module docstring."""
 
@@ -187,60 +203,68 @@ class CriticCore:
 
     def compute_gradients(
         self,
-        batch: TrainBatch,
-        returns_bt: torch.Tensor,
-        old_values_bt: torch.Tensor | None = None,
+        batch: TrainBatch | Sequence[TrainBatch],
+        returns_bt: torch.Tensor | Sequence[torch.Tensor],
+        old_values_bt: torch.Tensor | Sequence[torch.Tensor | None] | None = None,
     ) -> dict[str, float]:
         """Zero the gradients and accumulate those of the value loss over micro-batches.
 
-        ``old_values_bt=None`` uses this forward pass's values, detached (the values at the
-        weights before the update, as ``old_logprobs="current"`` does for the policy): then
-        clipping never binds on this single update. Returns the loss's metrics over the whole
-        batch plus ``tokens``.
+        ``batch`` may be a list of batches (a step's per-rank batches), with ``returns_bt``
+        and ``old_values_bt`` lists of the same length: the gradient is then the one of the
+        value loss over all of them together (each part weighted by its share of the
+        aggregation's denominator), as if they were one batch. ``old_values_bt=None`` uses
+        this forward pass's values, detached (the values at the weights before the update,
+        as ``old_logprobs="current"`` does for the policy): then clipping never binds on this
+        single update. Returns the loss's metrics over the whole batch plus ``tokens``.
         """
-        mask_bt = batch.response_mask_bt.float().to(self.device)
-        _check_bt(mask_bt, returns_bt=returns_bt, old_values_bt=old_values_bt)
-        returns_bt = returns_bt.float().to(self.device)
-        old_bt = None if old_values_bt is None else old_values_bt.float().to(self.device)
+        parts = _parts(batch, returns_bt, old_values_bt)
         agg = self.cfg.aggregation
-        denom = max(loss_denominator(mask_bt, agg), 1.0)
-        rows = mask_bt.shape[0]
-        per = self.cfg.micro_batch_size or rows
+        masks = [b.response_mask_bt.float().to(self.device) for b, _, _ in parts]
+        denom = max(sum(loss_denominator(m, agg) for m in masks), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
-        values_pieces = []
-        for start in range(0, rows, per):
-            sl = slice(start, start + per)
-            v_bt = self.values(batch.input_ids_bt[sl], batch.attention_mask_bt[sl])
-            old_v_bt = v_bt.detach() if old_bt is None else old_bt[sl]
-            loss, _ = clipped_value_loss(
-                v_bt, old_v_bt, returns_bt[sl], mask_bt[sl], self.cfg.value_clip_eps, agg
-            )
-            (loss * (loss_denominator(mask_bt[sl], agg) / denom)).backward()
-            values_pieces.append(v_bt.detach())
-        values_bt = torch.cat(values_pieces, dim=0)
+        seen = []  # (values, old values, returns, mask) of each part, for the metrics
+        for (b, ret_bt, old_bt), mask_bt in zip(parts, masks):
+            _check_bt(mask_bt, returns_bt=ret_bt, old_values_bt=old_bt)
+            ret_bt = ret_bt.float().to(self.device)
+            old_bt = None if old_bt is None else old_bt.float().to(self.device)
+            rows = mask_bt.shape[0]
+            per = self.cfg.micro_batch_size or rows
+            values_pieces = []
+            for start in range(0, rows, per):
+                sl = slice(start, start + per)
+                v_bt = self.values(b.input_ids_bt[sl], b.attention_mask_bt[sl])
+                old_v_bt = v_bt.detach() if old_bt is None else old_bt[sl]
+                loss, _ = clipped_value_loss(
+                    v_bt, old_v_bt, ret_bt[sl], mask_bt[sl], self.cfg.value_clip_eps, agg
+                )
+                (loss * (loss_denominator(mask_bt[sl], agg) / denom)).backward()
+                values_pieces.append(v_bt.detach())
+            values_bt = torch.cat(values_pieces, dim=0)
+            seen.append((values_bt, values_bt if old_bt is None else old_bt, ret_bt, mask_bt))
         # Metrics of the whole batch at once (explained variance does not average over parts).
+        width = max(m.shape[1] for m in masks)
+        values_bt, old_bt, ret_bt, mask_bt = (
+            torch.cat([F.pad(part[i], (0, width - part[i].shape[1])) for part in seen])
+            for i in range(4)
+        )
         with torch.no_grad():
             _, metrics = clipped_value_loss(
-                values_bt,
-                values_bt if old_bt is None else old_bt,
-                returns_bt,
-                mask_bt,
-                self.cfg.value_clip_eps,
-                agg,
+                values_bt, old_bt, ret_bt, mask_bt, self.cfg.value_clip_eps, agg
             )
         metrics["tokens"] = float(mask_bt.sum().item())
         return metrics
 
     def train_step(
         self,
-        batch: TrainBatch,
-        returns_bt: torch.Tensor,
-        old_values_bt: torch.Tensor | None = None,
+        batch: TrainBatch | Sequence[TrainBatch],
+        returns_bt: torch.Tensor | Sequence[torch.Tensor],
+        old_values_bt: torch.Tensor | Sequence[torch.Tensor | None] | None = None,
     ) -> dict[str, float]:
-        """One update towards ``returns_bt`` on ``batch``'s counted tokens. Returns
-        ``value_loss``, ``value_clip_fraction``, ``explained_variance``, ``value_mean``,
-        ``return_mean`` (all before the update), ``grad_norm`` (before clipping), ``lr``,
-        ``tokens``, ``step`` and ``seconds``."""
+        """One update towards ``returns_bt`` on ``batch``'s counted tokens (a list of batches:
+        one update on all of them, see ``compute_gradients``). Returns ``value_loss``,
+        ``value_clip_fraction``, ``explained_variance``, ``value_mean``, ``return_mean`` (all
+        before the update), ``grad_norm`` (before clipping), ``lr``, ``tokens``, ``step`` and
+        ``seconds``."""
         t0 = time.perf_counter()
         metrics = self.compute_gradients(batch, returns_bt, old_values_bt)
         metrics["grad_norm"] = self._clip_and_step()

@@ -18,6 +18,17 @@ add up over calls until ``optim_step`` applies and clears them:
 
 Each datum's output is ``{"logprobs": float32[L]}`` (the target tokens' logprobs at the
 weights before this call's update) and the metrics are ``loss:sum`` and ``tokens:sum``.
+
+Temperature. The hosted Tinker service scores ``forward_backward`` (and
+``compute_logprobs``) at temperature 1: neither takes a temperature, while its sampler
+returns the logprobs it sampled with, of ``logits / T`` (confirmed by Tinker's maintainers
+in thinking-machines-lab/tinker-cookbook#86; the cookbook therefore recommends T = 1 for
+RL). Forge's ``/sample`` reports the same, so with T != 1 the ratio
+``exp(logp_1 - logprobs_T)`` of ``importance_sampling`` / ``ppo`` is not 1 even on-policy,
+exactly as on Tinker. Forge matches Tinker by default (T = 1) and adds one key Tinker lacks:
+``loss_fn_config={"temperature": T}`` for ``importance_sampling`` and ``ppo`` scores the
+targets at ``logits / T`` (also the returned ``logprobs``), so that samples drawn at T give
+a ratio of exactly 1 at the sampling weights. ``cross_entropy`` (supervised) is always T = 1.
 """
 
 from __future__ import annotations
@@ -36,8 +47,8 @@ NEEDED = {
 }
 CONFIG_KEYS = {
     "cross_entropy": (),
-    "importance_sampling": (),
-    "ppo": ("clip_low_threshold", "clip_high_threshold"),
+    "importance_sampling": ("temperature",),
+    "ppo": ("clip_low_threshold", "clip_high_threshold", "temperature"),
 }
 
 
@@ -57,6 +68,9 @@ def check_request(datums: list[dict], loss_fn: str, config: dict | None) -> None
             f"loss_fn_config keys {sorted(unknown)} are not used by {loss_fn!r} "
             f"(it takes {list(CONFIG_KEYS[loss_fn]) or 'none'})"
         )
+    temperature = (config or {}).get("temperature", 1.0)
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise DatumError(f"loss_fn_config temperature must be a number > 0, got {temperature!r}")
     if not datums:
         raise DatumError("forward_backward got no data")
     for i, d in enumerate(datums):
@@ -86,16 +100,16 @@ def _pad(datums: list[dict], key: str | None, dtype, device) -> torch.Tensor:
 
 
 def target_logprobs(
-    model: torch.nn.Module, datums: list[dict], device
+    model: torch.nn.Module, datums: list[dict], device, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` logprobs of each datum's target tokens (with grad if enabled) and the 0/1
-    mask of real positions."""
+    """``[B, T]`` logprobs of each datum's target tokens under ``logits / temperature`` (with
+    grad if enabled) and the 0/1 mask of real positions."""
     ids_bt = _pad(datums, None, torch.long, device)
     mask_bt = torch.zeros_like(ids_bt)
     for i, d in enumerate(datums):
         mask_bt[i, : len(d["tokens"])] = 1
     targets_bt = _pad(datums, "target_tokens", torch.long, device)
-    logits_btv = model(input_ids=ids_bt, attention_mask=mask_bt).logits.float()
+    logits_btv = model(input_ids=ids_bt, attention_mask=mask_bt).logits.float() / temperature
     lp_bt = torch.log_softmax(logits_btv, dim=-1).gather(-1, targets_bt.unsqueeze(-1)).squeeze(-1)
     return lp_bt * mask_bt, mask_bt.float()
 
@@ -113,7 +127,7 @@ def datum_loss(
         return -(w_bt * lp_bt * mask_bt).sum()
     old_bt = _pad(datums, "logprobs", torch.float32, device)
     adv_bt = _pad(datums, "advantages", torch.float32, device)
-    ratio_bt = torch.exp(lp_bt - old_bt) * mask_bt
+    ratio_bt = torch.exp((lp_bt - old_bt).clamp(-20.0, 20.0)) * mask_bt
     if loss_fn == "importance_sampling":
         return -(ratio_bt * adv_bt).sum()
     low = float(config.get("clip_low_threshold", 0.8))
@@ -131,7 +145,8 @@ def forward_backward(
     t0 = time.perf_counter()
     model = core.model
     with torch.set_grad_enabled(not forward_only):
-        lp_bt, mask_bt = target_logprobs(model, datums, core.device)
+        temperature = float((config or {}).get("temperature", 1.0))
+        lp_bt, mask_bt = target_logprobs(model, datums, core.device, temperature)
         loss = datum_loss(loss_fn, lp_bt, mask_bt, datums, config or {})
         if not forward_only:
             loss.backward()

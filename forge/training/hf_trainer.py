@@ -46,7 +46,7 @@ from forge.models import gather_logprobs, position_ids_from_mask, token_logprobs
 from forge.models.logprobs import effective_temperature
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
-from forge.training.config import TrainerConfig, resolve_device
+from forge.training.config import TrainerConfig, check_tis, resolve_device
 from forge.training.schedule import build_optimizer, build_scheduler
 from forge.types import TrainBatch
 
@@ -295,6 +295,7 @@ class TrainerCore:
                 f"set_loss takes a LossConfig, got {type(loss_cfg).__name__}; build one with "
                 "LossConfig(...) or dataclasses.replace(current, kl_coef=...)"
             )
+        check_tis(loss_cfg, self.cfg.old_logprobs, key="set_loss(loss_cfg)")
         self.loss_fn = build_loss(loss_cfg)
         self.aggregation = loss_cfg.resolved_aggregation()
         self.cfg = replace(self.cfg, loss=loss_cfg)

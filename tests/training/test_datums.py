@@ -106,3 +106,28 @@ def test_bad_requests_are_named_before_any_compute(tiny_model):
         ops.forward_backward(core, [d], "cross_entropy", {"clip_low_threshold": 0.5}, False)
     with pytest.raises(ops.DatumError, match="unknown Adam parameters"):
         ops.optim_step(core, {"learning_rate": 1e-3, "momentum": 0.9})
+
+
+def test_temperature_in_loss_fn_config_scores_at_the_sampling_temperature(tiny_model):
+    """Tinker scores forward_backward at T = 1 (the default here too); samples drawn at T
+    report logprobs of logits / T, so ``temperature: T`` makes the on-policy ratio exactly 1."""
+    core = _core(tiny_model)
+    tokens, targets = [5, 9, 13, 21], [9, 13, 21, 2]
+    with torch.no_grad():
+        logits = core.model(input_ids=torch.tensor([tokens])).logits[0].float()
+    at_t = torch.log_softmax(logits / 0.5, -1)[torch.arange(4), torch.tensor(targets)]
+    adv = np.array([1.0, -1.0, 0.5, 2.0], dtype=np.float32)
+    d = _datum(tokens, target_tokens=targets, logprobs=at_t.numpy(), advantages=adv)
+    for loss_fn in ("importance_sampling", "ppo"):
+        out, metrics = ops.forward_backward(
+            core, [d], loss_fn, {"temperature": 0.5}, forward_only=True
+        )
+        np.testing.assert_allclose(out[0]["logprobs"], at_t.numpy(), rtol=1e-5, atol=1e-5)
+        assert metrics["loss:sum"] == pytest.approx(-adv.sum(), rel=1e-4)  # ratio 1
+    # Without it: Tinker's T = 1, the ratio of T=1 logprobs to the T=0.5 ones is not 1.
+    _, metrics = ops.forward_backward(core, [d], "importance_sampling", None, True)
+    assert metrics["loss:sum"] != pytest.approx(-adv.sum(), rel=1e-2)
+    with pytest.raises(ops.DatumError, match="temperature must be a number > 0"):
+        ops.forward_backward(core, [d], "ppo", {"temperature": 0.0}, True)
+    with pytest.raises(ops.DatumError, match="not used by 'cross_entropy'"):
+        ops.forward_backward(core, [d], "cross_entropy", {"temperature": 0.5}, True)

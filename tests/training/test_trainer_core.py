@@ -105,7 +105,9 @@ def test_micro_batches_give_the_gradient_of_one_big_batch(tiny_model, loss):
     episodes = make_episodes(tiny_model, n=5)  # lengths differ, so micro-batch token counts do
     batch = collate_episodes(episodes)
     batch.ref_logprobs_bt = batch.behavior_logprobs_bt + 0.3 * batch.response_mask_bt
-    full = _core(tiny_model, loss=loss, length_buckets=False)
+    # TIS needs the trainer's own old logprobs (with the generator's every weight is 1).
+    old = {"old_logprobs": "current"} if loss.tis_cap is not None else {}
+    full = _core(tiny_model, loss=loss, length_buckets=False, **old)
     m_full = full.train_step(batch)
     g_full = _grads(full)
     for kw in (
@@ -114,7 +116,7 @@ def test_micro_batches_give_the_gradient_of_one_big_batch(tiny_model, loss):
         {"micro_batch_size": 2, "length_buckets": False},  # rows in batch order
         {"bucket_cost_tokens": 0},  # length buckets: every distinct length its own part
     ):
-        micro = _core(tiny_model, loss=loss, **kw)
+        micro = _core(tiny_model, loss=loss, **kw, **old)
         m_micro = micro.train_step(batch)
         assert m_micro["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
         assert m_micro["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-4)

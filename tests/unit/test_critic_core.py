@@ -156,3 +156,85 @@ def test_per_token_advantages_drive_the_policy_trainer_with_the_ppo_loss(tiny_mo
     metrics = trainer.train_step(batch)
     assert metrics["step"] == 1.0 and torch.isfinite(torch.tensor(metrics["loss"]))
     assert critic.train_step(batch, returns_bt, values_bt)["step"] == 1.0
+
+
+def _rank_batches():
+    """Four episodes as one batch and as two rank batches of two (their own padded widths)."""
+    batch, rewards_b = _batch(4)
+    from forge.replay import collate_episodes as collate
+
+    eps = [
+        Episode(
+            episode_id=f"ep{i}",
+            prompt_ids=ids[: int(p)],
+            response_ids=ids[int(p) : int(n)],
+            behavior_logprobs=[-5.0] * int(n - p),
+            reward=float(rewards_b[i]),
+            policy_version=0,
+        )  # fmt: skip
+        for i, (ids, p, n) in enumerate(
+            zip(
+                batch.input_ids_bt.tolist(),
+                batch.response_mask_bt.argmax(-1).tolist(),
+                batch.attention_mask_bt.sum(-1).tolist(),
+            )
+        )
+    ]
+    return batch, [collate(eps[:2]), collate(eps[2:])]
+
+
+class _InProcessCritic:
+    """The two endpoints GAECritic calls, on a real CriticCore in this process."""
+
+    def __init__(self, core: CriticCore) -> None:
+        self.core = core
+        self.values = self._Endpoint(core.batch_values)
+        self.train_step = self._Endpoint(core.train_step)
+
+    class _Endpoint:
+        def __init__(self, fn) -> None:
+            self.fn = fn
+
+        async def call_one(self, *args):
+            return self.fn(*args)
+
+
+def test_a_step_of_several_rank_batches_is_one_critic_update_on_all_of_them(tiny_model):
+    full, parts = _rank_batches()
+    g = torch.Generator().manual_seed(3)
+    returns_bt = torch.randn(full.input_ids_bt.shape, generator=g) * full.response_mask_bt
+    cut = [slice(0, 2), slice(2, 4)]
+    rets = [returns_bt[c, : b.input_ids_bt.shape[1]] for c, b in zip(cut, parts)]
+    grads, metrics = [], []
+    for batch, ret in ((full, returns_bt), (parts, rets)):
+        core = _core(tiny_model)
+        torch.manual_seed(2)
+        torch.nn.init.normal_(core.model.head.weight, std=0.5)
+        metrics.append(core.compute_gradients(batch, ret, None))
+        grads.append({n: p.grad.clone() for n, p in core.model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=1e-5, msg=name)
+    assert metrics[1] == pytest.approx(metrics[0], rel=1e-5)
+
+
+async def test_gae_critic_steps_once_per_policy_step_and_whitens_the_whole_step(tiny_model):
+    from forge.losses.value import whiten
+    from forge.run.critic import GAECritic
+
+    full, parts = _rank_batches()
+    core = _core(tiny_model)
+    torch.nn.init.normal_(core.model.head.weight, std=0.5)
+    critic = GAECritic(_InProcessCritic(core), core.cfg, whiten=True)
+    targets = await critic.advantages(parts)
+    # The same advantages as whitening the one-batch layout of the step.
+    values_bt = core.batch_values(full)
+    want = whiten(
+        ppo_advantages_for_batch(full, full.rewards_b, values_bt)[0], full.response_mask_bt
+    )
+    for c, b in zip([slice(0, 2), slice(2, 4)], parts):
+        torch.testing.assert_close(
+            b.advantages_b, want[c, : b.input_ids_bt.shape[1]], atol=1e-5, rtol=0
+        )
+    m = await critic.train(parts, targets)
+    assert core.step == 1 and m["critic/step"] == 1.0
+    assert m["critic/tokens"] == float(full.response_mask_bt.sum())
