@@ -3,8 +3,9 @@ loss is the NLL of the response tokens (REINFORCE with advantage 1).
 
 Two item shapes:
 
-* ``{"prompt": str, "target": str}``: the prompt's tokens as the generator encodes them, the
-  target then EOS as the response.
+* ``{"prompt": str | chat messages, "target": str}``: the prompt's tokens exactly as the
+  generator encodes them (``forge.generation.prompts.encode_prompt``: chat messages through
+  the chat template with the generation prompt), the target then EOS as the response.
 * ``{"messages": [...]}``: a multi-turn chat transcript (system/user/assistant/tool
   messages), laid out exactly as ``forge.envs.run_episode`` lays out an episode; only the
   assistant turns after the first user message are learned. With a history window
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from forge.envs.conversation import conversation_rows, conversation_tokens
 from forge.envs.window import HistoryWindow
+from forge.generation.prompts import encode_prompt
 from forge.replay import collate_episodes
 from forge.types import Episode, TrainBatch
 
@@ -36,7 +38,7 @@ def sft_batch(tokenizer, items: list[dict], window: HistoryWindow | None = None)
             ids, full_mask, p = conversation_tokens(tokenizer, it["messages"])
             prompt_ids, response_ids, mask = ids[:p], ids[p:], full_mask[p:]
         else:
-            prompt_ids = tokenizer(it["prompt"], add_special_tokens=True)["input_ids"]
+            _, prompt_ids = encode_prompt(tokenizer, it["prompt"])
             response_ids = tokenizer(str(it["target"]), add_special_tokens=False)["input_ids"]
             response_ids = response_ids + [eos]
         episodes.append(

@@ -70,8 +70,18 @@ async def evaluate_set(es: EvalSet, generator, tokenizer, defaults: Defaults) ->
         fns = [REWARD.resolve(s) for s in es.rewards] if es.rewards else defaults.rewards
         if not fns:
             raise ValueError(f"eval set {es.name!r} has neither rewards nor env to score with")
-        samples = await _completions(es, fns, tasks, generator, max_tokens)
+        reuse = es.data is None and defaults.greedy is not None and es.n == 1
+        reuse = reuse and es.sampling_temperature == 0 and max_tokens == defaults.max_tokens
+        if reuse:  # the run's own greedy answers to these items: score them, don't resample
+            samples = [[_scored(fns, t, c)] for t, c in zip(tasks, defaults.greedy)]
+        else:
+            samples = await _completions(es, fns, tasks, generator, max_tokens)
     return _metrics(es, samples)
+
+
+def _scored(fns, task: dict, c) -> dict:
+    r = evaluate_rewards(fns, task["prompt"], c.text, task.get("target"))
+    return {"components": dict(r.components), "reward": r.total, "finish": c.stop_reason}
 
 
 async def _completions(es: EvalSet, fns, tasks, generator, max_tokens) -> list[list[dict]]:
@@ -79,12 +89,7 @@ async def _completions(es: EvalSet, fns, tasks, generator, max_tokens) -> list[l
         outs = await generator.generate.route(
             task["prompt"], n=es.n, temperature=es.sampling_temperature, max_tokens=max_tokens
         )
-        scored = []
-        for c in outs:
-            r = evaluate_rewards(fns, task["prompt"], c.text, task.get("target"))
-            scored.append({"components": dict(r.components), "reward": r.total,
-                           "finish": c.stop_reason})  # fmt: skip
-        return scored
+        return [_scored(fns, task, c) for c in outs]
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 

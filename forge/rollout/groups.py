@@ -54,17 +54,25 @@ def group_episodes(
     ]
 
 
-async def heldout_accuracy(
-    generate: Callable[..., Any],
-    items: list[dict],
-    reward_fn: Callable[[str, str, Any], float],
-    max_tokens: int,
-) -> float:
-    """Greedy accuracy on ``items`` (``prompt``/``target`` dicts); ``generate`` is e.g.
+async def greedy_completions(
+    generate: Callable[..., Any], items: list[dict], max_tokens: int
+) -> list[Any]:
+    """One greedy completion per item (``prompt`` dicts), in order; ``generate`` is e.g.
     ``generator.generate.route``. All prompts are in flight at once so they batch."""
 
-    async def one(item: dict) -> float:
+    async def one(item: dict) -> Any:
         (c,) = await generate(item["prompt"], n=1, temperature=0.0, max_tokens=max_tokens)
+        return c
+
+    return list(await asyncio.gather(*(one(it) for it in items)))
+
+
+def accuracy_of(
+    items: list[dict], completions: list[Any], reward_fn: Callable[[str, str, Any], float]
+) -> float:
+    """The mean of ``reward_fn`` over items and their completions (``greedy_completions``)."""
+    scores = []
+    for item, c in zip(items, completions):
         score = reward_fn(item["prompt"], c.text, item["target"])
         if not isinstance(score, (int, float)):
             raise TypeError(
@@ -72,7 +80,16 @@ async def heldout_accuracy(
                 "return a float (a vector reward cannot score held-out accuracy: set "
                 "eval.reward to a scalar reward such as exact_match)"
             )
-        return float(score)
-
-    scores = await asyncio.gather(*(one(it) for it in items))
+        scores.append(float(score))
     return sum(scores) / max(1, len(scores))
+
+
+async def heldout_accuracy(
+    generate: Callable[..., Any],
+    items: list[dict],
+    reward_fn: Callable[[str, str, Any], float],
+    max_tokens: int,
+) -> float:
+    """Greedy accuracy on ``items`` (``prompt``/``target`` dicts); ``generate`` is e.g.
+    ``generator.generate.route``."""
+    return accuracy_of(items, await greedy_completions(generate, items, max_tokens), reward_fn)

@@ -9,27 +9,32 @@ rate and mean turns. Then each named set of ``eval.sets`` (``forge.evaluation``)
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from forge.evaluation.harness import Defaults, evaluate_set
 from forge.observability.names import M
 from forge.rollout.episodes import EpisodeScorer, heldout_success
-from forge.rollout.groups import heldout_accuracy
+from forge.rollout.groups import accuracy_of, greedy_completions
 
 __all__ = ["Evaluator", "evaluate_policy"]
 
 
 async def evaluate_policy(
-    scorer, generator, heldout: list[dict], reward_fn: Callable | None, max_tokens: int
-) -> dict[str, float]:
+    scorer, generator, heldout: list[dict], reward_fn: Callable | None, max_tokens: int,
+    keep: list | None = None,
+) -> dict[str, float]:  # fmt: skip
     """The evaluation's metrics: ``M.HELDOUT_ACCURACY`` (success rate with an environment)
     and, for episodes, ``M.MEAN_TURNS``. ``scorer``: the run's ``GroupScorer`` or
-    ``EpisodeScorer`` (episodes run through the latter's environment)."""
+    ``EpisodeScorer`` (episodes run through the latter's environment). Single-turn, the
+    greedy completions are put in ``keep`` (if given) for sets that score the same answers."""
     if isinstance(scorer, EpisodeScorer):
         m = await heldout_success(scorer, heldout, max_tokens)
         return {M.HELDOUT_ACCURACY: m["success_rate"], M.MEAN_TURNS: m["mean_turns"]}
-    acc = await heldout_accuracy(generator.generate.route, heldout, reward_fn, max_tokens)
-    return {M.HELDOUT_ACCURACY: acc}
+    completions = await greedy_completions(generator.generate.route, heldout, max_tokens)
+    if keep is not None:
+        keep[:] = completions
+    return {M.HELDOUT_ACCURACY: accuracy_of(heldout, completions, reward_fn)}
 
 
 class Evaluator:
@@ -63,11 +68,13 @@ class Evaluator:
     async def __call__(self, step: int) -> float:
         if self.before is not None:
             await self.before()
+        greedy: list = []
         metrics = await evaluate_policy(
-            self.scorer, self.generator, self.heldout, self.reward_fn, self.max_tokens
+            self.scorer, self.generator, self.heldout, self.reward_fn, self.max_tokens, greedy
         )
+        defaults = replace(self.defaults, greedy=greedy or None)
         for es in self.sets:
-            m = await evaluate_set(es, self.generator, self.tokenizer, self.defaults)
+            m = await evaluate_set(es, self.generator, self.tokenizer, defaults)
             metrics.update({f"eval/{es.name}/{k}": v for k, v in m.items()})
         self.log.record(step, metrics)
         self.scores[step] = metrics[M.HELDOUT_ACCURACY]
