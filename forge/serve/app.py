@@ -322,22 +322,32 @@ def build_app(state: ServerState, api_key: str):
         for name, what in UNSUPPORTED_SAMPLE_FIELDS.items():
             if body.body.get(name):
                 raise UserError(f"{what} ({name}) is not supported by this server")
+        # Every field is checked before a base model's generator is spawned for the request.
         sid = body.opt_str("sampling_session_id")
+        model_path, base_model = body.opt_str("model_path"), body.opt_str("base_model")
+        session = None
         if sid is not None:
             if sid not in state.sampling:
                 raise UserError(f"unknown sampling session {sid[:60]!r}")
             session = state.sampling[sid]
-        else:
-            session = await state.sampling_for_path(
-                body.opt_str("model_path"), body.opt_str("base_model")
+        elif model_path is not None:
+            session = await state.sampling_for_path(model_path, None)  # spawns nothing
+        elif base_model is None:
+            raise UserError(
+                "a sampling request needs a sampling_session_id, model_path or base_model"
             )
-        context = state.cfg.base(session.base).max_context_length
+        try:
+            context = state.cfg.base(session.base if session else base_model).max_context_length
+        except KeyError as e:
+            raise UserError(str(e.args[0])) from None
         prompt = wire.prompt_tokens(body.body.get("prompt"), "asample", context)
         n = body.opt_int("num_samples", 1, state.cfg.max_samples)
         params = body.opt_obj("sampling_params") or Fields({}, "sampling_params.")
         sampling = sampling_kwargs(params.body, 1 if n is None else n, state.cfg.max_tokens,
                                    max_tokens_cap=context - len(prompt))  # fmt: skip
         with_prompt = body.opt_bool("prompt_logprobs")
+        if session is None:
+            session = await state.sampling_for_path(None, base_model)
         out = futures.submit(sample(state, session, prompt, sampling, with_prompt), kind="sample")
         out["sample_sequence_ids"] = [f"{out['request_id']}-{i}" for i in range(sampling["n"])]
         return out
