@@ -8,7 +8,6 @@ this server does not serve answers the API's error shape naming it."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -21,9 +20,9 @@ from forge.serve.futures import FutureTable, UserError
 from forge.serve.parse import (
     MODEL_ID_RE,
     NAME_RE,
-    BodyLimit,
     BodyTooLarge,
     Fields,
+    Gate,
     adam_params,
     decompress,
     read_json,
@@ -60,18 +59,6 @@ def build_app(state: ServerState, api_key: str):
     app = FastAPI(title="forge serve (Tinker API)")
     futures = FutureTable(state.cfg.future_wait_s, state.stats)
     app.state.futures = futures
-    key = api_key.encode()
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        given = request.headers.get("x-api-key", "").encode()
-        if not hmac.compare_digest(given, key):
-            return JSONResponse(
-                {"detail": "invalid or missing API key (X-API-Key): give the key forge serve "
-                 "was started with (--api-key or FORGE_API_KEY)"},
-                status_code=401,
-            )  # fmt: skip
-        return await call_next(request)
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, e: UserError):
@@ -85,8 +72,8 @@ def build_app(state: ServerState, api_key: str):
     async def too_large(request: Request, e: BodyTooLarge):
         return JSONResponse({"detail": str(e)}, status_code=413)
 
-    # Outermost: an oversized body is refused before the key check reads anything.
-    app.add_middleware(BodyLimit, max_bytes=state.cfg.max_body_bytes)
+    # The key, then the body's size, before any route runs.
+    app.add_middleware(Gate, api_key=api_key, max_bytes=state.cfg.max_body_bytes)
 
     async def fields(request: Request) -> Fields:
         return read_json(await request.body())

@@ -4,8 +4,9 @@ Every route reads its body through here, so a malformed request is answered 400 
 field and what it must be (never a 500 from a ``KeyError`` deep in a route), and an
 oversized one 413:
 
-- ``BodyLimit`` (ASGI middleware): a ``Content-Length`` above ``serve.max_body_bytes`` is
-  refused before anything is read, and a body streamed past it stops being read there;
+- ``Gate`` (ASGI middleware): the API key is checked before anything is read; a
+  ``Content-Length`` above ``serve.max_body_bytes`` is refused unread, and a body streamed
+  past it stops being read there;
 - ``decompress``: zstd output is read to ``serve.max_decompressed_bytes`` at most (a small
   body cannot expand into gigabytes);
 - ``Fields``: typed accessors over a JSON object (``req_str``, ``opt_int``, ...).
@@ -16,6 +17,7 @@ before they come near a path (``ServerState.checkpoint_dir`` also checks contain
 
 from __future__ import annotations
 
+import hmac
 import io
 import json
 import math
@@ -26,7 +28,7 @@ from forge.serve.futures import UserError
 
 __all__ = [
     "BadRequest",
-    "BodyLimit",
+    "Gate",
     "BodyTooLarge",
     "Fields",
     "adam_params",
@@ -51,38 +53,53 @@ class BodyTooLarge(UserError):
     """A request body (or its decompressed form) past the server's cap (answered 413)."""
 
 
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over ``max_bytes`` (413)."""
+class Gate:
+    """ASGI middleware in front of every route: the API key first (401, nothing read), then
+    the body, read whole up to ``max_bytes`` (413 past it, whether ``Content-Length`` says
+    so up front or a streamed body passes it), then the route, which reads it from memory.
+    """
 
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, api_key: str, max_bytes: int) -> None:
+        self.app, self.key, self.max_bytes = app, api_key.encode(), max_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
+        from fastapi.responses import JSONResponse
+
+        headers = dict(scope["headers"])
+        if not hmac.compare_digest(headers.get(b"x-api-key", b""), self.key):
+            detail = ("invalid or missing API key (X-API-Key): give the key forge serve was "
+                      "started with (--api-key or FORGE_API_KEY)")  # fmt: skip
+            return await JSONResponse({"detail": detail}, status_code=401)(scope, receive, send)
+        too_large = JSONResponse(
+            {"detail": f"the request body is over this server's limit of {self.max_bytes} "
+             "bytes (serve.max_body_bytes)"}, status_code=413,
+        )  # fmt: skip
+        length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            from fastapi.responses import JSONResponse
-
-            detail = (
-                f"the request body ({length.decode(errors='replace')[:20]} bytes) is over "
-                f"this server's limit of {self.max_bytes} bytes (serve.max_body_bytes)"
-            )
-            return await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+            return await too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise BodyTooLarge(
-                    f"the request body is over this server's limit of {self.max_bytes} bytes "
-                    "(serve.max_body_bytes)"
-                )
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body, sent = b"".join(chunks), False
 
-        return await self.app(scope, limited, send)
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
+
+        return await self.app(scope, replay, send)
 
 
 def decompress(body: bytes, max_bytes: int) -> bytes:
@@ -129,12 +146,12 @@ class Fields:
     def _bad(self, name: str, what: str, value: Any) -> BadRequest:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        return BadRequest(f"field {self.where}{name!r} must be {what}, got {shown}")
+        return BadRequest(f"field '{self.where}{name}' must be {what}, got {shown}")
 
     def _get(self, name: str, required: bool) -> Any:
         if name not in self.body or self.body[name] is None:
             if required:
-                raise BadRequest(f"field {self.where}{name!r} is required")
+                raise BadRequest(f"field '{self.where}{name}' is required")
             return None
         return self.body[name]
 
