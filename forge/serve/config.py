@@ -39,6 +39,9 @@ class ServeConfig:
     max_body_bytes: the largest request body accepted (413 above it).
     max_decompressed_bytes: the most a zstd body may decompress to (413 above it).
     max_samples: the most samples (``num_samples``) one sampling request may ask for.
+    max_connections: open connections (and requests in flight) at once; more get 503.
+    header_timeout_s: a connection that has not sent its first request head within this
+        long is closed (silent and byte-by-byte clients).
     """
 
     models: list[ServedBase] = field(default_factory=lambda: [ServedBase("forge/tiny", "tiny")])
@@ -55,6 +58,8 @@ class ServeConfig:
     max_body_bytes: int = 64 << 20
     max_decompressed_bytes: int = 256 << 20
     max_samples: int = 128
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -63,9 +68,13 @@ class ServeConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"serve.models names a base model twice: {names}")
         for key in ("max_lora_rank", "max_models", "max_batch_size", "max_tokens",
-                    "max_body_bytes", "max_decompressed_bytes", "max_samples"):  # fmt: skip
+                    "max_body_bytes", "max_decompressed_bytes", "max_samples",
+                    "max_connections"):  # fmt: skip
             if getattr(self, key) < 1:
                 raise ValueError(f"serve.{key} must be >= 1, got {getattr(self, key)}")
+
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"serve.header_timeout_s must be > 0, got {self.header_timeout_s}")
 
     def base(self, name: str) -> ServedBase:
         for m in self.models:

@@ -80,7 +80,10 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
         )  # fmt: skip
     state = ServerState(cfg)
     app = build_app(state, api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level="warning", http=_protocol(cfg.header_timeout_s),
+        limit_concurrency=cfg.max_connections,
+    ))  # fmt: skip
     task = asyncio.ensure_future(server.serve())
     try:
         while not server.started:
@@ -99,6 +102,28 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
         server.should_exit = True
         app.state.futures.cancel_all()
         await state.close()
+
+
+def _protocol(header_timeout_s: float):
+    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request
+    head within ``header_timeout_s`` of connecting (uvicorn alone keeps a silent or
+    byte-by-byte peer open for ever, holding a file descriptor and a connection slot)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_deadline = self.loop.call_later(header_timeout_s, self._drop_if_no_head)
+
+        def _drop_if_no_head(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            self._head_deadline.cancel()
+            super().connection_lost(exc)
+
+    return Protocol
 
 
 def main(config: str | None, host: str, port: int, api_key: str | None) -> int:

@@ -228,3 +228,30 @@ def test_binding_off_loopback_warns(tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     assert not wait_dead(children + [proc.pid], 30)
+
+
+def test_silent_and_slow_connections_are_dropped_and_bounded(tmp_path):
+    import socket
+
+    cfg = f"dir: {tmp_path / 'ckpt'}\nheader_timeout_s: 1.0\nmax_connections: 4\n"
+    with serve_process(tmp_path, cfg, KEY) as url:
+        host, port = url.removeprefix("http://").split(":")
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]
+        # The connection slots are full: a real request is refused (503), not queued for ever.
+        r = httpx.get(f"{url}/api/v1/healthz", headers=H)
+        assert r.status_code == 503
+        slow = socket.create_connection((host, int(port)), timeout=10)
+        t0 = time.monotonic()
+        for s in silent:
+            assert s.recv(1) == b""  # closed by the server after header_timeout_s
+        assert time.monotonic() - t0 < 5
+        try:  # a slow loris: one byte of the request head every 0.2 s
+            for b in b"GET /api/v1/healthz HTTP/1.1\r\nHost: x\r\n":
+                slow.sendall(bytes([b]))
+                time.sleep(0.2)
+            assert slow.recv(1) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed while it was still sending
+        for s in [*silent, slow]:
+            s.close()
+        assert httpx.get(f"{url}/api/v1/healthz", headers=H).json() == {"status": "ok"}
