@@ -141,13 +141,16 @@ class BoundedScorer:
         child = self._idle.get()
         try:
             out: list[dict] = []
-            retried = False
+            retried, lost = False, 0
             while len(out) < len(items):
                 if child is None or child.proc.poll() is not None:
                     child = self._start()
                 pending = items[len(out) :]
                 if not child.send(pending):
-                    child = self._drop(child)
+                    child, lost = self._drop(child), lost + 1
+                    if lost > 3:
+                        raise RuntimeError(f"the scoring process for {self.target} keeps "
+                                           "dying before it reads its work")  # fmt: skip
                     continue
                 for _ in pending:
                     reply = child.read_line(time.monotonic() + self.timeout_s)
@@ -219,9 +222,12 @@ def _child_setup(max_memory_mb: int, parent: int) -> None:
 
 def _child_main(target: str, max_memory_mb: int, parent: int) -> None:
     _child_setup(max_memory_mb, parent)
+    # The protocol keeps fd 1 to itself; whatever the scored code prints goes to /dev/null.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     module, _, name = target.partition(":")
     fn = getattr(importlib.import_module(module), name)
-    out = sys.stdout.buffer
 
     def say(obj: Any) -> None:
         out.write(json.dumps(obj).encode() + b"\n")

@@ -20,6 +20,12 @@ def eat_memory(item: int) -> int:
     return item
 
 
+def chatty(item: int) -> int:
+    """Prints before answering (the protocol must not see it)."""
+    print("noise", item, flush=True)
+    return item
+
+
 def die(item: int) -> int:
     """``item`` < 0: the process exits at once, as if OOM-killed."""
     if item < 0:

@@ -69,6 +69,14 @@ def test_a_memory_bomb_is_an_error_not_an_oom():
         scorer.close()
 
 
+def test_what_the_scored_code_prints_does_not_break_the_protocol():
+    scorer = BoundedScorer("tests.hostile.bombs:chatty", timeout_s=10.0)
+    try:
+        assert scorer.map([1, 2, 3]) == [{"ok": 1}, {"ok": 2}, {"ok": 3}]
+    finally:
+        scorer.close()
+
+
 def test_a_process_that_dies_on_an_item_is_retried_once_then_named():
     scorer = BoundedScorer("tests.hostile.bombs:die", timeout_s=10.0)
     try:
