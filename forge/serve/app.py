@@ -1,6 +1,7 @@
 """The HTTP routes of the Tinker API as the pinned ``tinker`` SDK calls them (``/api/v1/...``),
 on ``ServerState``. Every route needs the server's API key in ``X-API-Key`` (a wrong or
-missing key: 401, before the body is read). Queued calls (``create_model``,
+missing key: 401, before the body is read); bodies are read through ``forge.serve.parse``
+(a malformed field: 400 naming it; an oversized body or zstd output: 413). Queued calls (``create_model``,
 ``forward_backward``, ``optim_step``, ``save_weights*``, ``load_weights``, ``asample``)
 answer a future at once and run in the background, a training client's calls in the order
 the SDK numbered them; ``retrieve_future`` returns their results. A route the SDK has and
