@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-KEY = "tml-bench"
+KEY = "tml-bench-key-0123456789abcdef"
 
 
 def start_server() -> tuple[subprocess.Popen, str]:

@@ -10,7 +10,8 @@ An app is a module (named by the config's ``app:`` key, e.g. ``apps.grpo.main``)
 
 The config is validated before anything is spawned; the resolved config is written to
 ``<run_dir>/config.yaml``. ``--resume <run_dir>`` reloads that file (plus overrides) and
-passes ``resume=True`` so the app continues from its last checkpoint. Ctrl-C or SIGTERM stop
+passes ``resume=True`` so the app continues from its last checkpoint; a directory another
+user owns or may write is refused (``forge.run.ownership``). Ctrl-C or SIGTERM stop
 every process the run spawned before the command exits. A runtime failure
 (``ForgeRuntimeError``: a process died, a service had no replica, ...) stops them too, prints
 the error and the ``forge run --resume`` command, and exits with code 1.
@@ -76,11 +77,13 @@ def run_app(
 ) -> int:
     """Run an app to completion; returns the process exit code."""
     from forge.config import dump_config
+    from forge.run.ownership import check_run_dir
 
     if resume:
         rdir = Path(resume)
         if not (rdir / "config.yaml").is_file():
             raise ValueError(f"--resume {resume}: no config.yaml there; is it a run directory?")
+        check_run_dir(rdir)  # another user's directory: refused before anything is read
         module, cfg = load_app(config_path or rdir / "config.yaml", overrides)
     else:
         if not config_path:

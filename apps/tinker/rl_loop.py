@@ -5,8 +5,9 @@ The task is small enough for the tiny CPU model to learn in a minute: the reward
 completion is the share of its characters that are lowercase letters (about 10% of what the
 untrained model writes).
 
-    forge serve --api-key tml-local &            # in another terminal (or tmux)
-    TINKER_API_KEY=tml-local python -m apps.tinker.rl_loop --base-url http://127.0.0.1:8000
+    export FORGE_API_KEY=tml-$(python -c 'import secrets; print(secrets.token_urlsafe(24))')
+    forge serve &            # in another terminal (or tmux)
+    TINKER_API_KEY=$FORGE_API_KEY python -m apps.tinker.rl_loop --base-url http://127.0.0.1:8000
 
 Prints one line per step (mean reward, seconds) and ends with ``first=`` and ``last=``: the
 mean reward of the first and last steps.

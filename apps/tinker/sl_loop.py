@@ -4,8 +4,9 @@ sampling from the trained weights.
 
 The tiny CPU model learns to complete a few facts:
 
-    forge serve --api-key tml-local &
-    TINKER_API_KEY=tml-local python -m apps.tinker.sl_loop --base-url http://127.0.0.1:8000
+    export FORGE_API_KEY=tml-$(python -c 'import secrets; print(secrets.token_urlsafe(24))')
+    forge serve &
+    TINKER_API_KEY=$FORGE_API_KEY python -m apps.tinker.sl_loop --base-url http://127.0.0.1:8000
 
 Prints the mean loss per completion token each step and ends with ``loss_first=``,
 ``loss_last=`` and ``exact=`` (the share of prompts whose greedy completion is the target).

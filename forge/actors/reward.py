@@ -6,8 +6,9 @@ Endpoints (called with ``route`` on a service, or ``call_one`` on a single actor
   default, or a custom aggregator) and every component by name, kept for logging.
 - ``evaluate_batch(items) -> list[RewardResult]`` for ``(prompt, response, target)`` tuples.
 
-Both are plain ``def`` endpoints: they run in the actor's worker thread, off its event loop,
-which is why ``MathReward`` calls math-verify with its signal-based timeouts disabled.
+Both are plain ``def`` endpoints: they run in the actor's worker thread, off its event loop.
+``evaluate_batch`` hands a function with a ``score_batch`` method (``MathReward``, which
+scores in a time-bounded child process) the whole batch at once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from controller import endpoint
 from forge.actors.base import ForgeActor
-from forge.rewards import RewardResult, evaluate_rewards, reward_name
+from forge.rewards import RewardResult, evaluate_rewards, evaluate_rewards_batch, reward_name
 
 
 class RewardActor(ForgeActor):
@@ -49,10 +50,7 @@ class RewardActor(ForgeActor):
 
     @endpoint
     def evaluate_batch(self, items: list[tuple[str, str, Any]]) -> list[RewardResult]:
-        return [
-            evaluate_rewards(self.reward_fns, p, r, t, self.weights, self.aggregator)
-            for p, r, t in items
-        ]
+        return evaluate_rewards_batch(self.reward_fns, items, self.weights, self.aggregator)
 
     @endpoint
     def names(self) -> list[str]:

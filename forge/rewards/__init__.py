@@ -1,15 +1,18 @@
 """Reward functions: plain callables ``(prompt: str, response: str, target) -> float``.
 
-Combine several with ``evaluate_rewards``, which returns the total and each component by
-name. Everything here is thread-safe and free of process state, so reward actors can call
-it from worker threads.
+Combine several with ``evaluate_rewards`` (``evaluate_rewards_batch`` for many responses),
+which returns the total and each component by name. Everything here is thread-safe, so
+reward actors can call it from worker threads; ``MathReward`` scores in child processes of
+its own (``forge.rewards.bounded``), started on first use.
 """
 
 from forge.rewards.aggregate import (
     RewardError,
     RewardFn,
     RewardResult,
+    RewardTimeoutError,
     evaluate_rewards,
+    evaluate_rewards_batch,
     reward_name,
 )
 from forge.rewards.exact_match import ExactMatch
@@ -23,8 +26,10 @@ __all__ = [
     "RewardError",
     "RewardFn",
     "RewardResult",
+    "RewardTimeoutError",
     "ThinkingReward",
     "evaluate_rewards",
+    "evaluate_rewards_batch",
     "extract_final_answer",
     "length_penalty",
     "reward_name",

@@ -20,7 +20,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["RewardError", "RewardFn", "RewardResult", "evaluate_rewards", "reward_name"]
+from controller.errors import CallTimeoutError
+
+__all__ = [
+    "RewardError",
+    "RewardFn",
+    "RewardResult",
+    "RewardTimeoutError",
+    "evaluate_rewards",
+    "evaluate_rewards_batch",
+    "reward_name",
+]
 
 
 class RewardFn(Protocol):
@@ -47,6 +57,15 @@ def _rebuild_reward_error(name: str, cause_text: str) -> RewardError:
     RuntimeError.__init__(err, f"reward function {name!r} raised {cause_text}")
     err.reward_name, err._cause_text = name, cause_text
     return err
+
+
+class RewardTimeoutError(CallTimeoutError):
+    """A batch of responses was not scored within ``rollout.reward_timeout_s``.
+
+    A reward function that can take unbounded time on some input (a parser, a judge, a
+    sandbox) must bound itself (``MathReward``: ``timeout_s`` per answer, scored 0); this is
+    the backstop for one that does not. The run stops rather than train on made-up rewards.
+    """
 
 
 @dataclass
@@ -165,6 +184,18 @@ def evaluate_rewards(
     reward) when it returns a non-number or a non-finite number, and ``ValueError`` naming
     both functions when a component name is reported twice.
     """
+    return evaluate_rewards_batch(fns, [(prompt, response, target)], weights, aggregator)[0]
+
+
+def evaluate_rewards_batch(
+    fns: Sequence[Callable[..., Any]],
+    items: Sequence[tuple[str, str, Any]],
+    weights: Sequence[float] | Mapping[str, float] | None = None,
+    aggregator: Callable[[dict[str, float]], float] | None = None,
+) -> list[RewardResult]:
+    """``evaluate_rewards`` on each ``(prompt, response, target)`` of ``items``. A function
+    with a ``score_batch(items) -> list`` method (``MathReward``) scores them all in one
+    call; the others are called once per item."""
     if not fns:
         raise ValueError("evaluate_rewards needs at least one reward function")
     if weights is not None and aggregator is not None:
@@ -176,14 +207,35 @@ def evaluate_rewards(
     if weights is not None and not isinstance(weights, Mapping):
         _check_weight_count(names, weights)  # before scoring anything
 
+    values = [_score_all(name, fn, items) for name, fn in zip(names, fns)]
+    return [_combine(names, [v[i] for v in values], weights, aggregator) for i in range(len(items))]
+
+
+def _score_all(name: str, fn: Callable[..., Any], items: Sequence[tuple]) -> list[Any]:
+    batch = getattr(fn, "score_batch", None)
+    try:
+        values = list(batch(items)) if callable(batch) else [fn(p, r, t) for p, r, t in items]
+    except Exception as e:
+        raise RewardError(name, e) from e
+    if len(values) != len(items):
+        raise TypeError(
+            f"reward function {name!r}: score_batch returned {len(values)} values for "
+            f"{len(items)} items"
+        )
+    return values
+
+
+def _combine(
+    names: list[str],
+    values: list[Any],
+    weights: Sequence[float] | Mapping[str, float] | None,
+    aggregator: Callable[[dict[str, float]], float] | None,
+) -> RewardResult:
+    """One item's ``RewardResult`` from each function's value on it."""
     components: dict[str, float] = {}
     keys_by_fn: dict[str, list[str]] = {}
     owner = {n: n for n in names}  # a vector key may not reuse another function's name
-    for name, fn in zip(names, fns):
-        try:
-            value = fn(prompt, response, target)
-        except Exception as e:
-            raise RewardError(name, e) from e
+    for name, value in zip(names, values):
         mine = _components_of(name, value, owner)
         keys_by_fn[name] = list(mine)
         components.update(mine)

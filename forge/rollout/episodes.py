@@ -123,7 +123,7 @@ class EpisodeScorer:
         the task's ``prompt`` (else the first observation's text). Their components join
         the environment's (a name both give is an error)."""
         items = [(_prompt_of(task, t), _final_answer(t), task.get("target")) for t in trajs]
-        scored = await self.base.rewards.evaluate_batch.route(items)
+        scored = await self.base.score(self.base.rewards, items)  # bounded
         out = [dict(s.components) for s in scored]
         for t, extra in zip(trajs, out):
             clash = sorted(set(extra) & set(t.reward_components))

@@ -19,7 +19,7 @@ from forge.envs.types import to_messages
 from forge.observability.episodes import episode_record
 from forge.observability.names import M
 from forge.plugins import PluginSpec, Spec
-from forge.rewards import length_penalty
+from forge.rewards import RewardResult, RewardTimeoutError, length_penalty
 from forge.rewards.vector import component_means
 from forge.rollout.groups import group_episodes
 from forge.slots import ADVANTAGE, CREDIT, GROUP_FILTER, REWARD_AGGREGATOR
@@ -52,6 +52,10 @@ class RolloutConfig:
     ``forge.losses.credit``); anything but ``episode`` gives per-token advantages.
     ``log_episodes``: how many of each step's episodes (whole groups first) are written to
     ``<run_dir>/episodes.jsonl`` (``forge episodes RUN_DIR`` shows them; 0: none).
+    ``reward_timeout_s``: the bound on scoring one group (a reward service's
+    ``evaluate_batch``); past it the run stops with ``RewardTimeoutError`` naming the
+    service. Reward functions bound their own work per answer (``MathReward.timeout_s``),
+    so this is a backstop that a healthy run never reaches.
     """
 
     prompts_per_step: int = 16  # groups per training step
@@ -67,6 +71,7 @@ class RolloutConfig:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     log_episodes: int = 8
+    reward_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         GROUP_FILTER.validate(self.filter, key="rollout.filter")
@@ -81,6 +86,10 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.overlong_buffer must be in [0, max_tokens={self.max_tokens}), got "
                 f"{self.overlong_buffer}"
+            )
+        if not self.reward_timeout_s > 0:
+            raise ValueError(
+                f"rollout.reward_timeout_s must be > 0 (seconds), got {self.reward_timeout_s}"
             )
 
     @property
@@ -205,7 +214,7 @@ class GroupScorer:
         )
         items = [(item["prompt"], x.text, item["target"]) for x in completions]
         sources = [s for s in (self.rewards, self.reward_model) if s is not None]
-        results = await asyncio.gather(*(src.evaluate_batch.route(items) for src in sources))
+        results = await asyncio.gather(*(self.score(src, items) for src in sources))
         components = [{} for _ in completions]
         for scored in results:
             for comp, s in zip(components, scored):
@@ -220,6 +229,21 @@ class GroupScorer:
         )
         await self.add_reference(group)
         return group
+
+    async def score(self, source, items: list[tuple]) -> list[RewardResult]:
+        """``source.evaluate_batch`` (a reward service) on ``items`` within
+        ``reward_timeout_s``; ``RewardTimeoutError`` past it."""
+        bound = self.cfg.reward_timeout_s
+        task = asyncio.ensure_future(source.evaluate_batch.route(items))
+        done, _ = await asyncio.wait({task}, timeout=bound)
+        if not done:
+            task.cancel()
+            raise RewardTimeoutError(
+                f"{getattr(source, 'name', source)}.evaluate_batch did not score {len(items)} "
+                f"responses within rollout.reward_timeout_s={bound} s; a reward function hangs "
+                "on some input (bound it, e.g. MathReward's timeout_s) or needs a larger bound"
+            )
+        return task.result()
 
     def sample_episodes(self, group: list[Episode], messages: list[list[dict]], turns=None) -> None:
         """Keep the group's episodes (their conversations: ``messages``) for the step's

@@ -7,7 +7,9 @@ the replay buffer and the data source's position, published atomically.
     await ckpt.maybe_save(version, trainer, buffer, data)   # every ``every`` steps
 
 Layout: ``<run_dir>/checkpoints/step_NNNNNN/{trainer/, state.pt}`` and ``latest`` (JSON
-naming the last complete one).
+naming the last complete one). ``state.pt`` holds only tensors and plain Python data and is
+loaded with ``torch.load(weights_only=True)``: resuming a copied run directory runs no code
+from its files.
 """
 
 from __future__ import annotations
@@ -16,8 +18,37 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "plain"]
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def plain(obj: Any, where: str) -> Any:
+    """``obj`` as what ``torch.load(weights_only=True)`` reads back: dicts, lists, tuples,
+    strings, numbers, ``None`` and tensors; numpy scalars and arrays are converted. Anything
+    else is a ``TypeError`` naming where it is (at save time, not at resume)."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, (*_PLAIN, torch.Tensor)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy()) if obj.dtype != object else plain(obj.tolist(), where)
+    if isinstance(obj, dict):
+        return {plain(k, f"{where} key"): plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        if all(type(v) in _PLAIN for v in obj):  # token ids, logprobs: the bulk, kept as is
+            return obj
+        out = [plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return out if isinstance(obj, list) else tuple(out)
+    raise TypeError(
+        f"checkpoint: {where} is a {type(obj).__module__}.{type(obj).__qualname__}; a run "
+        "checkpoint holds only plain data and tensors (a state_dict must return those)"
+    )
 
 
 class Checkpointer:
@@ -42,9 +73,10 @@ class Checkpointer:
             "buffer": await buffer.state_dict.call_one(),
             "data": await data.state_dict.call_one(),
         }
-        import torch  # pickles python RNG tuples and tensors alike
+        import torch
 
-        torch.save(state, tmp / "state.pt")
+        # Plain data and tensors only: restore() unpickles nothing else (weights_only).
+        torch.save(plain(state, "state"), tmp / "state.pt")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         (self.root / "latest.tmp").write_text(json.dumps({"step": step, "dir": final.name}))
@@ -70,9 +102,9 @@ class Checkpointer:
         path = self.latest()
         if path is None:
             return 0
-        import torch
+        from forge.training.checkpoint import safe_load
 
-        state = torch.load(path / "state.pt", weights_only=False)
+        state = safe_load(path / "state.pt")
         await trainer.load.call(str(path / "trainer"))
         await buffer.load_state_dict.call_one(state["buffer"])
         await data.load_state_dict.call_one(state["data"])

@@ -1,6 +1,7 @@
 """The HTTP routes of the Tinker API as the pinned ``tinker`` SDK calls them (``/api/v1/...``),
 on ``ServerState``. Every route needs the server's API key in ``X-API-Key`` (a wrong or
-missing key: 401, before the body is read). Queued calls (``create_model``,
+missing key: 401, before the body is read); bodies are read through ``forge.serve.parse``
+(a malformed field: 400 naming it; an oversized body or zstd output: 413). Queued calls (``create_model``,
 ``forward_backward``, ``optim_step``, ``save_weights*``, ``load_weights``, ``asample``)
 answer a future at once and run in the background, a training client's calls in the order
 the SDK numbered them; ``retrieve_future`` returns their results. A route the SDK has and
@@ -8,7 +9,6 @@ this server does not serve answers the API's error shape naming it."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -18,6 +18,17 @@ from fastapi.responses import JSONResponse, Response
 
 from forge.serve import wire
 from forge.serve.futures import FutureTable, UserError
+from forge.serve.parse import (
+    MODEL_ID_RE,
+    NAME_RE,
+    BodyTooLarge,
+    Fields,
+    Gate,
+    adam_params,
+    decompress,
+    read_json,
+    sampling_kwargs,
+)
 from forge.serve.state import SamplingSession, ServerState, parse_path
 
 logger = logging.getLogger("forge.serve")
@@ -49,22 +60,27 @@ def build_app(state: ServerState, api_key: str):
     app = FastAPI(title="forge serve (Tinker API)")
     futures = FutureTable(state.cfg.future_wait_s, state.stats)
     app.state.futures = futures
-    key = api_key.encode()
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        given = request.headers.get("x-api-key", "").encode()
-        if not hmac.compare_digest(given, key):
-            return JSONResponse(
-                {"detail": "invalid or missing API key (X-API-Key): give the key forge serve "
-                 "was started with (--api-key or FORGE_API_KEY)"},
-                status_code=401,
-            )  # fmt: skip
-        return await call_next(request)
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, e: UserError):
         return JSONResponse({"detail": str(e)}, status_code=400)
+
+    @app.exception_handler(wire.WireError)
+    async def wire_error(request: Request, e: wire.WireError):
+        return JSONResponse({"detail": str(e)}, status_code=400)
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(request: Request, e: BodyTooLarge):
+        return JSONResponse({"detail": str(e)}, status_code=413)
+
+    # The key, then the body's size, before any route runs.
+    app.add_middleware(Gate, api_key=api_key, max_bytes=state.cfg.max_body_bytes)
+
+    async def fields(request: Request) -> Fields:
+        return read_json(await request.body())
+
+    def model_of(body: Fields):
+        return state.model(body.req_str("model_id", MODEL_ID_RE))
 
     def post(path: str):
         return app.post(f"/api/v1/{path}")
@@ -96,34 +112,37 @@ def build_app(state: ServerState, api_key: str):
 
     @post("create_session")
     async def create_session(request: Request):
-        await request.json()
+        await fields(request)
         return {"type": "create_session", "session_id": state.new_session()}
 
     @post("session_heartbeat")
     async def heartbeat(request: Request):
-        state.check_session((await request.json())["session_id"])
+        state.check_session((await fields(request)).req_str("session_id"))
         return {"type": "session_heartbeat"}
 
     # -- models ----------------------------------------------------------------------------
 
     @post("create_model")
     async def create_model(request: Request):
-        body = await request.json()
-        state.check_session(body["session_id"])
-        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
-        if optimizer != "adamw":
-            raise UserError(f"optimizer {optimizer!r} is not supported by this server (adamw only)")
+        body = await fields(request)
+        session = body.req_str("session_id")
+        state.check_session(session)
+        optimizer = body.opt_obj("optimizer_config")
+        kind = (optimizer.opt_str("type") if optimizer else None) or "adamw"
+        if kind != "adamw":
+            raise UserError(f"optimizer {kind!r} is not supported by this server (adamw only)")
+        base, lora = body.req_str("base_model"), body.opt_obj("lora_config")
+        model_id = f"{session}:train:{body.req_int('model_seq_id')}"  # the SDK's scheme
 
         async def work():
-            model_id = f"{body['session_id']}:train:{body['model_seq_id']}"  # the SDK's scheme
-            await state.create_model(body["base_model"], body.get("lora_config"), model_id)
+            await state.create_model(base, lora.body if lora else None, model_id)
             return {"model_id": model_id, "type": "create_model"}
 
         return futures.submit(work(), kind="create_model")
 
     @post("get_info")
     async def get_info(request: Request):
-        m = state.model((await request.json())["model_id"])
+        m = model_of(await fields(request))
         return {
             "type": "get_info", "model_id": m.model_id, "model_name": m.base.name,
             "is_lora": True, "lora_rank": m.rank,
@@ -135,11 +154,16 @@ def build_app(state: ServerState, api_key: str):
     @post("forward_backward")
     async def forward_backward(request: Request):
         body = await request.body()
-        if request.headers.get("content-encoding") == "zstd":
-            import zstandard
-
-            body = zstandard.ZstdDecompressor().decompress(body)
-        call = wire.decode_forward_backward(body)
+        encoding = request.headers.get("content-encoding")
+        if encoding == "zstd":
+            body = decompress(body, state.cfg.max_decompressed_bytes)
+        elif encoding not in (None, "", "identity"):
+            raise UserError(f"Content-Encoding {encoding!r} is not supported (zstd or none)")
+        call = wire.decode_forward_backward(
+            body, max(b.max_context_length for b in state.cfg.models)
+        )
+        if not MODEL_ID_RE.fullmatch(call.model_id):
+            raise UserError(f"model_id {call.model_id[:60]!r} is not a model id of this server")
         m = state.model(call.model_id)
 
         async def run():
@@ -155,16 +179,14 @@ def build_app(state: ServerState, api_key: str):
 
     @post("optim_step")
     async def optim_step(request: Request):
-        body = await request.json()
-        m = state.model(body["model_id"])
-        params = body.get("adam_params")
+        body = await fields(request)
+        m = model_of(body)
+        params = body.opt_obj("adam_params")
         if params is None:
-            kind = (body.get("optimizer_params") or {}).get("type", "?")
+            other = body.opt_obj("optimizer_params")
+            kind = (other.opt_str("type") if other else None) or "?"
             raise UserError(f"optimizer params of type {kind!r} are not supported (Adam only)")
-        adam = {k: v for k, v in params.items() if k != "type"}
-        defaults = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
-                        weight_decay=0.0, grad_clip_norm=0.0)  # fmt: skip
-        adam = {**defaults, **adam}
+        adam = adam_params(params)
 
         async def run():
             async with state.stats.timed("optim_step"):
@@ -172,44 +194,46 @@ def build_app(state: ServerState, api_key: str):
             return {"type": "optim_step", "metrics": {f"{k}:mean": v for k, v in metrics.items()}}
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id, "optim_step"
+            m.ordered(body.opt_int("seq_id"), run, state.cfg.order_wait_s), m.model_id, "optim_step"
         )
 
     # -- weights ---------------------------------------------------------------------------
 
     @post("save_weights_for_sampler")
     async def save_for_sampler(request: Request):
-        body = await request.json()
-        m = state.model(body["model_id"])
-        if body.get("path") is None and body.get("sampling_session_seq_id") is None:
+        body = await fields(request)
+        m = model_of(body)
+        name = body.opt_str("path", NAME_RE)
+        seq = body.opt_int("sampling_session_seq_id")
+        if name is None and seq is None:
             raise UserError("save_weights_for_sampler needs a name (path)")
 
         async def run():
             async with state.stats.timed("save_weights_for_sampler"):
                 version = await state.push_for_sampling(m)
             out = {"type": "save_weights_for_sampler"}
-            if body.get("path") is not None:
-                path = f"tinker://{m.model_id}/sampler_weights/{body['path']}"
+            if name is not None:
+                path = f"tinker://{m.model_id}/sampler_weights/{name}"
                 m.samplers[path] = version
                 out["path"] = path
-            if body.get("sampling_session_seq_id") is not None:
+            if seq is not None:
                 session = SamplingSession(m.generator, m.base.name, m.model_id, version)
                 out["sampling_session_id"] = state.new_sampling_session(session)
             return out
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s),
+            m.ordered(body.opt_int("seq_id"), run, state.cfg.order_wait_s),
             m.model_id,
             "save_weights_for_sampler",
         )
 
     @post("save_weights")
     async def save_weights(request: Request):
-        body = await request.json()
-        m = state.model(body["model_id"])
-        name = body.get("path") or f"step-{int(time.time())}"
+        body = await fields(request)
+        m = model_of(body)
+        name = body.opt_str("path", NAME_RE) or f"step-{int(time.time())}"
         target = state.checkpoint_dir(m.model_id, name)
-        if target.exists() and not body.get("overwrite"):
+        if target.exists() and not body.opt_bool("overwrite"):
             raise UserError(f"checkpoint {name!r} of {m.model_id} exists; pass overwrite=True")
 
         async def run():
@@ -220,47 +244,51 @@ def build_app(state: ServerState, api_key: str):
             return {"type": "save_weights", "path": f"tinker://{m.model_id}/weights/{name}"}
 
         return futures.submit(
-            m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s), m.model_id, "save_weights"
+            m.ordered(body.opt_int("seq_id"), run, state.cfg.order_wait_s),
+            m.model_id,
+            "save_weights",
         )
 
     @post("load_weights")
     async def load_weights(request: Request):
-        body = await request.json()
-        source_id, kind, name = parse_path(body["path"])
+        body = await fields(request)
+        tinker_path = body.req_str("path")
+        source_id, kind, name = parse_path(tinker_path)
         if kind != "weights":
             raise UserError(
-                f"{body['path']!r} is not a save_state checkpoint (tinker://.../weights/...)"
+                f"{tinker_path!r} is not a save_state checkpoint (tinker://.../weights/...)"
             )
         source = state.checkpoint_dir(source_id, name)
         if not (source / CHECKPOINT_META).is_file():
-            raise UserError(f"no checkpoint {body['path']!r} on this server")
-        weights_only = not body.get("optimizer", False)
+            raise UserError(f"no checkpoint {tinker_path!r} on this server")
+        weights_only = not body.opt_bool("optimizer")
 
-        if body.get("model_id") is not None:  # load_state on an existing training client
-            m = state.model(body["model_id"])
+        if body.has("model_id"):  # load_state on an existing training client
+            m = model_of(body)
 
             async def run():
                 async with state.stats.timed("load_weights"):
                     await m.trainer.load.call_one(str(source), weights_only)
-                return {"type": "load_weights", "path": body["path"], "model_id": m.model_id}
+                return {"type": "load_weights", "path": tinker_path, "model_id": m.model_id}
 
             return futures.submit(
-                m.ordered(body.get("seq_id"), run, state.cfg.order_wait_s),
+                m.ordered(body.opt_int("seq_id"), run, state.cfg.order_wait_s),
                 m.model_id,
                 "load_weights",
             )
 
         # create_training_client_from_state: a new training client with the checkpoint's base
         # model and adapter layout, then its weights (and optimizer state, if asked).
-        state.check_session(body["session_id"])
-        meta = json.loads((source / CHECKPOINT_META).read_text())
-        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        session = body.req_str("session_id")
+        state.check_session(session)
+        meta = checkpoint_meta(source)
+        model_id = f"{session}:train:{body.req_int('model_seq_id')}"
+        base = body.opt_str("base_model") or meta["base_model"]
 
         async def create():
-            base = body.get("base_model") or meta["base_model"]
             await state.create_model(base, meta["lora_config"], model_id)
             await state.model(model_id).trainer.load.call_one(str(source), weights_only)
-            return {"type": "load_weights", "path": body["path"], "model_id": model_id}
+            return {"type": "load_weights", "path": tinker_path, "model_id": model_id}
 
         return futures.submit(create(), model_id, "load_weights")
 
@@ -268,36 +296,53 @@ def build_app(state: ServerState, api_key: str):
 
     @post("create_sampling_session")
     async def create_sampling_session(request: Request):
-        body = await request.json()
-        state.check_session(body["session_id"])
-        session = await state.sampling_for_path(body.get("model_path"), body.get("base_model"))
+        body = await fields(request)
+        state.check_session(body.req_str("session_id"))
+        session = await state.sampling_for_path(
+            body.opt_str("model_path"), body.opt_str("base_model")
+        )
         return {"type": "create_sampling_session",
                 "sampling_session_id": state.new_sampling_session(session)}  # fmt: skip
 
     @post("asample")
     async def asample(request: Request):
-        body = await request.json()
+        body = await fields(request)
         for name, what in UNSUPPORTED_SAMPLE_FIELDS.items():
-            if body.get(name):
+            if body.body.get(name):
                 raise UserError(f"{what} ({name}) is not supported by this server")
-        sid = body.get("sampling_session_id")
+        # Every field is checked before a base model's generator is spawned for the request.
+        sid = body.opt_str("sampling_session_id")
+        model_path, base_model = body.opt_str("model_path"), body.opt_str("base_model")
+        session = None
         if sid is not None:
             if sid not in state.sampling:
-                raise UserError(f"unknown sampling session {sid!r}")
+                raise UserError(f"unknown sampling session {sid[:60]!r}")
             session = state.sampling[sid]
-        else:
-            session = await state.sampling_for_path(body.get("model_path"), body.get("base_model"))
-        prompt = wire.prompt_tokens(body["prompt"], "asample")
-        sampling = sampling_kwargs(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
-                                   state.cfg.max_tokens)  # fmt: skip
-        with_prompt = bool(body.get("prompt_logprobs"))
+        elif model_path is not None:
+            session = await state.sampling_for_path(model_path, None)  # spawns nothing
+        elif base_model is None:
+            raise UserError(
+                "a sampling request needs a sampling_session_id, model_path or base_model"
+            )
+        try:
+            context = state.cfg.base(session.base if session else base_model).max_context_length
+        except KeyError as e:
+            raise UserError(str(e.args[0])) from None
+        prompt = wire.prompt_tokens(body.body.get("prompt"), "asample", context)
+        n = body.opt_int("num_samples", 1, state.cfg.max_samples)
+        params = body.opt_obj("sampling_params") or Fields({}, "sampling_params.")
+        sampling = sampling_kwargs(params.body, 1 if n is None else n, state.cfg.max_tokens,
+                                   max_tokens_cap=context - len(prompt))  # fmt: skip
+        with_prompt = body.opt_bool("prompt_logprobs")
+        if session is None:
+            session = await state.sampling_for_path(None, base_model)
         out = futures.submit(sample(state, session, prompt, sampling, with_prompt), kind="sample")
         out["sample_sequence_ids"] = [f"{out['request_id']}-{i}" for i in range(sampling["n"])]
         return out
 
     @post("retrieve_future")
     async def retrieve_future(request: Request):
-        result = await futures.retrieve((await request.json())["request_id"])
+        result = await futures.retrieve((await fields(request)).req_str("request_id"))
         if isinstance(result, bytes):
             return Response(result, media_type=wire.PROTO_CONTENT_TYPE)
         return result
@@ -318,29 +363,16 @@ def build_app(state: ServerState, api_key: str):
     return app
 
 
-def sampling_kwargs(params: dict, n: int, default_max_tokens: int) -> dict:
-    """Forge ``generate`` keywords for the API's ``SamplingParams``."""
-    params = dict(params)
-    stop = params.pop("stop", None)
-    out = {
-        "n": n,
-        "max_tokens": params.pop("max_tokens", None) or default_max_tokens,
-        "temperature": float(params.pop("temperature", 1.0)),
-        "top_p": float(params.pop("top_p", 1.0)),
-        "top_k": max(0, int(params.pop("top_k", -1))),
-        "seed": params.pop("seed", None),
-    }
-    if params:
-        raise UserError(f"sampling parameters {sorted(params)} are not supported by this server")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not stop:
-            raise UserError(
-                "stop=[] (no stop at all, not even EOS) is not supported by this server"
-            )
-        out["stop"] = list(stop)
-    return out
+def checkpoint_meta(source) -> dict:
+    """A checkpoint's ``forge_serve.json`` (base model and lora_config), checked."""
+    try:
+        meta = json.loads((source / CHECKPOINT_META).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"the checkpoint at {source.name} is unreadable ({e})") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("base_model"), str)
+            and isinstance(meta.get("lora_config") or {}, dict)):  # fmt: skip
+        raise UserError(f"the checkpoint at {source.name} has a malformed {CHECKPOINT_META}")
+    return meta
 
 
 async def sample(

@@ -36,6 +36,12 @@ class ServeConfig:
     order_wait_s: how long a training request waits for the requests numbered before it
         (the SDK numbers them) before it runs anyway.
     device: ``cpu`` or ``cuda`` for trainers and generators.
+    max_body_bytes: the largest request body accepted (413 above it).
+    max_decompressed_bytes: the most a zstd body may decompress to (413 above it).
+    max_samples: the most samples (``num_samples``) one sampling request may ask for.
+    max_connections: open connections (and requests in flight) at once; more get 503.
+    header_timeout_s: a connection that has not sent its first request head within this
+        long is closed (silent and byte-by-byte clients).
     """
 
     models: list[ServedBase] = field(default_factory=lambda: [ServedBase("forge/tiny", "tiny")])
@@ -49,6 +55,11 @@ class ServeConfig:
     future_wait_s: float = 10.0
     order_wait_s: float = 30.0
     device: str = "cpu"
+    max_body_bytes: int = 64 << 20
+    max_decompressed_bytes: int = 256 << 20
+    max_samples: int = 128
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -56,9 +67,14 @@ class ServeConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"serve.models names a base model twice: {names}")
-        for key in ("max_lora_rank", "max_models", "max_batch_size", "max_tokens"):
+        for key in ("max_lora_rank", "max_models", "max_batch_size", "max_tokens",
+                    "max_body_bytes", "max_decompressed_bytes", "max_samples",
+                    "max_connections"):  # fmt: skip
             if getattr(self, key) < 1:
                 raise ValueError(f"serve.{key} must be >= 1, got {getattr(self, key)}")
+
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"serve.header_timeout_s must be > 0, got {self.header_timeout_s}")
 
     def base(self, name: str) -> ServedBase:
         for m in self.models:

@@ -26,7 +26,9 @@ class UserError(ValueError):
     """A request this server refuses; the message says what to change."""
 
 
-USER_ERROR_TYPES = ("UserError", "DatumError", "WireError", "KeyError")
+USER_ERROR_TYPES = (
+    "UserError", "BadRequest", "DatumError", "WireError", "KeyError", "UnsafeCheckpointError"
+)  # fmt: skip
 
 
 def category(e: BaseException) -> str:

@@ -22,20 +22,47 @@ logger = logging.getLogger("forge.serve")
 SDK_VERSIONS = ">=0.38,<0.39"  # the tinker SDK versions this server was tested against
 
 
+MIN_SECRET_CHARS = 24  # after "tml-"; secrets.token_urlsafe(24) gives 32
+MIN_DISTINCT_CHARS = 10
+MAKE_KEY = "tml-$(python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+
+
 def api_key_from(arg: str | None) -> str:
+    """The server's API key (``--api-key`` or ``FORGE_API_KEY``), refused when weak: it
+    guards training and sampling on this host from anyone who can reach the port."""
     from controller import env
 
     key = arg or env.api_key()
     if not key:
         raise ValueError(
-            "forge serve needs an API key: pass --api-key tml-<secret> or set FORGE_API_KEY"
+            "forge serve needs an API key: pass --api-key tml-<secret> or set FORGE_API_KEY, "
+            f"e.g. FORGE_API_KEY={MAKE_KEY}"
         )
     if not key.startswith("tml-"):
         raise ValueError(
             "the API key must start with 'tml-' (the tinker SDK sends no other keys); "
             f"got one starting with {key[:4]!r}"
         )
+    secret = key[len("tml-") :]
+    if len(secret) < MIN_SECRET_CHARS or len(set(secret)) < MIN_DISTINCT_CHARS:
+        raise ValueError(
+            f"the API key is weak: its secret (after 'tml-') has {len(secret)} characters, "
+            f"{len(set(secret))} distinct; use at least {MIN_SECRET_CHARS} random characters "
+            f"with {MIN_DISTINCT_CHARS} distinct, e.g. --api-key {MAKE_KEY}"
+        )
     return key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name to bind) is reachable from this host only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None) -> None:
@@ -45,9 +72,18 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
     from forge.serve.app import build_app
     from forge.serve.state import ServerState
 
+    if not is_loopback(host):
+        logger.warning(
+            "listening on %s, not a loopback address: anyone who can reach port %s can try "
+            "the API key, and requests (the key included) travel unencrypted; put a TLS "
+            "proxy in front, or bind 127.0.0.1 and tunnel (docs/security.md)", host, port,
+        )  # fmt: skip
     state = ServerState(cfg)
     app = build_app(state, api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level="warning", http=_protocol(cfg.header_timeout_s),
+        limit_concurrency=cfg.max_connections,
+    ))  # fmt: skip
     task = asyncio.ensure_future(server.serve())
     try:
         while not server.started:
@@ -66,6 +102,28 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
         server.should_exit = True
         app.state.futures.cancel_all()
         await state.close()
+
+
+def _protocol(header_timeout_s: float):
+    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request
+    head within ``header_timeout_s`` of connecting (uvicorn alone keeps a silent or
+    byte-by-byte peer open for ever, holding a file descriptor and a connection slot)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_deadline = self.loop.call_later(header_timeout_s, self._drop_if_no_head)
+
+        def _drop_if_no_head(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            self._head_deadline.cancel()
+            super().connection_lost(exc)
+
+    return Protocol
 
 
 def main(config: str | None, host: str, port: int, api_key: str | None) -> int:

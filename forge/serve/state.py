@@ -228,9 +228,22 @@ class ServerState:
         return SamplingSession(await self.base_generator(base_model), base_model, None, 0)
 
     def checkpoint_dir(self, model_id: str, name: str) -> Path:
-        if not name or "/" in name or name.startswith("."):
-            raise UserError(f"checkpoint name {name!r}: use a plain name (no '/')")
-        return Path(self.cfg.dir).resolve() / model_id / name
+        """``<serve.dir>/<model_id>/<name>``: both plain names, and the resolved path (links
+        followed) inside the server's directory, or ``UserError``."""
+        from forge.serve.parse import MODEL_ID_RE, NAME_RE
+
+        if not MODEL_ID_RE.fullmatch(model_id):
+            raise UserError(f"model id {model_id[:60]!r} is not a model id of this server")
+        if not NAME_RE.fullmatch(name):
+            raise UserError(
+                f"checkpoint name {name[:60]!r}: use a plain name (letters, digits, '_.+-'; "
+                "no '/', not starting with '.')"
+            )
+        root = Path(self.cfg.dir).resolve()
+        path = (root / model_id / name).resolve()
+        if root not in path.parents:
+            raise UserError(f"checkpoint {model_id}/{name} is outside this server's directory")
+        return path
 
     async def close(self) -> None:
         """Drop pushed weight files (the controller's shutdown stops the processes)."""

@@ -6,6 +6,7 @@ version writes and reads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,9 +36,16 @@ class ForwardBackwardCall:
     datums: list[dict]
 
 
+MAX_TENSOR_ELEMENTS = 1 << 24  # a loss input holds one value per token; a sparse one's shape
+# says how large it becomes once dense, so that is checked before it is made dense
+
+
 def _tensor_to_numpy(msg) -> np.ndarray:
     from tinker.proto.response_conv import _tensor_data_from_proto
 
+    size = int(np.prod([int(d) for d in msg.shape], dtype=object)) if msg.shape else 0
+    if size > MAX_TENSOR_ELEMENTS or any(int(d) < 0 for d in msg.shape):
+        raise ValueError(f"shape {list(msg.shape)} is over {MAX_TENSOR_ELEMENTS} elements")
     return _tensor_data_from_proto(msg).to_numpy(pad_value=0).reshape(-1)
 
 
@@ -45,11 +53,18 @@ def _chunk_tokens(chunk, where: str) -> list[int]:
     kind = chunk.WhichOneof("chunk")
     if kind not in (None, "encoded_text"):
         raise WireError(f"{where}: {kind} chunks are not supported by this server (text only)")
-    return np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).astype(np.int64).tolist()
+    raw = chunk.encoded_text.tokens
+    if len(raw) % 4:
+        raise WireError(f"{where}: encoded_text tokens are {len(raw)} bytes, not int32s")
+    ids = np.frombuffer(raw, dtype=np.int32)
+    if (ids < 0).any():
+        raise WireError(f"{where}: negative token ids")
+    return ids.astype(np.int64).tolist()
 
 
-def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
-    """Parse a forward/backward request (zstd already undone)."""
+def decode_forward_backward(body: bytes, max_tokens: int | None = None) -> ForwardBackwardCall:
+    """Parse a forward/backward request (zstd already undone); ``max_tokens``: the most
+    tokens one datum may have."""
     msg = _pb().ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -65,7 +80,16 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         tokens: list[int] = []
         for chunk in d.model_input:
             tokens += _chunk_tokens(chunk, f"datum {i}")
-        inputs = {name: _tensor_to_numpy(t) for name, t in d.loss_fn_inputs.items()}
+        if max_tokens is not None and len(tokens) > max_tokens:
+            raise WireError(f"datum {i} has {len(tokens)} tokens, over the base model's "
+                            f"max_context_length of {max_tokens}")  # fmt: skip
+        inputs = {}
+        for name, t in d.loss_fn_inputs.items():
+            try:
+                inputs[name] = _tensor_to_numpy(t)
+            except Exception as e:  # noqa: BLE001 - a malformed tensor is the caller's error
+                raise WireError(f"datum {i}: loss_fn_inputs[{name!r}] is not a valid "
+                                f"tensor ({type(e).__name__}: {e})") from None  # fmt: skip
         datums.append({"tokens": tokens, "inputs": inputs})
     return ForwardBackwardCall(
         msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), datums
@@ -112,15 +136,32 @@ def encode_sample_response(
     return out.SerializeToString()
 
 
-def prompt_tokens(model_input: dict, where: str) -> list[int]:
+def prompt_tokens(model_input: Any, where: str, max_tokens: int | None = None) -> list[int]:
     """The token ids of a JSON ``ModelInput`` (``{"chunks": [{"type": "encoded_text",
-    "tokens": [...]}, ...]}``)."""
+    "tokens": [...]}, ...]}``): at least one, at most ``max_tokens``."""
+    chunks = model_input.get("chunks", []) if isinstance(model_input, dict) else None
+    if not isinstance(chunks, list):
+        raise WireError(f"{where}: the prompt must be a ModelInput object with a list of chunks")
     tokens: list[int] = []
-    for chunk in model_input.get("chunks", []):
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict):
+            raise WireError(f"{where}: prompt chunk {i} must be an object")
         kind = chunk.get("type", "encoded_text")
         if kind != "encoded_text":
             raise WireError(f"{where}: {kind} chunks are not supported by this server (text only)")
-        tokens += [int(t) for t in chunk["tokens"]]
+        ids = chunk.get("tokens")
+        if not isinstance(ids, list) or not all(_token_id(t) for t in ids):
+            raise WireError(f"{where}: prompt chunk {i}'s tokens must be a list of token ids")
+        tokens += ids
     if not tokens:
         raise WireError(f"{where}: the prompt has no tokens")
+    if max_tokens is not None and len(tokens) > max_tokens:
+        raise WireError(
+            f"{where}: the prompt has {len(tokens)} tokens, over the base model's "
+            f"max_context_length of {max_tokens}"
+        )
     return tokens
+
+
+def _token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31

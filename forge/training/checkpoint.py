@@ -13,12 +13,21 @@ Rank 0 writes the shared files; every rank writes its RNG file. Optimizer state 
 parameter name (``torch.distributed.checkpoint.state_dict``), so it does not depend on how
 the model was wrapped. Restoring into the same world size is exact (a test checks bitwise
 equality of two continued runs); RNG files of missing ranks are an error.
+
+Loading unpickles nothing but tensors and plain containers (``torch.load(weights_only=True)``):
+a checkpoint may come from someone else (``forge serve``'s ``load_state``, a copied run
+directory), and a full unpickler runs whatever code the file names. The numpy RNG state is
+stored as a tensor for that reason; files of older Forge versions, which hold it as a numpy
+array, still load (the numpy array reconstructors are allowed, nothing else).
 """
 
 from __future__ import annotations
 
+import pickle
 import random
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +36,14 @@ from safetensors.torch import load_file, save_file
 
 from forge.training import parallel
 
-__all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "load_checkpoint",
+    "rng_state",
+    "UnsafeCheckpointError",
+    "safe_load",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 MODEL_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter.safetensors"
@@ -35,10 +51,11 @@ STATE_FILE = "trainer_state.pt"
 
 
 def rng_state() -> dict:
-    """This process's python, numpy and torch RNG states."""
+    """This process's python, numpy and torch RNG states (tensors and plain values only)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -47,8 +64,12 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    if isinstance(keys, torch.Tensor):
+        keys = keys.numpy()
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -107,10 +128,37 @@ def load_checkpoint(path: str | Path, core, weights_only: bool = False) -> None:
         core.optimizer.state.clear()
         _barrier()
         return
-    # weights_only=False: the file holds numpy RNG state and scheduler dicts written by us.
-    core.load_state(torch.load(path / STATE_FILE, weights_only=False))
-    set_rng_state(torch.load(rng_file, weights_only=False))
+    core.load_state(safe_load(path / STATE_FILE))
+    set_rng_state(safe_load(rng_file))
     _barrier()
+
+
+def _numpy_array_globals() -> list:
+    """What a pickled numpy array needs (older RNG files): its reconstructor and types."""
+    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
+    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype,
+            type(np.dtype(np.uint32))]  # fmt: skip
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A checkpoint file holds pickled objects beyond tensors and plain data, which Forge does
+    not load: unpickling them could run any code the file names."""
+
+
+def safe_load(file: str | Path, map_location: str | None = "cpu") -> Any:
+    """``torch.load`` that unpickles only tensors, plain containers and numpy arrays (no
+    code). A file that needs more raises ``UnsafeCheckpointError`` naming it."""
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's text suggests weights_only=False; what the file names is worth showing.
+        found = re.search(r"GLOBAL ([\w.]+)|but got (<[^>]+>)", str(e))
+        what = f"it names {found.group(1) or found.group(2)}" if found else "see torch.load"
+        raise UnsafeCheckpointError(
+            f"{file}: not loaded: it holds pickled objects other than tensors and plain data "
+            f"({what}); Forge loads no such file, as unpickling it could run code"
+        ) from None
 
 
 def _adapter(core) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ from tests.helpers import script_env
 from tests.serve.server import serve_process
 
 pytestmark = pytest.mark.slow
-KEY = "tml-cookbook"
+KEY = "tml-cookbook-test-key-0123456789"
 PYTHON = os.environ.get("TINKER_COOKBOOK_PYTHON", "")
 
 

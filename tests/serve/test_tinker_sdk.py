@@ -23,7 +23,7 @@ from tests.helpers import REPO, script_env  # noqa: E402
 from tests.serve.server import serve_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
-KEY = "tml-forge-test"
+KEY = "tml-forge-test-key-0123456789ab"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """Reward functions with the real math-verify, and their aggregation."""
 
-import threading
-
 import pytest
 
 from forge.rewards import (
@@ -16,6 +14,7 @@ from forge.rewards import (
     length_penalty,
     reward_name,
 )
+from forge.rewards.math_reward import BadTarget, score_pair
 
 # ---------------------------------------------------------------- answer extraction
 
@@ -37,66 +36,31 @@ def test_extract_final_answer(response, expected):
     assert extract_final_answer(response) == expected
 
 
-# ---------------------------------------------------------------- MathReward
-
-
-MATH = MathReward()
+# ---------------------------------------------------------------- MathReward's scoring
+# MathReward itself scores in a child process: tests/components/test_math_reward.py. Here the
+# function that process runs, in this one.
 
 
 @pytest.mark.parametrize(
-    "response, target, expected",
-    [
-        ("The answer is \\boxed{42}", "42", 1.0),
-        ("\\boxed{42}", 42, 1.0),
-        ("The answer is \\boxed{43}", "42", 0.0),
-        ("Answer: 1/2", "0.5", 1.0),
-        ("so x = \\boxed{0.5}", "\\frac{1}{2}", 1.0),
-        ("Answer: $\\frac{2}{4}$", "1/2", 1.0),
-        ("\\boxed{x^2+1}", "1+x^2", 1.0),
-        ("\\boxed{x^2+2}", "x^2+1", 0.0),
-        ("We get 3,000 in total", "3000", 1.0),
-        ("first 7, then finally 8", "7", 0.0),
-        ("<think>\\boxed{3}</think>\\boxed{4}", "4", 1.0),
-        ("<think>\\boxed{4}</think>\\boxed{3}", "4", 0.0),
-    ],
-)
-def test_math_reward(response, target, expected):
-    assert MATH("prompt", response, target) == expected
+    "target, answer, expected",
+    [("42", "42", 1.0), ("0.5", "1/2", 1.0), ("\\frac{1}{2}", "0.5", 1.0), ("1+x^2", "x^2+1", 1.0),
+     ("x^2+1", "x^2+2", 0.0), ("3000", "3000", 1.0), ("42", "}{$$", 0.0)],
+)  # fmt: skip
+def test_score_pair(target, answer, expected):
+    assert score_pair([target, answer, 2]) == expected
 
 
-@pytest.mark.parametrize("response", ["", "no answer at all", "\\boxed{", "\\boxed{}", "}{$$"])
-def test_math_reward_malformed_response_scores_zero(response):
-    assert MATH("p", response, "42") == 0.0
+def test_score_pair_names_an_unparseable_target():
+    with pytest.raises(BadTarget):
+        score_pair(["", "1", 2])
 
 
-def test_math_reward_overlong_answer_is_not_parsed():
-    assert MathReward(max_answer_chars=5)("p", "\\boxed{1+1+1+1}", "4") == 0.0
-    assert MathReward()("p", "\\boxed{1+1+1+1}", "4") == 1.0
+def math_here(prompt, response, target):
+    """MathReward's verdict computed in this process (unit tests start no process)."""
+    return score_pair([str(target), extract_final_answer(response) or "", 2])
 
 
-def test_math_reward_unparseable_target_raises():
-    with pytest.raises(ValueError, match="cannot parse the target"):
-        MATH("p", "\\boxed{1}", "")
-
-
-def test_math_reward_works_in_worker_threads():
-    # math-verify's default signal-based timeout raises outside the main thread.
-    results: dict[int, float] = {}
-    errors: list[BaseException] = []
-
-    def work(i: int) -> None:
-        try:
-            results[i] = MATH("p", f"Answer: \\boxed{{{i}/2}}", str(i / 2))
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(1, 5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    assert results == {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
+math_here.name = "math"
 
 
 # ---------------------------------------------------------------- format rewards
@@ -175,7 +139,7 @@ def test_reward_names():
 
 
 def test_evaluate_rewards_weighted_sum():
-    fns = [MathReward(), ThinkingReward(), always_one]
+    fns = [math_here, ThinkingReward(), always_one]
     resp = "<think>6 * 7</think>\\boxed{42}"
     result = evaluate_rewards(fns, "p", resp, "42")
     assert result == RewardResult(
@@ -192,7 +156,7 @@ def test_evaluate_rewards_custom_aggregator():
         # format must be right for correctness to count
         return components["math"] * components["thinking_format"]
 
-    fns = [MathReward(), ThinkingReward()]
+    fns = [math_here, ThinkingReward()]
     assert evaluate_rewards(fns, "p", "<think>x</think>\\boxed{2}", 2, aggregator=gate).total == 1.0
     result = evaluate_rewards(fns, "p", "\\boxed{2}", 2, aggregator=gate)
     assert result.total == 0.0
