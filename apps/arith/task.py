@@ -24,7 +24,7 @@ from forge import extract_final_answer
 __all__ = ["Addition", "contains", "correct", "prompt_for", "strict"]
 
 INSTRUCTION = "Answer with just the number."
-_NUMBER = re.compile(r"(?<![\d.])-?\d+(?![\d.])")
+_NUMBER = re.compile(r"(?<![\d.])-?\d+(?!\d|\.\d)")  # whole numbers; "149." counts
 
 
 def prompt_for(a: int, b: int) -> list[dict]:
