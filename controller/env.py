@@ -40,6 +40,15 @@ Variable                  Default            Meaning
                                              wins over ``CUDA_VISIBLE_DEVICES``).
 ``FORGE_API_KEY``         unset              ``forge serve``: the key clients must send when
                                              ``--api-key`` is not given.
+``FORGE_HANDSHAKE_TIMEOUT_S``                 Seconds (default ``10``) a peer of a Forge
+                                             listener has to complete the HMAC handshake
+                                             before it is dropped.
+``FORGE_MAX_PENDING_CONNECTIONS``            Peers (default ``64``) a Forge listener lets
+                                             authenticate at once; newer ones are closed.
+``FORGE_CALL_TIMEOUT_S``  ``600``            Default bound, in seconds, of a call to the
+                                             controller's home (files, service tables) and of
+                                             ``forge serve``'s calls to its trainer; ``0``:
+                                             no bound.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -203,6 +212,39 @@ def uvloop() -> bool:
 def deterministic() -> bool:
     """Whether this process runs torch's deterministic kernels: ``FORGE_DETERMINISTIC=1``."""
     return os.environ.get("FORGE_DETERMINISTIC", "") == "1"
+
+
+def _positive(name: str, default: str, kind=float):
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = -1
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {raw!r}")
+    return value
+
+
+def handshake_timeout_s() -> float:
+    """``FORGE_HANDSHAKE_TIMEOUT_S`` (default 10): seconds a peer of a Forge listener has to
+    authenticate before it is dropped."""
+    return _positive("FORGE_HANDSHAKE_TIMEOUT_S", "10")
+
+
+def max_pending_connections() -> int:
+    """``FORGE_MAX_PENDING_CONNECTIONS`` (default 64): peers a Forge listener lets
+    authenticate at once."""
+    return _positive("FORGE_MAX_PENDING_CONNECTIONS", "64", int)
+
+
+def call_timeout_s() -> float | None:
+    """``FORGE_CALL_TIMEOUT_S`` (default 600): the default bound of remote calls that would
+    otherwise wait without one (the home's, ``forge serve``'s to its trainer); ``None`` when
+    set to ``0``."""
+    raw = os.environ.get("FORGE_CALL_TIMEOUT_S", "").strip() or "600"
+    if raw == "0":
+        return None
+    return _positive("FORGE_CALL_TIMEOUT_S", raw)
 
 
 def visible_gpus() -> str | None:
