@@ -310,7 +310,25 @@ async def _main() -> None:
             pass
 
 
+def _not_dumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: processes of the same user (a sandboxed tool's program)
+    may then neither read this one's ``/proc/<pid>/environ`` or memory nor ptrace it, and
+    the session's secret is in its memory. Root still can. Linux only; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # 4: PR_SET_DUMPABLE
+            logger.warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:  # no libc prctl: nothing to do
+        logger.warning("could not make this worker non-dumpable: %s", e)
+
+
 def main() -> None:
+    env.take_session_key()  # before anything can start a child that would inherit it
+    _not_dumpable()
     for p in reversed(env.sys_path()):
         if p not in sys.path:
             sys.path.insert(0, p)

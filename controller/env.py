@@ -72,7 +72,12 @@ Variable                  Meaning (who sets it)
 ``FORGE_HOME``            Address of the controller's home, where workers on other hosts read
                           service tables and files of the controller's host
                           (``controller._home``; ``ray`` backend).
-``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``).
+``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``), in the
+                          environment a launcher hands ``controller._local``; that one takes it
+                          out and passes it on through a pipe instead.
+``FORGE_SESSION_KEY_FD``  Pipe the worker reads the session's secret (hex) from at start-up,
+                          then closes (``controller._local``): the secret is never in an actor
+                          process's environment, where ``/proc/<pid>/environ`` would show it.
 ``FORGE_SHM_PREFIX``      Name prefix of the session's shared-memory files
                           (``controller._runtime``).
 ========================  ==================================================================
@@ -91,6 +96,7 @@ __all__ = [
     "BACKENDS",
     "SESSION_DIR",
     "SESSION_KEY",
+    "SESSION_KEY_FD",
     "SHM_PREFIX",
     "InheritedSession",
     "WorkerPlace",
@@ -104,6 +110,7 @@ __all__ = [
     "ready_fd",
     "run_dir",
     "shm_pool_bytes",
+    "take_session_key",
     "sys_path",
     "thread_budget",
     "uvloop",
@@ -115,6 +122,7 @@ BACKENDS = ("local", "ray", "monarch")
 # Launch-protocol names that spawners also write into a child's environment.
 SESSION_DIR = "FORGE_SESSION_DIR"
 SESSION_KEY = "FORGE_SESSION_KEY"
+SESSION_KEY_FD = "FORGE_SESSION_KEY_FD"
 SHM_PREFIX = "FORGE_SHM_PREFIX"
 HOME = "FORGE_HOME"
 
@@ -306,10 +314,32 @@ class InheritedSession:
     shm_prefix: str | None
 
 
+_taken_key: list[str] = []  # the secret take_session_key() read (at most one)
+
+
+def take_session_key() -> None:
+    """In an actor process, at start-up: read the session's secret from the pipe in
+    ``FORGE_SESSION_KEY_FD`` (or from ``FORGE_SESSION_KEY``), keep it in this process's memory
+    only, and remove both variables from ``os.environ``, so that no process this one starts
+    inherits the secret. ``inherited_session`` returns it from then on."""
+    fd = os.environ.pop(SESSION_KEY_FD, None)
+    key = os.environ.pop(SESSION_KEY, None)
+    if fd is not None:
+        chunks = []
+        with os.fdopen(int(fd), "rb") as pipe:
+            while chunk := pipe.read():
+                chunks.append(chunk)
+        key = b"".join(chunks).decode().strip()
+    if key:
+        _taken_key[:] = [key]
+
+
 def inherited_session() -> InheritedSession | None:
-    """The session in ``FORGE_SESSION_DIR``/``FORGE_SESSION_KEY``/``FORGE_SHM_PREFIX``, or
-    ``None`` in a root controller (no directory or key set)."""
-    d, key = os.environ.get(SESSION_DIR), os.environ.get(SESSION_KEY)
+    """The session in ``FORGE_SESSION_DIR``/``FORGE_SESSION_KEY``/``FORGE_SHM_PREFIX`` (the
+    secret as ``take_session_key`` kept it, in an actor process), or ``None`` in a root
+    controller (no directory or key set)."""
+    d = os.environ.get(SESSION_DIR)
+    key = os.environ.get(SESSION_KEY) or (_taken_key[0] if _taken_key else None)
     if not (d and key):
         return None
     return InheritedSession(d, bytes.fromhex(key), os.environ.get(SHM_PREFIX))
