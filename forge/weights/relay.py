@@ -50,7 +50,7 @@ async def localize(handle: WeightHandle) -> WeightHandle:
     local = _local_path(handle)
     if not os.path.exists(local):
         loop = asyncio.get_running_loop()
-        fd = os.open(f"{local}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = os.open(f"{local}.lock", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
         try:
             await loop.run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
             if not os.path.exists(local):  # another replica on this host may have copied it
