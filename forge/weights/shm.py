@@ -62,6 +62,7 @@ from pathlib import Path
 import torch
 
 from controller import files
+from controller._serialization import shm_prefix
 from forge.weights.store import (
     TensorMeta,
     WeightHandle,
@@ -475,6 +476,14 @@ def _copy_out(
     return into
 
 
+def _session_suffix(prefix: str) -> str:
+    """``.<session tag>`` unless ``prefix`` already holds the tag: a file of a session killed
+    before it could remove it (SIGKILL) is then removed by the next session's sweep
+    (``controller._runtime``), whatever prefix it was pushed under."""
+    tag = shm_prefix()
+    return "" if tag in prefix else f".{tag}"
+
+
 def _close_all(live: dict[int, _Segment], spares: list[_Segment]) -> None:
     for seg in [*live.values(), *spares]:
         seg.close(unlink=True)
@@ -531,7 +540,9 @@ class SharedMemoryTransport(WeightTransport):
 
     def _names(self) -> dict[int, str]:
         """{version: path} of this user's version files with this prefix."""
-        pattern = re.compile(rf"^forge-w-{re.escape(self.prefix)}-v(\d+)-[0-9a-f]{{16}}$")
+        pattern = re.compile(
+            rf"^forge-w-{re.escape(self.prefix)}-v(\d+)-[0-9a-f]{{16}}(?:\.forge-[0-9a-z_-]+)?$"
+        )
         out = {}
         for name in os.listdir(self.shm_dir):
             m = pattern.match(name)
@@ -553,9 +564,8 @@ class SharedMemoryTransport(WeightTransport):
         if self._find(int(version)) is not None:
             where = self._find(int(version))
             raise ValueError(f"weight version {version} already exists at {where}; drop it first")
-        final = os.path.join(
-            self.shm_dir, f"forge-w-{self.prefix}-v{int(version)}-{secrets.token_hex(8)}"
-        )
+        name = f"forge-w-{self.prefix}-v{int(version)}-{secrets.token_hex(8)}"
+        final = os.path.join(self.shm_dir, name + _session_suffix(self.prefix))
         manifest, header, size = _plan_layout(state_dict, version)
         seg = self._take_spare(size)  # locked exclusively: no reader is in it
         if seg is None:
@@ -582,6 +592,7 @@ class SharedMemoryTransport(WeightTransport):
     def _unique_name(self, kind: str) -> str:
         self._renames += 1
         name = f"forge-w-{self.prefix}-{kind}-{os.getpid()}-{self._renames}-{secrets.token_hex(8)}"
+        name += _session_suffix(self.prefix)
         return os.path.join(self.shm_dir, name)
 
     def _take_spare(self, size: int) -> _Segment | None:
