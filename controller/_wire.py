@@ -33,6 +33,9 @@ _HEADER = struct.Struct("<QBQ")
 _MAGIC = b"FRG1"
 _NONCE = 32
 LARGE_FRAME = 1 << 20  # bodies this big are assembled in place and sent without a join
+# A length field above this is a broken or hostile peer, not a message: the channel is closed
+# (no attempt to allocate it). Far above any real message (weights move in 32 MiB chunks).
+MAX_FRAME = 1 << 40
 
 # Frame kinds.
 CALL, SPAWN, STOP_ACTOR, CANCEL, EXIT, PING, READ = 1, 2, 3, 4, 5, 6, 7
@@ -174,6 +177,12 @@ class FrameProtocol(asyncio.Protocol):
         buf = self._buf
         while len(buf) >= _HEADER.size:
             n, kind, cid = _HEADER.unpack_from(buf)
+            if n > MAX_FRAME:
+                self._state = "rejected"
+                logger.warning("closed a channel: a frame of %d bytes is over the limit", n)
+                self.transport.abort()
+                buf.clear()
+                return
             end = _HEADER.size + n
             if len(buf) < end:
                 if n >= LARGE_FRAME:  # assemble it in place: one copy, not three

@@ -60,7 +60,7 @@ class Worker:
             if task is not None:
                 task.cancel()
         elif kind == _wire.STOP_ACTOR:
-            self.loop.create_task(self._stop_actor(proto, cid, ser.loads(body)))
+            self.loop.create_task(self._stop_actor(proto, cid, body))
         elif kind == _wire.PING:
             self._reply(proto, _wire.OK, cid, os.getpid())
         elif kind == _wire.READ:
@@ -82,7 +82,12 @@ class Worker:
         if not proto.closed:  # file bytes go raw, not pickled: one copy less
             proto.send(_wire.OK, cid, data if isinstance(data, bytes) else ser.dumps(data)[0])
 
-    async def _stop_actor(self, proto, cid: int, name: str) -> None:
+    async def _stop_actor(self, proto, cid: int, body) -> None:
+        try:
+            name = ser.loads(body)
+        except Exception as e:  # noqa: BLE001 - a malformed request, reported to the caller
+            self._reply(proto, _wire.ERR, cid, e)
+            return
         inst = self.actors.pop(name, None)
         if inst is not None:
             await _teardown(inst)
