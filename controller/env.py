@@ -45,10 +45,10 @@ Variable                  Default            Meaning
                                              before it is dropped.
 ``FORGE_MAX_PENDING_CONNECTIONS``            Peers (default ``64``) a Forge listener lets
                                              authenticate at once; newer ones are closed.
-``FORGE_CALL_TIMEOUT_S``  ``600``            Default bound, in seconds, of a call to the
-                                             controller's home (files, service tables) and of
-                                             ``forge serve``'s calls to its trainer; ``0``:
-                                             no bound.
+``FORGE_CALL_TIMEOUT_S``  ``600``            Default bound, in seconds, of remote calls that
+                                             would otherwise wait without one: every call to
+                                             the controller's home (files, service tables);
+                                             ``0``: no bound.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -247,8 +247,8 @@ def max_pending_connections() -> int:
 
 def call_timeout_s() -> float | None:
     """``FORGE_CALL_TIMEOUT_S`` (default 600): the default bound of remote calls that would
-    otherwise wait without one (the home's, ``forge serve``'s to its trainer); ``None`` when
-    set to ``0``."""
+    otherwise wait without one (every call to the home; meshes given it with
+    ``with_default_timeout``); ``None`` when set to ``0``."""
     raw = os.environ.get("FORGE_CALL_TIMEOUT_S", "").strip() or "600"
     if raw == "0":
         return None
