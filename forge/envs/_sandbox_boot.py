@@ -33,16 +33,22 @@ PR_SET_CHILD_SUBREAPER = 36
 REAP_ROUNDS_S = 5.0  # the kill loop's bound (a fork bomb held by RLIMIT_NPROC ends sooner)
 
 
-def _own_process_count() -> int:
-    """Processes of this real uid now (``RLIMIT_NPROC`` counts them all, not just ours)."""
+def _own_task_count() -> int:
+    """Threads of processes whose real uid is ours, now: what ``RLIMIT_NPROC`` counts on Linux
+    (every thread of every process of the user, not just ours). Read from
+    ``/proc/<pid>/status``, which shows the owner even of a non-dumpable process (whose
+    ``/proc/<pid>`` belongs to root)."""
     uid, n = os.getuid(), 0
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    n += 1
-            except OSError:
-                pass
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                n += int(fields.get("Threads", "1"))
+        except (OSError, KeyError, ValueError):
+            pass
     return n
 
 
@@ -124,7 +130,7 @@ def main(argv: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    limit = _own_process_count() + nproc  # the uid's processes now, plus the program's share
+    limit = _own_task_count() + nproc  # the uid's threads now, plus the program's share
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     libc = ctypes.CDLL(None, use_errno=True)
     if namespace:

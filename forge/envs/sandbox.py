@@ -8,8 +8,9 @@ unless ``allow_site_packages``) with:
 - a fresh temporary working directory, deleted afterwards;
 - resource limits: address space (``memory_mb``), CPU seconds, the size of files it writes
   (which also bounds its output), no core dumps, and ``max_procs`` more processes than its
-  user already runs (``RLIMIT_NPROC``: a fork bomb stops there; not enforced for root
-  outside a user namespace);
+  user already runs (``RLIMIT_NPROC``, which Linux counts in threads of all the user's
+  processes: the limit is their number at the start plus ``max_procs``; a fork bomb stops
+  there; root is exempt);
 - its whole process tree killed (``SIGKILL``) at the wall-clock timeout and when it exits.
 
 A small supervisor (``_sandbox_boot.py``, run by the same isolated interpreter) sets the
@@ -106,7 +107,8 @@ def run_python(
     allow_site_packages: bool = False,
     max_procs: int = 64,
 ) -> SandboxResult:
-    """Run ``code`` in a fresh limited interpreter; see the module docstring.
+    """Run ``code`` in a fresh limited interpreter; see the module docstring. ``max_procs``:
+    processes (threads) the program may add to its user's (``RLIMIT_NPROC``).
 
     Blocks for at most about ``timeout_s`` seconds (call it from a thread in async code).
     stdout keeps its first ``max_output_chars`` characters, stderr its last.
