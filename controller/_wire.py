@@ -81,7 +81,16 @@ class FrameProtocol(asyncio.Protocol):
             if gate is not None:
                 if gate.pending >= gate.cap:
                     gate.refused += 1
-                    self._reject(f"{gate.pending} peers are already authenticating (the cap)")
+                    if gate.refused & (gate.refused - 1) == 0:  # 1, 2, 4, ...: not a flood of logs
+                        logger.warning(
+                            "refused a connection: %d peers are already authenticating (the "
+                            "cap, FORGE_MAX_PENDING_CONNECTIONS); %d refused so far",
+                            gate.pending,
+                            gate.refused,
+                        )
+                    self._state = "rejected"
+                    self._fail_ready(ConnectionError("refused: too many pending connections"))
+                    transport.abort()
                     return
                 gate.pending += 1
                 self._gated = True
