@@ -37,6 +37,8 @@ LARGE_FRAME = 1 << 20  # bodies this big are assembled in place and sent without
 # (no attempt to allocate it). Far above any real message (weights move in 32 MiB chunks).
 MAX_FRAME = 1 << 40
 
+LATE_S = 0.5  # a handshake timer that fires this late was held up by our own busy loop
+
 # Frame kinds.
 CALL, SPAWN, STOP_ACTOR, CANCEL, EXIT, PING, READ = 1, 2, 3, 4, 5, 6, 7
 OK, ERR = 16, 17
@@ -61,6 +63,7 @@ class FrameProtocol(asyncio.Protocol):
         self._gate = gate  # a server's count of peers not yet authenticated
         self._gated = False
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # loop time the handshake is due by
         self._server = server
         self._on_frame = on_frame
         self._on_lost = on_lost
@@ -94,9 +97,9 @@ class FrameProtocol(asyncio.Protocol):
                     return
                 gate.pending += 1
                 self._gated = True
-                self._timer = asyncio.get_event_loop().call_later(
-                    gate.timeout_s, self._expire, gate.timeout_s
-                )
+                loop = asyncio.get_event_loop()
+                self._deadline = loop.time() + gate.timeout_s
+                self._timer = loop.call_later(gate.timeout_s, self._expire, gate.timeout_s)
             transport.write(_MAGIC + self._nonce)
             self._state = "await_client_proof"
         else:
@@ -133,8 +136,17 @@ class FrameProtocol(asyncio.Protocol):
         return False
 
     def _expire(self, after_s: float) -> None:
-        if self._state not in ("open", "rejected"):
-            self._reject(f"no handshake within {after_s:g} s")
+        if self._state in ("open", "rejected"):
+            return
+        loop = asyncio.get_event_loop()
+        if loop.time() - self._deadline > LATE_S:
+            # This process's loop was busy (an actor's __init__, a blocking call), not the
+            # peer slow: its proof may be waiting unread (uvloop runs due timers before it
+            # polls sockets). Look again once the loop has read what arrived.
+            self._deadline = loop.time() + LATE_S
+            self._timer = loop.call_later(LATE_S, self._expire, after_s)
+            return
+        self._reject(f"no handshake within {after_s:g} s")
 
     def _ungate(self) -> None:
         """This peer no longer counts against the listener's cap of pending handshakes."""

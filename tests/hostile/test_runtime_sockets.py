@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -133,6 +134,34 @@ async def test_pending_connections_are_capped_and_the_actor_keeps_serving(counte
     if before is not None:
         await asyncio.sleep(0.2)
         assert _open_fds(pid) <= before + 2  # no descriptor left behind by the attack
+
+
+async def test_a_busy_actor_does_not_drop_a_peer_that_answered_in_time(counter):
+    """The actor's loop is blocked (3 s, over the 1 s bound) right after it greeted a peer;
+    the peer sends its proof at once. It must be let in: the bound is on the peer, not on
+    the actor's own loop (uvloop runs overdue timers before it reads the socket)."""
+    address = counter._infos[0].address
+    key = get_runtime().session.authkey
+    greeted = threading.Event()
+
+    def peer() -> bytes:
+        s = _connect(address)
+        try:
+            hello = s.recv(HELLO, socket.MSG_WAITALL)
+            greeted.set()
+            time.sleep(0.3)  # the actor is blocked by now
+            nonce = os.urandom(32)
+            s.sendall(_wire._proof(key, hello[4:], b"c") + nonce)
+            s.settimeout(15)
+            proof = s.recv(32, socket.MSG_WAITALL)
+            return proof == _wire._proof(key, nonce, b"s")
+        finally:
+            s.close()
+
+    accepted = asyncio.ensure_future(asyncio.to_thread(peer))
+    await asyncio.to_thread(greeted.wait, 10)
+    await counter.apply.call_one(time.sleep, 3.0, timeout=30)  # blocks the actor's loop
+    assert await accepted, "a peer that answered in time was dropped by a busy actor"
 
 
 async def test_tcp_listener_drops_silent_peers_on_the_loopback():
