@@ -1,9 +1,11 @@
 """The local backend: actor processes on this host, started and watched by this process.
 
-Each process gets two pipes besides stdout/stderr: a *lifeline* it reads until EOF (when
+Each process gets three pipes besides stdout/stderr: a *lifeline* it reads until EOF (when
 its parent dies, however it dies, the kernel closes the pipe and the child exits at once,
-taking its own process group with it) and a *ready* pipe it writes one line to once it
-listens on its socket. A waiter thread per process reports its death within milliseconds;
+taking its own process group with it), a *ready* pipe it writes one line to once it
+listens on its socket, and a pipe holding the session's secret (``FORGE_SESSION_KEY_FD``),
+so that the secret is never in the child's environment, where ``/proc/<pid>/environ`` would
+show it to every process of the user. A waiter thread per process reports its death within milliseconds;
 two reader threads forward its output prefixed with ``[mesh rank/size]``.
 """
 

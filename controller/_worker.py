@@ -4,6 +4,11 @@ Serves the actors spawned into this process over one authenticated socket. Async
 run as tasks on the event loop, started in arrival order; plain ``def`` endpoints run in a
 one-thread executor per actor (off the loop, in arrival order). Exits when told to, or as soon
 as its parent dies (the lifeline pipe reaches EOF), killing its own process group on the way.
+
+At start-up it reads the session's secret from its pipe and keeps it in memory only, and makes
+itself non-dumpable, so that code it runs for a tool (``forge.envs.sandbox``), or any other
+process of the user, can read the secret neither from ``/proc/<pid>/environ`` nor from its
+memory (docs/security.md).
 """
 
 from __future__ import annotations
