@@ -1,6 +1,7 @@
-"""The CPU demo that learns: sum the digits of N with a model built here, SFT, then GRPO.
+"""The toy CPU demo: sum the digits of N with a 0.33M-parameter model built here, SFT, then GRPO.
 
-Run (the README's main job; about 5 minutes on 2 cores):
+The fast test configuration (the README's main job is the real model, ``apps/arith``). Run
+(about 2 minutes on 2 cores):
     forge run --config apps/sumdigits/cpu.yaml          # GRPO
     forge run --config apps/sumdigits/ppo.yaml          # PPO with a critic, same budget
 
