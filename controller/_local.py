@@ -88,13 +88,17 @@ class LocalProc:
                 os.close(fd)
         self.pid = self.popen.pid
         prefix = f"[{mesh} {rank}/{size}] "
-        for stream, out, tail in (
-            (self.popen.stdout, sys.stdout, None),
-            (self.popen.stderr, sys.stderr, self.stderr_tail),
-        ):
+        self._readers = [
             threading.Thread(
                 target=_forward, args=(stream, out, prefix, tail), daemon=True, name=f"log-{mesh}"
-            ).start()
+            )
+            for stream, out, tail in (
+                (self.popen.stdout, sys.stdout, None),
+                (self.popen.stderr, sys.stderr, self.stderr_tail),
+            )
+        ]
+        for t in self._readers:
+            t.start()
         threading.Thread(target=self._wait, daemon=True, name=f"wait-{mesh}-{rank}").start()
 
     def _wait(self) -> None:
@@ -104,6 +108,11 @@ class LocalProc:
             os.close(self._life_w)
         except OSError:
             pass
+        # Its last lines are forwarded before anyone hears it exited (a controller that exits
+        # right after shutdown() would otherwise drop them); bounded, since a descendant may
+        # still hold the pipes open.
+        for t in self._readers:
+            t.join(timeout=2.0)
         self._exited.set()
         self._on_exit(self)
 

@@ -194,8 +194,10 @@ class BoundedScorer:
         return None
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        try:  # not contextlib: at interpreter exit this module's globals may be gone already
             self.close()
+        except Exception:  # noqa: BLE001 - a finaliser must not raise
+            pass
 
 
 # -- the child ---------------------------------------------------------------------------------
