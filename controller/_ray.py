@@ -15,8 +15,9 @@ still carries every call::
 - **Placement.** A mesh is one placement group: ``hosts=1`` is one bundle on one node,
   ``hosts=N`` N bundles on N distinct nodes (``STRICT_SPREAD``); each rank reserves
   ``FORGE_RAY_CPUS`` logical CPUs (and one GPU with ``with_gpus``; Ray sets the rank's
-  ``CUDA_VISIBLE_DEVICES``). Replicas of a service are spread: each goes to the live node with
-  the fewest live replicas of that service (one per node, round robin), pinned by Ray's
+  ``CUDA_VISIBLE_DEVICES``). Replicas of a service are spread: each goes to a live node with
+  room for it (Ray's available resources per node) and, among those, the one with the fewest
+  live replicas of that service (one per node, round robin), pinned by Ray's
   ``ray.io/node-id`` label. Meshes that are not replicas (trainer, replay buffer, data) keep
   together on the node the first of them got (a soft hint: elsewhere if it is full or dead),
   so one host holds the run's state and the others only replicas.
