@@ -15,8 +15,9 @@ still carries every call::
 - **Placement.** A mesh is one placement group: ``hosts=1`` is one bundle on one node,
   ``hosts=N`` N bundles on N distinct nodes (``STRICT_SPREAD``); each rank reserves
   ``FORGE_RAY_CPUS`` logical CPUs (and one GPU with ``with_gpus``; Ray sets the rank's
-  ``CUDA_VISIBLE_DEVICES``). Replicas of a service are spread: each goes to the live node with
-  the fewest live replicas of that service (one per node, round robin), pinned by Ray's
+  ``CUDA_VISIBLE_DEVICES``). Replicas of a service are spread: each goes to a live node with
+  room for it (Ray's available resources per node) and, among those, the one with the fewest
+  live replicas of that service (one per node, round robin), pinned by Ray's
   ``ray.io/node-id`` label. Meshes that are not replicas (trainer, replay buffer, data) keep
   together on the node the first of them got (a soft hint: elsewhere if it is full or dead),
   so one host holds the run's state and the others only replicas.
@@ -192,7 +193,10 @@ class RayProc(WatchedProc):
                 time.sleep(0.2)
 
     def _send_signal(self, sig: int) -> None:
-        self.actor.signal.remote(sig)  # fire and forget
+        try:
+            self.actor.signal.remote(sig)  # fire and forget
+        except Exception as e:  # noqa: BLE001 - the actor (or its node) is gone already
+            logger.debug("mesh %s rank %d: no signal sent (%s)", self.mesh, self.rank, e)
 
 
 class RayProcMesh(ProcMesh):
@@ -261,19 +265,56 @@ def live_nodes() -> list[dict]:
     return sorted(trusted or nodes, key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
 
 
-def pick_node(spread_key: str, meshes: list, placing: dict[str, int]) -> str:
-    """The live node with the fewest live replicas of ``spread_key`` (ties: node order)."""
-    nodes = live_nodes()
+def _fits(free: dict, need: dict) -> bool:
+    return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
+
+
+def choose_node(
+    nodes: list[dict], free: dict[str, dict], load: dict[str, int], need: dict
+) -> tuple[str, str]:
+    """Where a replica needing ``need`` (a bundle, e.g. ``{"CPU": 1.0}``) goes: among the
+    ``nodes`` (in order) whose ``free`` resources hold it, the one with the fewest replicas of
+    its service (``load``; ties: node order). ``(node id, "")``; or, when no node has room
+    now, ``(node id, why it is full)`` for the node with the fewest replicas (the caller waits
+    there, bounded, in case room frees up)."""
     if not nodes:
         raise SpawnError("the Ray cluster has no live node with CPUs to place a replica on")
+    ids = [n["NodeID"] for n in nodes]
+    room = [i for i, nid in enumerate(ids) if _fits(free.get(nid, {}), need)]
+    order = sorted(room or range(len(ids)), key=lambda i: (load.get(ids[i], 0), i))
+    best = nodes[order[0]]
+    if room:
+        return best["NodeID"], ""
+    why = _why_full(best, free.get(best["NodeID"], {}), need)
+    return best["NodeID"], f"no live node has room: {why}"
+
+
+def _why_full(node: dict, free: dict, need: dict) -> str:
+    total = node.get("Resources", {})
+    short = {k: round(free.get(k, 0.0), 3) for k in need}
+    return (
+        f"node {node['NodeID'][:12]} ({node.get('NodeManagerAddress', '?')}) has {short} free "
+        f"of { {k: total.get(k, 0.0) for k in need} } and the replica needs {need}"
+    )
+
+
+def pick_node(
+    spread_key: str, meshes: list, placing: dict[str, int], need: dict
+) -> tuple[str, str]:
+    """A live node with room for ``need`` (Ray's available resources per node, less what is
+    being placed now) and the fewest live replicas of ``spread_key``; see ``choose_node``."""
+    nodes = live_nodes()
     load = {n["NodeID"]: placing.get(f"{spread_key}@{n['NodeID']}", 0) for n in nodes}
     for pm in meshes:
         if getattr(pm, "spread_key", None) == spread_key and not pm._stopped:
             for p in pm._procs:
                 if p.node_id in load and not p.exited:
                     load[p.node_id] += 1
-    order = sorted(range(len(nodes)), key=lambda i: (load[nodes[i]["NodeID"]], i))
-    return nodes[order[0]]["NodeID"]
+    free = ray._private.state.available_resources_per_node() if nodes else {}
+    for node, held in _reserved.items():  # placements made but not yet in Ray's numbers
+        if node in free:
+            free[node] = {k: v - held.get(k, 0.0) for k, v in free[node].items()}
+    return choose_node(nodes, free, load, need)
 
 
 def _anchor_node(rt) -> str | None:
@@ -285,6 +326,7 @@ def _anchor_node(rt) -> str | None:
 
 
 _placing: dict[str, int] = {}  # "<spread key>@<node id>" -> replicas being placed there now
+_reserved: dict[str, dict[str, float]] = {}  # node id -> resources of groups placed there now
 _anchor: dict[int, str] = {}  # id(runtime) -> the node its single-host, non-replica meshes share
 
 
@@ -292,11 +334,19 @@ async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env):
     """One placement group for the mesh and a ``_RankHost`` per rank, started."""
     hosts, per_host = sizes.get("hosts", 1), sizes["procs"]
     cpus, gpus = resources
-    node = pick_node(spread_key, rt.proc_meshes, _placing) if spread_key else None
+    node, full = pick_node(spread_key, rt.proc_meshes, _placing, bundle) if spread_key else ("", "")
+    if full:
+        logger.warning("mesh %s: %s; waiting for room there", mesh_name, full)
     anchor = _anchor_node(rt) if not spread_key and hosts == 1 else None
     held = f"{spread_key}@{node}"
+    # what this group will take on its node counts against that node until Ray's numbers
+    # show it, so that replicas placed at the same time do not all pick the same room
+    at = node or anchor
     if node:
         _placing[held] = _placing.get(held, 0) + 1
+    if at:
+        _reserve(at, bundle, 1)
+    reserved = bool(at)
     try:
         pg = placement_group(
             [dict(bundle) for _ in range(hosts)],
@@ -308,6 +358,9 @@ async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env):
         actors = []
         try:
             await _await_placed(pg, node, mesh_name, hosts, bundle)
+            if reserved:  # placed: Ray's own numbers count it from now on
+                _reserve(at, bundle, -1)
+                reserved = False
             cls = _rank_host_class()
             actors = [
                 cls.options(
@@ -326,7 +379,17 @@ async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env):
     finally:
         if node:
             _placing[held] -= 1
+        if reserved:
+            _reserve(at, bundle, -1)
     return pg, actors, started
+
+
+def _reserve(node: str, bundle: dict, sign: int) -> None:
+    held = _reserved.setdefault(node, {})
+    for k, v in bundle.items():
+        held[k] = held.get(k, 0.0) + sign * v
+    if all(abs(v) < 1e-9 for v in held.values()):
+        del _reserved[node]
 
 
 async def launch(opts, name: str) -> RayProcMesh:
@@ -390,13 +453,18 @@ async def _start_ranks(rt, actors, mesh_name, sizes, env) -> list[tuple]:
     return list(started)
 
 
-def _no_room(mesh: str, hosts: int, bundle: dict) -> str:
+def _no_room(mesh: str, hosts: int, bundle: dict, node: str | None = None) -> str:
     avail = ray.available_resources()
+    where = ""
+    if node:  # a replica pinned to one node: say which, and what it has
+        info = next((n for n in ray.nodes() if n["NodeID"] == node), {"NodeID": node})
+        free = ray._private.state.available_resources_per_node().get(node, {})
+        where = f"; it was pinned to {_why_full(info, free, bundle)}"
     return (
         f"the Ray cluster has no room for mesh {mesh!r}: it needs {hosts} node(s) with "
-        f"{bundle} free each (available now: "
-        f"{ {k: v for k, v in avail.items() if k in ('CPU', 'GPU')} }); add nodes, or "
-        "lower FORGE_RAY_CPUS"
+        f"{bundle} free each (available now, whole cluster: "
+        f"{ {k: v for k, v in avail.items() if k in ('CPU', 'GPU')} }){where}; add nodes, "
+        "or lower FORGE_RAY_CPUS"
     )
 
 
@@ -415,7 +483,7 @@ async def _await_placed(pg, node: str | None, mesh: str, hosts: int, bundle: dic
             raise _NodeLost(node, f"node {node} died while mesh {mesh!r} was being placed there")
         if time.monotonic() > deadline:
             ready.cancel()
-            raise SpawnError(_no_room(mesh, hosts, bundle))
+            raise SpawnError(_no_room(mesh, hosts, bundle, node))
 
 
 class _NodeLost(SpawnError):

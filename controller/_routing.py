@@ -5,7 +5,8 @@
 It decides what happens to one request: wait for a healthy replica (up to
 ``unavailable_timeout``), choose one (the configured router; sticky within a session), send
 it under the replica's concurrency cap, and re-send it elsewhere if its replica dies (at most
-``max_retries`` times, never twice to the same replica); and ``fanout`` to every healthy
+``max_retries`` times, never twice to the same replica generation: a restarted replica is a
+new place to try, waited for within ``unavailable_timeout``); and ``fanout`` to every healthy
 replica. A subclass owns the replica list (``self.replicas``) and says what a death means
 (``_replica_died``) and where fresh news of the replicas comes from (``_refresh``).
 """
@@ -21,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from controller._service_types import HEALTHY, UNHEALTHY, Replica, ServiceConfig, Stale
+from controller._service_types import HEALTHY, RECOVERING, UNHEALTHY, Replica, ServiceConfig, Stale
 from controller.endpoint import EndpointProperty
 from controller.errors import ActorDiedError, ServiceUnavailable
 from controller.future import Future
@@ -160,10 +161,17 @@ class Routing:
     # ``call_one`` (benchmarks/services.py, ``route_overhead``). So the first attempt picks and
     # sends without waiting machinery, one coroutine carries the whole request (counters,
     # retries), and a one-rank replica is called straight (``ActorMesh._first_value``).
-    def _pick(self, sid: str | None, tried: set[int] | None) -> Replica | None:
+    def _pick(self, sid: str | None, tried: set[tuple[int, int]] | None) -> Replica | None:
         with self._lock:
             if tried:
-                healthy = [r for r in self.replicas if r.state == HEALTHY and r.index not in tried]
+                # a replica generation this request died on is out; a restarted replica (a
+                # new generation) is a new place to try, after any replica not yet tried
+                healthy = [
+                    r for r in self.replicas if r.state == HEALTHY and (r.index, r.gen) not in tried
+                ]
+                dead_on = {index for index, _ in tried}
+                fresh = [r for r in healthy if r.index not in dead_on]
+                healthy = fresh or healthy
             else:
                 healthy = [r for r in self.replicas if r.state == HEALTHY]
             if not healthy:
@@ -228,25 +236,38 @@ class Routing:
         return value
 
     async def _route(self, ep: str, args, kwargs, sid: str | None) -> Any:
-        """One ``route`` request: a healthy replica (the session's, if any) answers; re-sent
-        to another replica if its replica dies, up to ``max_retries`` times; counted in
+        """One ``route`` request: a healthy replica (the session's, if any) answers. If its
+        replica dies, it is re-sent, up to ``max_retries`` times, never twice to the same
+        replica generation: to a replica not tried yet if there is one, else to a replica the
+        service restarted (waiting up to ``unavailable_timeout`` for one). Counted in
         ``request_counts``."""
         with self._lock:
             self._requests["sent"] += 1
-        tried: set[int] | None = None  # replicas this request died on (made at the first death)
+        # (replica index, generation) this request died on (made at the first death): the
+        # poison-pill bound is the number of deaths (max_retries + 1), not the replica count,
+        # so a one-replica service survives the loss of its replica's host.
+        tried: set[tuple[int, int]] | None = None
         last: ActorDiedError | None = None
 
         def pick():
             r = self._pick(sid, tried)
-            if r is None and last is not None and all(x.index in tried for x in self.replicas):
-                raise last  # every replica has had this request once and died on it
+            if r is None and last is not None and not self._may_recover():
+                raise last  # the replicas it died on will not come back
             return r
 
         try:
             while True:
                 r = None if self._stopped else self._pick(sid, tried)
                 if r is None:
-                    r = await self._wait_for(pick)
+                    try:
+                        r = await self._wait_for(pick)
+                    except ServiceUnavailable as e:
+                        if last is None:
+                            raise
+                        raise ServiceUnavailable(
+                            f"{e} (a {self.name}.{ep} request died on its replica: {last})"
+                        ) from last
+                gen = r.gen
                 try:
                     value = await self._call(r, ep, args, kwargs)
                     break
@@ -255,7 +276,7 @@ class Routing:
                 except ActorDiedError as e:
                     last = e
                     tried = tried or set()
-                    tried.add(r.index)
+                    tried.add((r.index, gen))
                     if len(tried) > self.config.max_retries:
                         raise
                     self._count("retried")
@@ -269,6 +290,12 @@ class Routing:
         with self._lock:
             self._requests["completed"] += 1
         return value
+
+    def _may_recover(self) -> bool:
+        """Whether a replica that is down may serve again (the service is restarting it, or
+        it is down but still wanted): worth waiting for."""
+        with self._lock:
+            return any(r.wanted and r.state in (UNHEALTHY, RECOVERING) for r in self.replicas)
 
     async def _fanout(self, ep: str, args, kwargs) -> dict[int, Any]:
         """Every healthy replica answers; ``{replica index: value}``. A replica that dies

@@ -305,10 +305,10 @@ class Runtime:
         procs = [p for p in self.local_procs.values() if p.returncode is None]
         for p in procs:
             p.stopping = True
-            p.signal(signal.SIGTERM)
+            _signal_quietly(p, signal.SIGTERM)
         for p in procs:
             if p.wait(2.0) is None:
-                p.signal(signal.SIGKILL)
+                _signal_quietly(p, signal.SIGKILL)
                 p.wait(1.0)
         ser.close_pool()
         if self.session.is_root:
@@ -316,6 +316,15 @@ class Runtime:
             ser.sweep_shm(self.session.shm_prefix)
         if self._bg_loop is not None:
             self._bg_loop.call_soon_threadsafe(self._bg_loop.stop)
+
+
+def _signal_quietly(p, sig: int) -> None:
+    """Signal a rank at close; one already gone (its host lost, its Ray actor removed) is
+    not an error: close goes on to the others."""
+    try:
+        p.signal(sig)
+    except Exception as e:  # noqa: BLE001 - see above
+        logger.debug("close: could not signal %s: %s", getattr(p, "pid", p), e)
 
 
 _runtime: Runtime | None = None

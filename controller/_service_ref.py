@@ -12,11 +12,11 @@ The ref routes by itself, straight to the replicas' processes: no hop through th
 controller, and through the same routing core as the controller's ``Service``
 (controller/_routing.py): the service's configured router, its concurrency cap (per replica,
 per event loop of this process), and its failover (a request whose replica dies is re-sent to
-another replica, up to ``max_retries`` times, never twice to the same one). The
-controller-side ``Service`` stays the one place that supervises and restarts replicas; once
-it has been pickled it keeps its replica table (index, generation, state and, when healthy,
-actor mesh of every replica) in a file in the session directory, replaced atomically on every
-change (``write_table``). The ref re-reads it after a replica dies under one of its requests,
+another replica or a restarted one, up to ``max_retries`` times, never twice to the same
+replica generation). The controller-side ``Service`` stays the one place that supervises and
+restarts replicas; once it has been pickled it keeps its replica table (index, generation,
+state and, when healthy, actor mesh of every replica) in a file in the session directory,
+replaced atomically on every change (``write_table``). The ref re-reads it after a replica dies under one of its requests,
 while waiting up to ``unavailable_timeout`` for a healthy replica, and before a ``fanout``
 when its copy is older than ``health_poll_rate``. Where the session directory is not visible
 (a worker on a host that shares nothing with the controller) it asks the controller's home

@@ -31,7 +31,7 @@ class ServiceConfig:
     num_replicas: int = 1
     health_poll_rate: float = 0.2  # seconds between checks while waiting for a healthy replica
     replica_max_concurrent_requests: int = 10  # per replica (and per event loop); rest queue
-    max_retries: int = 2  # re-sends of a request whose replica died, each to another replica
+    max_retries: int = 2  # re-sends of a request whose replica died (a restarted one counts)
     unavailable_timeout: float = 30.0  # how long route() waits for a replica to recover
     router: str | Router = "round_robin"
     # Active health checks: every ``health_check_interval_s`` each process of every healthy

@@ -47,7 +47,8 @@ Variable                  Default            Meaning
                                              authenticate at once; newer ones are closed.
 ``FORGE_CALL_TIMEOUT_S``  ``600``            Default bound, in seconds, of remote calls that
                                              would otherwise wait without one: every call to
-                                             the controller's home (files, service tables);
+                                             the controller's home (files, service tables)
+                                             and ``forge serve``'s calls to its trainers;
                                              ``0``: no bound.
 ========================  =================  ===============================================
 
@@ -247,8 +248,8 @@ def max_pending_connections() -> int:
 
 def call_timeout_s() -> float | None:
     """``FORGE_CALL_TIMEOUT_S`` (default 600): the default bound of remote calls that would
-    otherwise wait without one (every call to the home; meshes given it with
-    ``with_default_timeout``); ``None`` when set to ``0``."""
+    otherwise wait without one (every call to the home; ``forge serve``'s trainers and other
+    meshes given it with ``with_default_timeout``); ``None`` when set to ``0``."""
     raw = os.environ.get("FORGE_CALL_TIMEOUT_S", "").strip() or "600"
     if raw == "0":
         return None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import forge.env
 from forge.serve.config import ServeConfig, ServedBase, resolve_path
 from forge.serve.futures import Stats, UserError
 
@@ -167,6 +168,9 @@ class ServerState:
                 Trainer.options(procs=1, env=env, mesh_name=f"trainer-{safe}").as_actor(tcfg),
                 self.base_generator(base.name),
             )
+            # every call to the trainer that names no timeout is bounded (FORGE_CALL_TIMEOUT_S):
+            # a trainer that stops answering fails its request instead of holding it for good
+            trainer = trainer.with_default_timeout(forge.env.get_call_timeout_s())
             self.models[model_id] = ServedModel(
                 model_id, base, path, lora_cfg.rank, trainer, generator, dict(lora or {})
             )

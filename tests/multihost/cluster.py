@@ -4,12 +4,13 @@ Each host is a network namespace (``tests/multihost/netns.py``: ``forgeh<i>``, a
 ``10.77.0.<i+1>`` on the bridge ``forgebr0``) *and* a mount namespace of its own with a private
 ``/dev/shm`` and ``/tmp`` (fresh tmpfs mounts), so nothing written there by one host is seen by
 another or by the controller. The Ray head runs in the root namespace beside the controller
-(``10.77.0.1``, no CPUs: ranks never land on the controller's host) and a Ray worker node runs
-in each host. Every node and the controller use Ray token authentication
-(``RAY_AUTH_MODE=token``) with one random token, and the head's health check declares a silent
-node dead in about 6 s (``controller._ray.HEALTH``). What still is shared: the kernel (one pid
-space, so a pid seen here is the same process) and the disk outside ``/tmp`` (the Python
-environment and the repository, at the same paths, as on a cluster with one image).
+(``10.77.0.1``; no CPUs by default, so ranks never land on the controller's host, or with
+CPUs: ``head_cpus``) and a Ray worker node runs in each host. Every node and the controller
+use Ray token authentication (``RAY_AUTH_MODE=token``) with one random token, and the head's
+health check declares a silent node dead in about 6 s (``controller._ray.HEALTH``). What
+still is shared: the kernel (one pid space, so a pid seen here is the same process) and the
+disk outside ``/tmp`` (the Python environment and the repository, at the same paths, as on a
+cluster with one image).
 
 Command line (as root)::
 
@@ -99,10 +100,11 @@ def _base_env(token: str) -> dict[str, str]:
     return env
 
 
-def _start_head(cluster: RayCluster) -> None:
+def _start_head(cluster: RayCluster, head_cpus: int | None = 0) -> None:
+    cpus = [] if head_cpus is None else [f"--num-cpus={head_cpus}"]  # None: Ray's default
     cmd = [
         _ray_bin(), "start", "--head", f"--node-ip-address={HEAD_IP}", f"--port={HEAD_PORT}",
-        "--num-cpus=0", "--include-dashboard=false", "--disable-usage-stats", "--block",
+        *cpus, "--include-dashboard=false", "--disable-usage-stats", "--block",
         f"--temp-dir={cluster.temp_dir}", f"--system-config={json.dumps(HEALTH)}",
     ]  # fmt: skip
     log = cluster.log_dir / "ray-head.log"
@@ -194,14 +196,16 @@ def _wait_nodes(cluster: RayCluster, ips: set[str], log: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_cluster(n: int, log_dir: str | Path):
-    """A head and ``n`` worker hosts; everything is removed on exit, whatever happened."""
+def running_cluster(n: int, log_dir: str | Path, head_cpus: int | None = 0):
+    """A head and ``n`` worker hosts; everything is removed on exit, whatever happened.
+    ``head_cpus``: the head's CPUs (0: none, so ranks go to the hosts; ``None``: what a plain
+    ``ray start --head`` gives, every CPU of the machine)."""
     token = secrets.token_hex(16)
     temp_dir = f"/tmp/forge-ray-head-{os.getpid()}"
     cluster = RayCluster([], token, temp_dir, Path(log_dir))
     try:
         cluster.hosts = netns.setup(n)
-        _start_head(cluster)
+        _start_head(cluster, head_cpus)
         for h in cluster.hosts:
             _start_node(cluster, h)
         yield cluster
@@ -216,13 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start the head and the hosts' Ray nodes")
     up.add_argument("--hosts", type=int, default=3)
     up.add_argument("--log-dir", default="/var/tmp")
+    up.add_argument("--head-cpus", default="0", help="the head's CPUs; 'default': Ray's default")
     sub.add_parser("down", help="remove the hosts and stop the head")
     args = p.parse_args(argv)
     if why := netns.unavailable_reason():
         print(f"cannot run: {why}", file=sys.stderr)
         return 2
     if args.cmd == "up":
-        with running_cluster(args.hosts, args.log_dir) as cluster:
+        head_cpus = None if args.head_cpus == "default" else int(args.head_cpus)
+        with running_cluster(args.hosts, args.log_dir, head_cpus) as cluster:
             for k, v in cluster.env().items():
                 print(f"export {k}={v}", flush=True)
             with contextlib.suppress(KeyboardInterrupt):

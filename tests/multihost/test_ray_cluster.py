@@ -450,6 +450,48 @@ def test_a_silent_host_is_detected_and_failed_over_within_the_bound(hosts, tmp_p
     assert r["back_s"] < 20, r
 
 
+ONE_REPLICA = """
+import asyncio, json, time
+from controller import shutdown
+from tests.multihost import netns
+from tests.runtime.service_actors import Echo
+
+async def main():
+    svc = await Echo.options(num_replicas=1).as_service()  # the default options
+    r = svc.replicas[0]
+    ip = r.mesh._infos[0].address.split(":")[1]
+    call = asyncio.ensure_future(svc.echo.route("in flight", delay=2.0))
+    await asyncio.sleep(0.5)
+    t0 = time.monotonic()
+    netns.kill_host("forgeh%d" % (int(ip.rsplit(".", 1)[1]) - 1))  # every process of the host
+    answer = await asyncio.wait_for(call, 120)
+    answered_s = time.monotonic() - t0
+    new_ip = r.mesh._infos[0].address.split(":")[1]
+    after = await svc.echo.route("after")
+    print("RESULT", json.dumps({"answer": answer, "after": after, "answered_s": answered_s,
+                                "ip": ip, "new_ip": new_ip, "counts": svc.request_counts(),
+                                "restarts": r.restarts}), flush=True)
+    await shutdown()
+
+asyncio.run(main())
+"""
+
+
+def test_a_one_replica_service_survives_the_loss_of_its_host(hosts, tmp_path):
+    """The host of a service's only replica is SIGKILLed with a request in flight: the request
+    waits for the replica the service restarts on another host and is answered there (no
+    request lost); closing the run after it raises nothing about the dead host's ranks."""
+    out = _script(tmp_path, hosts, ONE_REPLICA)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    r = json.loads(out.stdout.split("RESULT", 1)[1].splitlines()[0])
+    assert (r["answer"], r["after"]) == ("in flight", "after")
+    assert r["new_ip"] != r["ip"] and r["restarts"] == 1, r
+    assert r["counts"] == {"sent": 2, "retried": 1, "completed": 2, "failed": 0, "cancelled": 0}
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    print(f"one-replica service: host killed, request answered on {r['new_ip']} after "
+          f"{r['answered_s']:.1f} s")  # fmt: skip
+
+
 def test_wrong_ray_token_is_refused(hosts, tmp_path):
     script = write_script(tmp_path, """
         import asyncio

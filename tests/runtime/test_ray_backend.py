@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -166,3 +167,46 @@ def test_no_orphans_when_the_controller_is_killed(tmp_path):
         ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True
     ).stdout.split()
     assert wait_dead([int(p) for p in left], 30.0) == [], "processes of the session remain"
+
+
+CLOSE = """
+import signal, threading
+from controller._launch import WatchedProc
+from controller._runtime import get_runtime
+
+class Gone(WatchedProc):
+    # a rank whose Ray actor is gone: signalling it raises as Ray does ("Can't find actor")
+    def __init__(self, name):
+        self.done = threading.Event()
+        super().__init__(name, 0, 1, f"tcp:127.0.0.1:{name}", 1, "lost-host", lambda p: None)
+    def _wait_exit(self):
+        self.done.wait()
+        return -9
+    def _send_signal(self, sig):
+        if sig == signal.SIGKILL:
+            self.done.set()
+        raise ValueError("Can't find actor 1234")
+
+rt = get_runtime()
+procs = [Gone("1"), Gone("2")]
+for p in procs:
+    rt.local_procs[p.address] = p
+rt.close()
+print("closed", [p.returncode for p in procs])
+"""
+
+
+def test_close_goes_on_past_ranks_already_gone():
+    """Closing the runtime signals every rank; one whose Ray actor is gone (its host lost)
+    raises, as Ray does, and close goes on to the others."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CLOSE)],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "closed [-9, -9]" in out.stdout
+    assert "Traceback" not in out.stderr

@@ -138,8 +138,58 @@ async def test_failover_is_bounded_by_max_retries_and_tries_each_replica_once():
     for r in svc.replicas:
         r.fail_next(3)
     with pytest.raises(ActorDiedError):
-        await svc.whoami.route()  # each replica once, then the last death is raised
+        # a restarted replica is a new place to try: 6 deaths (max_retries + 1), alternating
+        # between the two replicas, then the last death is raised
+        await svc.whoami.route()
+    assert svc.request_counts()["retried"] == 5
+    assert [m["restarts"] for m in svc.metrics().values()] == [3, 3]
+
+
+async def test_one_replica_service_retries_its_restarted_replica():
+    svc = fake(1)
+    svc.replicas[0].fail_next()  # dies on the request, restarted at once (a new generation)
+    assert await svc.whoami.route() == "a"
+    assert svc.request_counts() == {
+        "sent": 1,
+        "retried": 1,
+        "completed": 1,
+        "failed": 0,
+        "cancelled": 0,
+    }
+
+
+async def test_a_request_waits_for_the_replica_restarted_after_its_host_died():
+    svc = fake(1)
+    call = asyncio.ensure_future(svc.echo.route("x", delay=0.5))
+    await asyncio.sleep(0.1)
+    svc.replicas[0].kill("its host died")
+    await asyncio.sleep(0.3)  # the request waits (within unavailable_timeout) for a restart
+    assert not call.done()
+    svc.replicas[0].restart()
+    assert await call == "x"
+    counts = svc.request_counts()
+    assert (counts["retried"], counts["completed"], counts["failed"]) == (1, 1, 0)
+
+
+async def test_the_wait_for_a_restart_is_bounded_and_names_the_death():
+    svc = fake(1, unavailable_timeout=0.4)
+    call = svc.echo.route("x", delay=0.5).start()
+    await asyncio.sleep(0.1)
+    svc.replicas[0].kill("its host died")
+    t0 = time.monotonic()
+    with pytest.raises(ServiceUnavailable, match="died on its replica.*its host died"):
+        await call
+    assert time.monotonic() - t0 < 2.0
+    assert svc.request_counts()["failed"] == 1
+
+
+async def test_a_poison_pill_kills_at_most_max_retries_plus_one_replicas():
+    svc = fake(1, max_retries=2)
+    svc.replicas[0].fail_next(10)  # every attempt dies; the replica restarts each time
+    with pytest.raises(ActorDiedError):
+        await svc.whoami.route()
     assert svc.request_counts()["retried"] == 2
+    assert svc.metrics()[0]["restarts"] == 3
 
 
 async def test_requests_in_flight_on_a_killed_replica_fail_over():
