@@ -159,8 +159,11 @@ def home() -> ActorMesh | None:
     address = get_runtime().session.home or env.home_address()
     if not address:
         return None
-    return ActorMesh(HOME_ACTOR, "Home", Home, [ProcInfo(address, 0)], Shape.full({"procs": 1}),
-                     "home")  # fmt: skip
+    mesh = ActorMesh(HOME_ACTOR, "Home", Home, [ProcInfo(address, 0)],
+                     Shape.full({"procs": 1}), "home")  # fmt: skip
+    # Every call to the home is bounded (FORGE_CALL_TIMEOUT_S): a controller host that stops
+    # answering fails the caller with a CallTimeoutError naming the call, never a hang.
+    return mesh.with_default_timeout(env.call_timeout_s())
 
 
 async def recall(key: str):

@@ -1,9 +1,11 @@
 """The local backend: actor processes on this host, started and watched by this process.
 
-Each process gets two pipes besides stdout/stderr: a *lifeline* it reads until EOF (when
+Each process gets three pipes besides stdout/stderr: a *lifeline* it reads until EOF (when
 its parent dies, however it dies, the kernel closes the pipe and the child exits at once,
-taking its own process group with it) and a *ready* pipe it writes one line to once it
-listens on its socket. A waiter thread per process reports its death within milliseconds;
+taking its own process group with it), a *ready* pipe it writes one line to once it
+listens on its socket, and a pipe holding the session's secret (``FORGE_SESSION_KEY_FD``),
+so that the secret is never in the child's environment, where ``/proc/<pid>/environ`` would
+show it to every process of the user. A waiter thread per process reports its death within milliseconds;
 two reader threads forward its output prefixed with ``[mesh rank/size]``.
 """
 
@@ -21,6 +23,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from controller.env import SESSION_KEY, SESSION_KEY_FD
 from controller.errors import SpawnError, describe_exit
 
 logger = logging.getLogger("controller")
@@ -59,6 +62,11 @@ class LocalProc:
         full_env = {**os.environ, **env}
         full_env["FORGE_LIFELINE_FD"] = str(life_r)
         full_env["FORGE_READY_FD"] = str(ready_w)
+        fds = [life_r, ready_w]
+        key = full_env.pop(SESSION_KEY, None)
+        if key is not None:  # through a pipe: never in the child's /proc/<pid>/environ
+            fds.append(_key_pipe(key))
+            full_env[SESSION_KEY_FD] = str(fds[-1])
         full_env["FORGE_SYS_PATH"] = json.dumps([p for p in sys.path if p])
         full_env["PYTHONUNBUFFERED"] = "1"
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,12 +80,12 @@ class LocalProc:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(life_r, ready_w),
+                pass_fds=tuple(fds),
                 start_new_session=True,  # Ctrl-C goes to the controller, which stops us cleanly
             )
         finally:
-            os.close(life_r)
-            os.close(ready_w)
+            for fd in fds:
+                os.close(fd)
         self.pid = self.popen.pid
         prefix = f"[{mesh} {rank}/{size}] "
         for stream, out, tail in (
@@ -139,6 +147,17 @@ class LocalProc:
     def describe(self) -> str:
         state = "alive" if self.returncode is None else describe_exit(self.returncode)
         return f"mesh {self.mesh!r} rank {self.rank} pid {self.pid} ({state})"
+
+
+def _key_pipe(key: str) -> int:
+    """The read end of a pipe that holds ``key`` and then end-of-file (64 hex digits fit a
+    pipe's buffer, so the write never blocks)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, key.encode())
+    finally:
+        os.close(w)
+    return r
 
 
 def _read_line(fd: int) -> bytes:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -55,7 +56,13 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-_SESSION_NAME = re.compile(r"(?:^|-)forge-(\d+)-(?:([0-9a-f]{8})-)?")
+# A session tag: forge-<root pid>-<host id>-<8 characters of mkdtemp> (older: no host id).
+_TAG = r"forge-(\d+)-(?:([0-9a-f]{8})-)?[a-z0-9_]{8}"
+# Names the sweep may judge, and nothing else: a session directory (exactly a tag), and in
+# shared memory a payload (a tag, then "-"), a weight file of the run's prefix (forge-w-,
+# then a tag) or any other weight file or its lock (forge-w-..., ending in ".<tag>").
+_SESSION_DIR = re.compile(rf"^{_TAG}$")
+_SESSION_SHM = re.compile(rf"^(?:forge-w-)?{_TAG}-|^forge-w-.*\.{_TAG}(?:\.lock)?$")
 
 
 def host_id() -> str:
@@ -76,18 +83,29 @@ def session_tag() -> str:
 
 
 def _sweep_stale_sessions(tmp: str) -> None:
-    """Remove socket dirs and shm payloads of root controllers of this host that died without
-    cleanup (names of another host's sessions, e.g. copies a worker made here, are left)."""
-    me = host_id()
-    for base, names in ((tmp, os.listdir(tmp)), (ser.SHM_DIR, os.listdir(ser.SHM_DIR or tmp))):
+    """Remove socket dirs and shm files of root controllers of this host that died without
+    cleanup. Only Forge's own names are judged (``_SESSION_DIR``, ``_SESSION_SHM``: never a
+    name that merely contains ``forge-<pid>-``), only this user's files, and never names of
+    another host's sessions (e.g. copies a worker made here)."""
+    me, uid = host_id(), os.geteuid()
+    for base, pattern in ((tmp, _SESSION_DIR), (ser.SHM_DIR, _SESSION_SHM)):
         if base is None:
             continue
-        for name in names:
-            m = _SESSION_NAME.search(name)
-            if m is None or (m.group(2) or me) != me or pid_alive(int(m.group(1))):
-                continue  # not a session name, another host's, or its controller lives
+        for name in os.listdir(base):
+            m = pattern.match(name)
+            if m is None:
+                continue
+            pid, host = next((g, h) for g, h in zip(m.groups()[::2], m.groups()[1::2]) if g)
+            if (host or me) != me or pid_alive(int(pid)):
+                continue  # another host's, or its controller lives
             path = os.path.join(base, name)
-            if os.path.isdir(path):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_uid != uid:
+                continue  # another user's: not ours to judge (root could remove it)
+            if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 try:

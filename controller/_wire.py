@@ -8,6 +8,12 @@ secret; until both sides have proven they hold it, no byte is unpickled. After t
 where ``body`` is a pickle (see ``_serialization``). Keeping the kind and call id outside
 the pickle lets one pickled request be sent to many ranks, and lets a reply be routed
 without unpickling it first.
+
+A listener drops a peer that has not completed the handshake within
+``FORGE_HANDSHAKE_TIMEOUT_S`` (default 10 s), and holds at most
+``FORGE_MAX_PENDING_CONNECTIONS`` (default 64) unauthenticated peers at once, closing newer
+ones at once: a peer that connects and sends nothing cannot starve it of descriptors.
+Frames after the handshake carry no MAC (see docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ _HEADER = struct.Struct("<QBQ")
 _MAGIC = b"FRG1"
 _NONCE = 32
 LARGE_FRAME = 1 << 20  # bodies this big are assembled in place and sent without a join
+# A length field above this is a broken or hostile peer, not a message: the channel is closed
+# (no attempt to allocate it). Far above any real message (weights move in 32 MiB chunks).
+MAX_FRAME = 1 << 40
+
+LATE_S = 0.5  # a handshake timer that fires this late was held up by our own busy loop
 
 # Frame kinds.
 CALL, SPAWN, STOP_ACTOR, CANCEL, EXIT, PING, READ = 1, 2, 3, 4, 5, 6, 7
@@ -46,8 +57,13 @@ class FrameProtocol(asyncio.Protocol):
         server: bool,
         on_frame: Callable[[FrameProtocol, int, int, memoryview], None],
         on_lost: Callable[[FrameProtocol, Exception | None], None] | None = None,
+        gate: _Gate | None = None,
     ):
         self._key = authkey
+        self._gate = gate  # a server's count of peers not yet authenticated
+        self._gated = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # loop time the handshake is due by
         self._server = server
         self._on_frame = on_frame
         self._on_lost = on_lost
@@ -64,6 +80,26 @@ class FrameProtocol(asyncio.Protocol):
         self.transport = transport
         _keepalive(transport.get_extra_info("socket"))
         if self._server:
+            gate = self._gate
+            if gate is not None:
+                if gate.pending >= gate.cap:
+                    gate.refused += 1
+                    if gate.refused & (gate.refused - 1) == 0:  # 1, 2, 4, ...: not a flood of logs
+                        logger.warning(
+                            "refused a connection: %d peers are already authenticating (the "
+                            "cap, FORGE_MAX_PENDING_CONNECTIONS); %d refused so far",
+                            gate.pending,
+                            gate.refused,
+                        )
+                    self._state = "rejected"
+                    self._fail_ready(ConnectionError("refused: too many pending connections"))
+                    transport.abort()
+                    return
+                gate.pending += 1
+                self._gated = True
+                loop = asyncio.get_event_loop()
+                self._deadline = loop.time() + gate.timeout_s
+                self._timer = loop.call_later(gate.timeout_s, self._expire, gate.timeout_s)
             transport.write(_MAGIC + self._nonce)
             self._state = "await_client_proof"
         else:
@@ -99,14 +135,38 @@ class FrameProtocol(asyncio.Protocol):
             return self._open()
         return False
 
+    def _expire(self, after_s: float) -> None:
+        if self._state in ("open", "rejected"):
+            return
+        loop = asyncio.get_event_loop()
+        if loop.time() - self._deadline > LATE_S:
+            # This process's loop was busy (an actor's __init__, a blocking call), not the
+            # peer slow: its proof may be waiting unread (uvloop runs due timers before it
+            # polls sockets). Look again once the loop has read what arrived.
+            self._deadline = loop.time() + LATE_S
+            self._timer = loop.call_later(LATE_S, self._expire, after_s)
+            return
+        self._reject(f"no handshake within {after_s:g} s")
+
+    def _ungate(self) -> None:
+        """This peer no longer counts against the listener's cap of pending handshakes."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._gated:
+            self._gated = False
+            self._gate.pending -= 1
+
     def _open(self) -> bool:
         self._state = "open"
+        self._ungate()
         if not self.ready.done():
             self.ready.set_result(None)
         return True
 
     def _reject(self, why: str) -> bool:
         logger.warning("rejected connection: %s", why)
+        self._ungate()
         self._fail_ready(ConnectionError(f"authentication failed: {why}"))
         self._state = "rejected"
         self.transport.abort()
@@ -138,6 +198,12 @@ class FrameProtocol(asyncio.Protocol):
         buf = self._buf
         while len(buf) >= _HEADER.size:
             n, kind, cid = _HEADER.unpack_from(buf)
+            if n > MAX_FRAME:
+                self._state = "rejected"
+                logger.warning("closed a channel: a frame of %d bytes is over the limit", n)
+                self.transport.abort()
+                buf.clear()
+                return
             end = _HEADER.size + n
             if len(buf) < end:
                 if n >= LARGE_FRAME:  # assemble it in place: one copy, not three
@@ -176,6 +242,7 @@ class FrameProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.closed = True
+        self._ungate()
         self._fail_ready(
             ConnectionError(
                 "connection closed during authentication: the peer rejected our credentials "
@@ -237,14 +304,42 @@ async def open_channel(
     return proto
 
 
-async def serve(address: str, authkey: bytes, on_frame: Callable, on_lost: Callable | None):
-    """Listen on ``address``; each accepted peer must authenticate before any frame is read."""
+class _Gate:
+    """A listener's bound on peers that have not authenticated yet: how many at once
+    (``cap``) and for how long each (``timeout_s``)."""
+
+    def __init__(self, timeout_s: float, cap: int):
+        self.timeout_s, self.cap = timeout_s, cap
+        self.pending = 0  # peers connected and not yet authenticated
+        self.refused = 0  # peers closed at once because ``pending`` was at the cap
+
+
+async def serve(
+    address: str,
+    authkey: bytes,
+    on_frame: Callable,
+    on_lost: Callable | None,
+    handshake_timeout_s: float | None = None,
+    max_pending: int | None = None,
+):
+    """Listen on ``address``; each accepted peer must authenticate before any frame is read,
+    within ``handshake_timeout_s`` (default ``FORGE_HANDSHAKE_TIMEOUT_S``), and at most
+    ``max_pending`` peers (default ``FORGE_MAX_PENDING_CONNECTIONS``) may be authenticating at
+    once."""
+    from controller import env
+
     loop = asyncio.get_running_loop()
     family, target = parse_address(address)
+    gate = _Gate(
+        env.handshake_timeout_s() if handshake_timeout_s is None else handshake_timeout_s,
+        env.max_pending_connections() if max_pending is None else max_pending,
+    )
 
     def factory():
-        return FrameProtocol(authkey, True, on_frame, on_lost)
+        return FrameProtocol(authkey, True, on_frame, on_lost, gate)
 
     if family == "unix":
-        return await loop.create_unix_server(factory, target)
-    return await loop.create_server(factory, *target)
+        server = await loop.create_unix_server(factory, target)
+    else:
+        server = await loop.create_server(factory, *target)
+    return server

@@ -4,6 +4,11 @@ Serves the actors spawned into this process over one authenticated socket. Async
 run as tasks on the event loop, started in arrival order; plain ``def`` endpoints run in a
 one-thread executor per actor (off the loop, in arrival order). Exits when told to, or as soon
 as its parent dies (the lifeline pipe reaches EOF), killing its own process group on the way.
+
+At start-up it reads the session's secret from its pipe and keeps it in memory only, and makes
+itself non-dumpable, so that code it runs for a tool (``forge.envs.sandbox``), or any other
+process of the user, can read the secret neither from ``/proc/<pid>/environ`` nor from its
+memory (docs/security.md).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class Worker:
             if task is not None:
                 task.cancel()
         elif kind == _wire.STOP_ACTOR:
-            self.loop.create_task(self._stop_actor(proto, cid, ser.loads(body)))
+            self.loop.create_task(self._stop_actor(proto, cid, body))
         elif kind == _wire.PING:
             self._reply(proto, _wire.OK, cid, os.getpid())
         elif kind == _wire.READ:
@@ -82,7 +87,12 @@ class Worker:
         if not proto.closed:  # file bytes go raw, not pickled: one copy less
             proto.send(_wire.OK, cid, data if isinstance(data, bytes) else ser.dumps(data)[0])
 
-    async def _stop_actor(self, proto, cid: int, name: str) -> None:
+    async def _stop_actor(self, proto, cid: int, body) -> None:
+        try:
+            name = ser.loads(body)
+        except Exception as e:  # noqa: BLE001 - a malformed request, reported to the caller
+            self._reply(proto, _wire.ERR, cid, e)
+            return
         inst = self.actors.pop(name, None)
         if inst is not None:
             await _teardown(inst)
@@ -310,7 +320,25 @@ async def _main() -> None:
             pass
 
 
+def _not_dumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: processes of the same user (a sandboxed tool's program)
+    may then neither read this one's ``/proc/<pid>/environ`` or memory nor ptrace it, and
+    the session's secret is in its memory. Root still can. Linux only; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # 4: PR_SET_DUMPABLE
+            logger.warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:  # no libc prctl: nothing to do
+        logger.warning("could not make this worker non-dumpable: %s", e)
+
+
 def main() -> None:
+    env.take_session_key()  # before anything can start a child that would inherit it
+    _not_dumpable()
     for p in reversed(env.sys_path()):
         if p not in sys.path:
             sys.path.insert(0, p)

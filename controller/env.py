@@ -40,6 +40,15 @@ Variable                  Default            Meaning
                                              wins over ``CUDA_VISIBLE_DEVICES``).
 ``FORGE_API_KEY``         unset              ``forge serve``: the key clients must send when
                                              ``--api-key`` is not given.
+``FORGE_HANDSHAKE_TIMEOUT_S``                 Seconds (default ``10``) a peer of a Forge
+                                             listener has to complete the HMAC handshake
+                                             before it is dropped.
+``FORGE_MAX_PENDING_CONNECTIONS``            Peers (default ``64``) a Forge listener lets
+                                             authenticate at once; newer ones are closed.
+``FORGE_CALL_TIMEOUT_S``  ``600``            Default bound, in seconds, of remote calls that
+                                             would otherwise wait without one: every call to
+                                             the controller's home (files, service tables);
+                                             ``0``: no bound.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -63,7 +72,12 @@ Variable                  Meaning (who sets it)
 ``FORGE_HOME``            Address of the controller's home, where workers on other hosts read
                           service tables and files of the controller's host
                           (``controller._home``; ``ray`` backend).
-``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``).
+``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``), in the
+                          environment a launcher hands ``controller._local``; that one takes it
+                          out and passes it on through a pipe instead.
+``FORGE_SESSION_KEY_FD``  Pipe the worker reads the session's secret (hex) from at start-up,
+                          then closes (``controller._local``): the secret is never in an actor
+                          process's environment, where ``/proc/<pid>/environ`` would show it.
 ``FORGE_SHM_PREFIX``      Name prefix of the session's shared-memory files
                           (``controller._runtime``).
 ========================  ==================================================================
@@ -82,6 +96,7 @@ __all__ = [
     "BACKENDS",
     "SESSION_DIR",
     "SESSION_KEY",
+    "SESSION_KEY_FD",
     "SHM_PREFIX",
     "InheritedSession",
     "WorkerPlace",
@@ -95,6 +110,7 @@ __all__ = [
     "ready_fd",
     "run_dir",
     "shm_pool_bytes",
+    "take_session_key",
     "sys_path",
     "thread_budget",
     "uvloop",
@@ -106,6 +122,7 @@ BACKENDS = ("local", "ray", "monarch")
 # Launch-protocol names that spawners also write into a child's environment.
 SESSION_DIR = "FORGE_SESSION_DIR"
 SESSION_KEY = "FORGE_SESSION_KEY"
+SESSION_KEY_FD = "FORGE_SESSION_KEY_FD"
 SHM_PREFIX = "FORGE_SHM_PREFIX"
 HOME = "FORGE_HOME"
 
@@ -205,6 +222,39 @@ def deterministic() -> bool:
     return os.environ.get("FORGE_DETERMINISTIC", "") == "1"
 
 
+def _positive(name: str, default: str, kind=float):
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = -1
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {raw!r}")
+    return value
+
+
+def handshake_timeout_s() -> float:
+    """``FORGE_HANDSHAKE_TIMEOUT_S`` (default 10): seconds a peer of a Forge listener has to
+    authenticate before it is dropped."""
+    return _positive("FORGE_HANDSHAKE_TIMEOUT_S", "10")
+
+
+def max_pending_connections() -> int:
+    """``FORGE_MAX_PENDING_CONNECTIONS`` (default 64): peers a Forge listener lets
+    authenticate at once."""
+    return _positive("FORGE_MAX_PENDING_CONNECTIONS", "64", int)
+
+
+def call_timeout_s() -> float | None:
+    """``FORGE_CALL_TIMEOUT_S`` (default 600): the default bound of remote calls that would
+    otherwise wait without one (every call to the home; meshes given it with
+    ``with_default_timeout``); ``None`` when set to ``0``."""
+    raw = os.environ.get("FORGE_CALL_TIMEOUT_S", "").strip() or "600"
+    if raw == "0":
+        return None
+    return _positive("FORGE_CALL_TIMEOUT_S", raw)
+
+
 def visible_gpus() -> str | None:
     """``FORGE_VISIBLE_GPUS``, raw (comma-separated), ``None`` when unset."""
     return os.environ.get("FORGE_VISIBLE_GPUS")
@@ -264,10 +314,32 @@ class InheritedSession:
     shm_prefix: str | None
 
 
+_taken_key: list[str] = []  # the secret take_session_key() read (at most one)
+
+
+def take_session_key() -> None:
+    """In an actor process, at start-up: read the session's secret from the pipe in
+    ``FORGE_SESSION_KEY_FD`` (or from ``FORGE_SESSION_KEY``), keep it in this process's memory
+    only, and remove both variables from ``os.environ``, so that no process this one starts
+    inherits the secret. ``inherited_session`` returns it from then on."""
+    fd = os.environ.pop(SESSION_KEY_FD, None)
+    key = os.environ.pop(SESSION_KEY, None)
+    if fd is not None:
+        chunks = []
+        with os.fdopen(int(fd), "rb") as pipe:
+            while chunk := pipe.read():
+                chunks.append(chunk)
+        key = b"".join(chunks).decode().strip()
+    if key:
+        _taken_key[:] = [key]
+
+
 def inherited_session() -> InheritedSession | None:
-    """The session in ``FORGE_SESSION_DIR``/``FORGE_SESSION_KEY``/``FORGE_SHM_PREFIX``, or
-    ``None`` in a root controller (no directory or key set)."""
-    d, key = os.environ.get(SESSION_DIR), os.environ.get(SESSION_KEY)
+    """The session in ``FORGE_SESSION_DIR``/``FORGE_SESSION_KEY``/``FORGE_SHM_PREFIX`` (the
+    secret as ``take_session_key`` kept it, in an actor process), or ``None`` in a root
+    controller (no directory or key set)."""
+    d = os.environ.get(SESSION_DIR)
+    key = os.environ.get(SESSION_KEY) or (_taken_key[0] if _taken_key else None)
     if not (d and key):
         return None
     return InheritedSession(d, bytes.fromhex(key), os.environ.get(SHM_PREFIX))

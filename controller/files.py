@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 
@@ -41,9 +42,31 @@ CALL_TIMEOUT_S = 300.0  # one chunk on a slow link
 
 
 def staging_root() -> str:
-    """Where this host keeps staged copies (private to the user)."""
+    """Where this host keeps staged copies: ``<tmp>/forge-staged-<uid>``, private to the user.
+
+    The temporary directory is shared with the host's other users, who could create that name
+    first (and fill it, or make it a link elsewhere). So the directory is made with mode 0700,
+    or, if it exists, accepted only if it is a real directory (not a symbolic link) owned by
+    this user with mode 0700; anything else is a ``PermissionError`` naming it and the fix."""
     root = os.path.join(tempfile.gettempdir(), f"forge-staged-{os.getuid()}")
-    os.makedirs(root, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)  # lstat: a symbolic link is judged itself, never followed
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or st.st_uid != os.geteuid()
+        or stat.S_IMODE(st.st_mode) != 0o700
+    ):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        if stat.S_ISDIR(st.st_mode):
+            kind = f"owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}"
+        raise PermissionError(
+            f"the staging directory {root} is {kind}, not a directory of uid {os.geteuid()} "
+            "with mode 700: another user may have made it. Remove it (or set TMPDIR to a "
+            "private directory) and run again"
+        )
     return root
 
 
@@ -63,7 +86,7 @@ async def stage(path: str) -> str:
         return dest
     lock_path = os.path.join(staging_root(), f"{key}.lock")
     loop = asyncio.get_running_loop()
-    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
     try:
         await loop.run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
         if not os.path.exists(dest):  # another process on this host may have fetched it
@@ -261,7 +284,7 @@ async def fetch_published(address: str, path: str, dest: str) -> int:
     ``dest`` (written beside it, renamed into place); returns its size."""
     size = await _read_remote(address, path, 0, -1)
     tmp = f"{dest}.{uuid.uuid4().hex[:8]}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.ftruncate(fd, size)
         sem = asyncio.Semaphore(IN_FLIGHT)
@@ -304,7 +327,7 @@ async def fetch_relayed(source: str, path: str, dest: str, key: str,
         return await fetch_published(source, path, dest)
     tmp = f"{dest}.{uuid.uuid4().hex[:8]}.tmp"
     grow = _published.publish_growing(dest, tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         parent = await h.relay_join.call_one(key, source, me, fanout, timeout=10.0)
         read = _Reader(source, path, parent, dest)

@@ -288,6 +288,16 @@ class ActorMesh:
     def _init_slice(self, sub: ActorMesh) -> None:
         """What a slice shares with the mesh it was cut from (subclasses add theirs)."""
         sub._ready = self._ready
+        sub._default_timeout = self._default_timeout
+
+    _default_timeout: float | None = None  # the bound of a call that names no timeout
+
+    def with_default_timeout(self, seconds: float | None) -> ActorMesh:
+        """The same actor, each call of which that passes no ``timeout=`` is bounded by
+        ``seconds`` (``CallTimeoutError`` naming the endpoint and rank); ``None``: unbounded."""
+        sub = self.slice()
+        sub._default_timeout = seconds
+        return sub
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("__"):
@@ -298,7 +308,7 @@ class ActorMesh:
         """The endpoint called ``name`` (also reachable as ``mesh.<name>``)."""
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointProperty):
-            return Endpoint(self, attr)
+            return Endpoint(self, attr, self._default_timeout)
         eps = sorted(
             k for k in dir(self._cls) if isinstance(getattr(self._cls, k, None), EndpointProperty)
         )

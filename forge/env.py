@@ -12,6 +12,8 @@ Variable               Default              Meaning
                                             ``metrics.jsonl``, checkpoints).
 ``FORGE_CACHE_DIR``    ``~/.cache/forge``   Where tiny test models and other derived artefacts
                                             are built and kept.
+``FORGE_CALL_TIMEOUT_S`` ``600``            Default bound of remote calls that would otherwise
+                                            wait without one (:func:`get_call_timeout_s`).
 =====================  ===================  ====================================================
 
 Config files may also name arbitrary variables with ``${env:VAR}``; those are read through
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from controller import env as _env
 
-__all__ = ["get_cache_dir", "get_env_var", "get_log_level", "get_run_dir"]
+__all__ = ["get_cache_dir", "get_call_timeout_s", "get_env_var", "get_log_level", "get_run_dir"]
 
 
 def get_env_var(name: str) -> str | None:
@@ -45,3 +47,10 @@ def get_run_dir() -> Path:
 def get_cache_dir() -> Path:
     """Cache folder for built tiny models, from ``FORGE_CACHE_DIR`` (default ~/.cache/forge)."""
     return _env.cache_dir()
+
+
+def get_call_timeout_s() -> float | None:
+    """Default bound, in seconds, of remote calls that would otherwise wait without one
+    (``FORGE_CALL_TIMEOUT_S``, default 600; ``None`` when set to ``0``): give it to a mesh
+    with ``mesh.with_default_timeout(get_call_timeout_s())``."""
+    return _env.call_timeout_s()

@@ -285,6 +285,8 @@ def render(snap: dict[str, Any], path: Path | str = STATUS_FILE, now: float | No
     rl = (snap.get("extra") or {}).get("rl")
     if rl:
         parts += [Text(""), _progress(rl)]
+        for alert in rl.get("alerts") or []:
+            parts.append(Text(f"warning: {alert}", style="bold yellow"))
     if snap.get("services"):
         parts += [Text(""), _services(snap)]
     if snap.get("meshes"):

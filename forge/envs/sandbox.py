@@ -7,16 +7,28 @@ unless ``allow_site_packages``) with:
 - an environment holding only a minimal ``PATH`` (no inherited variables, so no secrets);
 - a fresh temporary working directory, deleted afterwards;
 - resource limits: address space (``memory_mb``), CPU seconds, the size of files it writes
-  (which also bounds its output) and no core dumps;
-- its own process group, killed as a whole (``SIGKILL``) at the wall-clock timeout and
-  after it exits (so background children do not outlive it).
+  (which also bounds its output), no core dumps, and ``max_procs`` more processes than its
+  user already runs (``RLIMIT_NPROC``, which Linux counts in threads of all the user's
+  processes: the limit is their number at the start plus ``max_procs``; a fork bomb stops
+  there; root is exempt);
+- its whole process tree killed (``SIGKILL``) at the wall-clock timeout and when it exits.
 
-The limits are set by a two-line bootstrap interpreter that then ``exec``s the real one
-(limits survive ``exec``), not by ``subprocess``'s ``preexec_fn``: CPython documents
-``preexec_fn`` as unsafe in a multi-threaded parent, and actors are multi-threaded.
+A small supervisor (``_sandbox_boot.py``, run by the same isolated interpreter) sets the
+limits, then starts the program in a new user and PID namespace where the kernel allows one
+(the program is process 1 there: when it ends, the kernel kills every process in the
+namespace, ``setsid`` or not, and none can signal a process outside it). Where it does not,
+the supervisor is a child subreaper, so orphaned descendants come back to it and it kills
+them all; a program that kills its supervisor first can then escape. The supervisor is not
+set up with ``subprocess``'s ``preexec_fn``: CPython documents that as unsafe in a
+multi-threaded parent, and actors are multi-threaded.
+
+The session's secret is not reachable from here: actor processes receive it through a pipe,
+never in their environment, and are not dumpable, so a program running as the same user can
+read neither their ``/proc/<pid>/environ`` nor their memory (``controller._worker``).
 
 This is a resource sandbox, not a security boundary: the code runs as the same user and can
-read what that user can. Run environments in their own containers for adversarial code.
+read and write what that user can (files, other processes of the user that are dumpable).
+Run environments in their own containers for adversarial code (docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,7 +39,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
 from forge.envs.tools import Tool
@@ -37,15 +48,10 @@ __all__ = ["SandboxResult", "python_tool", "run_python"]
 MINIMAL_PATH = "/usr/local/bin:/usr/bin:/bin"
 OUTPUT_FILE_LIMIT = 8 * 1024 * 1024  # bytes a sandboxed program may write to any one file
 
-_BOOTSTRAP = (
-    "import os, resource, sys\n"
-    "mem, cpu, fsize = (int(a) for a in sys.argv[1:4])\n"
-    "resource.setrlimit(resource.RLIMIT_AS, (mem, mem))\n"
-    "resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))\n"
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))\n"
-    "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "os.execv(sys.executable, [sys.executable, *sys.argv[4:]])\n"
-)
+_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
+KILL_GRACE_S = 6.0  # the supervisor's own kill loop is bounded by 5 s
+# Try a user + PID namespace (tests turn it off to try the subreaper-only path).
+USE_NAMESPACES = True
 
 
 @dataclass
@@ -99,16 +105,18 @@ def run_python(
     memory_mb: int = 256,
     max_output_chars: int = 2000,
     allow_site_packages: bool = False,
+    max_procs: int = 64,
 ) -> SandboxResult:
-    """Run ``code`` in a fresh limited interpreter; see the module docstring.
+    """Run ``code`` in a fresh limited interpreter; see the module docstring. ``max_procs``:
+    processes (threads) the program may add to its user's (``RLIMIT_NPROC``).
 
     Blocks for at most about ``timeout_s`` seconds (call it from a thread in async code).
     stdout keeps its first ``max_output_chars`` characters, stderr its last.
     """
-    if timeout_s <= 0 or memory_mb <= 0 or max_output_chars <= 0:
+    if timeout_s <= 0 or memory_mb <= 0 or max_output_chars <= 0 or max_procs <= 0:
         raise ValueError(
-            "run_python needs timeout_s, memory_mb and max_output_chars > 0, got "
-            f"{timeout_s}, {memory_mb}, {max_output_chars}"
+            "run_python needs timeout_s, memory_mb and max_output_chars (and max_procs) > 0, got "
+            f"{timeout_s}, {memory_mb}, {max_output_chars}, {max_procs}"
         )
     workdir = tempfile.mkdtemp(prefix="forge-sandbox-")
     outdir = tempfile.mkdtemp(prefix="forge-sandbox-out-")
@@ -116,43 +124,60 @@ def run_python(
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
         flags = ["-I"] if allow_site_packages else ["-I", "-S"]
-        limits = [str(memory_mb * 1024 * 1024), str(int(timeout_s) + 1), str(OUTPUT_FILE_LIMIT)]
-        argv = [sys.executable, *flags, "-c", _BOOTSTRAP, *limits, *flags, "main.py"]
+        limits = [memory_mb * 1024 * 1024, int(timeout_s) + 1, OUTPUT_FILE_LIMIT, max_procs]
+        program = [sys.executable, *flags, "main.py"]
+        status_r, status_w = os.pipe()  # the supervisor writes the program's ending here
+        limits += [status_w, int(USE_NAMESPACES)]
+        argv = [sys.executable, "-I", "-S", _BOOT, *map(str, limits), "--", *program]
         out_path, err_path = os.path.join(outdir, "stdout"), os.path.join(outdir, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env={"PATH": MINIMAL_PATH},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,  # its own process group, killed as a whole
-            )
-            timed_out = _wait(proc, timeout_s)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=workdir,
+                    env={"PATH": MINIMAL_PATH},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    pass_fds=(status_w,),
+                    start_new_session=True,  # its own process group, killed as a whole too
+                )
+            finally:
+                os.close(status_w)
+            with os.fdopen(status_r, "rb") as status:
+                timed_out, code = _wait(proc, timeout_s, status)
         read_limit = 4 * max_output_chars + 4096  # utf-8: at most 4 bytes a character
         stdout, cut_out = _cut(*_read(out_path, read_limit, False), max_output_chars, False)
         stderr, cut_err = _cut(*_read(err_path, read_limit, True), max_output_chars, True)
-        return SandboxResult(stdout, stderr, proc.returncode, timed_out, cut_out or cut_err)
+        return SandboxResult(stdout, stderr, code, timed_out, cut_out or cut_err)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(outdir, ignore_errors=True)
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s``; then kill the whole process group. True if it timed out."""
-    deadline = time.monotonic() + timeout_s
+def _wait(proc: subprocess.Popen, timeout_s: float, status) -> tuple[bool, int]:
+    """Wait up to ``timeout_s``, then have the supervisor kill the program's whole tree, and
+    kill the supervisor's process group too. Returns (timed out, the program's exit code:
+    negative for the signal that killed it, e.g. -9 at the timeout)."""
     timed_out = False
     try:
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
+        proc.send_signal(signal.SIGTERM)  # the supervisor kills the tree and exits
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # also any children it left behind
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left in its process group
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-    return timed_out
+    reported = status.read().decode().strip()  # nothing if the supervisor was killed
+    if reported:
+        return timed_out, int(reported)
+    return timed_out, -signal.SIGKILL
 
 
 def python_tool(
@@ -160,6 +185,7 @@ def python_tool(
     memory_mb: int = 256,
     max_output_chars: int = 2000,
     allow_site_packages: bool = False,
+    max_procs: int = 64,
 ) -> Tool:
     """A ``python`` tool running its ``code`` argument with :func:`run_python`.
 
@@ -168,7 +194,9 @@ def python_tool(
     """
 
     def python(code: str) -> SandboxResult:
-        return run_python(code, timeout_s, memory_mb, max_output_chars, allow_site_packages)
+        return run_python(
+            code, timeout_s, memory_mb, max_output_chars, allow_site_packages, max_procs
+        )
 
     return Tool(
         name="python",

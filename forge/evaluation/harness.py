@@ -35,12 +35,16 @@ __all__ = ["Defaults", "evaluate_set", "pass_at_k"]
 @dataclass
 class Defaults:
     """What a set leaves out comes from the run: its held-out items, its evaluation reward
-    functions, its environment and the evaluation's ``max_tokens``."""
+    functions, its environment and the evaluation's ``max_tokens``. ``greedy``: the greedy
+    completions of ``heldout`` (in order) the run's own evaluation already made; a set that
+    would sample exactly those (the run's items, one greedy sample, same ``max_tokens``)
+    scores them instead of generating again."""
 
     heldout: list | None = None
     rewards: list = field(default_factory=list)
     env: Any = None
     max_tokens: int = 8
+    greedy: list | None = None
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -98,6 +98,7 @@ class StepStatus:
             "buffer": {},
             "train": {},
             "eval": None,
+            "alerts": [],
         }
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=_RATE_WINDOW)
         self._history: collections.deque[float] = collections.deque(maxlen=_HISTORY)
@@ -142,6 +143,11 @@ class StepStatus:
         if found:
             self.fields["eval"] = {"step": step, **found}
             self._publish()
+
+    def alert(self, step: int, message: str) -> None:
+        """A warning ``forge top`` shows (the last few are kept)."""
+        self.fields["alerts"] = [*self.fields["alerts"][-2:], f"step {step}: {message}"]
+        self._publish()
 
     def served(self, versions: Mapping[int, int]) -> None:
         """The weight version each generator replica now serves (``{replica index: v}``,

@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forge.observability import build_backends, get_collector, merge_states
+from forge.observability.alerts import RewardAlerts
 from forge.observability.episodes import EpisodeSamples
 from forge.observability.names import M
 from forge.observability.status import StepStatus
@@ -42,6 +43,7 @@ class MetricLog:
         self._pending: dict[str, list[float]] = {}
         self._remote: list[dict] = []
         self._t = time.perf_counter()
+        self.alerts = RewardAlerts()
 
     def merge(self, states: list[dict]) -> None:
         """Metric states flushed by actor processes (reduced with the local ones at step)."""
@@ -68,6 +70,11 @@ class MetricLog:
         """Log ``metrics`` plus the means of what was ``add``ed since the last step and of
         anything recorded with ``record_metric`` in this process; returns the row."""
         out = dict(metrics)
+        rewards = {k: v for k, v in self._pending.items() if k.startswith(M.REWARD)}
+        alert = self.alerts.check(step, rewards)
+        if alert is not None:  # printed above the progress bar, and shown by forge top
+            tqdm.write(f"[warning] {alert}", file=sys.stdout)
+            self.status.alert(step, alert)
         for key, values in self._pending.items():
             if values:
                 out[key] = statistics.fmean(values)

@@ -29,7 +29,7 @@ class WeightTransportConfig:
             other hosts), ``safetensors_dir`` (``<root>/v<version>`` on a shared filesystem)
             or ``broadcast`` (the trainer sends each version to every generator replica in a
             broadcast group; ``forge.weights.broadcast`` says what it cannot do).
-        prefix: shm: names the files (``forge-w-<prefix>-v<version>``). Empty (default): the
+        prefix: shm: names the files (``forge-w-<prefix>-v<version>-<random>``). Empty: the
             run's publication location (``forge.weights.pull.run_weights_prefix``), where a
             trainer pushes and generators and reference models look by default, so a
             restarted replica finds the latest version by itself; a trainer starting there

@@ -6,10 +6,14 @@ Its members are the trainer's pushing rank (rank 0) and the replicas of the mome
 group is formed whenever they change (a replica restarted), so a group never waits for a
 process that is gone. Nothing in a group is unpickled:
 
-- the trainer hosts a ``TCPStore`` for the rendezvous (``GroupHost``), and each group lives
-  under a random 128-bit prefix in it, which travels only over Forge's authenticated channels
-  (in the ``GroupSpec`` the weight sync hands every member), so a peer that does not know it
-  cannot join;
+- the trainer hosts a ``TCPStore`` for the rendezvous (``GroupHost``), listening only on the
+  address peers reach it at (the loopback on one host; torch's own would listen on every
+  interface). Each group has a random 128-bit id, which travels only over Forge's
+  authenticated channels (in the ``GroupSpec`` the weight sync hands every member); its keys
+  live under a name derived from the id by a one-way hash, so the id never appears in the
+  store. The store itself has no authentication: a process that can reach its port can list
+  its keys and join or disturb the group of the moment, and gloo and NCCL carry the bytes
+  without authentication (docs/security.md, "Weight transport");
 - the manifest (names, dtypes, shapes) travels in the ``WeightHandle``, also over Forge's
   channels; the group carries raw bytes only: the buckets of ``forge.weights.dist.plan_buckets``,
   each one ``broadcast`` from rank 0.
@@ -19,8 +23,10 @@ Each member keeps its group (``join``) until a spec with another id arrives.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -72,8 +78,7 @@ class GroupHost:
     def __init__(self, backend: str = "auto"):
         self.backend = _backend(backend)
         self.host = _own_ip()
-        self.store = dist.TCPStore(self.host, 0, None, True, timedelta(seconds=JOIN_TIMEOUT_S),
-                                   wait_for_workers=False)  # fmt: skip
+        self.store = bound_store(self.host)
         self.current: GroupSpec | None = None
         self.members: tuple = ()
 
@@ -85,6 +90,33 @@ class GroupHost:
                                      len(members) + 1, self.backend)  # fmt: skip
             self.members = tuple(members)
         return self.current
+
+
+def bound_store(host: str) -> dist.TCPStore:
+    """A ``TCPStore`` server listening on ``host`` only. torch's own binds every interface
+    whatever host it is given, so the socket is made here, bound and listening, and handed
+    over (``master_listen_fd``; the store's libuv loop owns and closes it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(host, port, None, True, timedelta(seconds=JOIN_TIMEOUT_S),
+                              wait_for_workers=False, master_listen_fd=sock.fileno(),
+                              use_libuv=True)  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store closes the descriptor now
+    return store
+
+
+def key_prefix(group_id: str) -> str:
+    """The store prefix of the group ``group_id``: a one-way hash, so listing the store's
+    keys never shows the id itself."""
+    return "forge-weights/" + hashlib.sha256(b"forge-weights\0" + group_id.encode()).hexdigest()
 
 
 _joined: dict[str, tuple[GroupSpec, int, dist.ProcessGroup]] = {}  # per process: the last group
@@ -99,7 +131,7 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
         return last[2]
     _joined.pop("group", None)  # the old group's sockets close with it
     store = dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S))
-    prefixed = dist.PrefixStore(f"forge-weights/{spec.id}", store)
+    prefixed = dist.PrefixStore(key_prefix(spec.id), store)
     if rank is None:
         rank = prefixed.add("receivers", 1)
     if not 0 <= rank < spec.world:

@@ -26,6 +26,7 @@ import os
 
 from controller import files
 from controller._home import recall, remember_sync
+from controller._serialization import shm_prefix
 from forge.weights.store import WeightHandle
 
 __all__ = ["localize", "localize_sync", "recall_latest", "remember_latest"]
@@ -39,7 +40,10 @@ def _needs_copy(handle: WeightHandle) -> bool:
 
 def _local_path(handle: WeightHandle) -> str:
     shm_dir = os.path.dirname(handle.location)
-    return os.path.join(shm_dir, f"forge-w-relay-{handle.uid}-v{handle.version}")
+    # Ends in the session's tag, so the next session's sweep removes a copy a killed session
+    # left (on a host where a root controller starts: docs/security.md, "Shared hosts").
+    name = f"forge-w-relay-{handle.uid}-v{handle.version}.{shm_prefix()}"
+    return os.path.join(shm_dir, name)
 
 
 async def localize(handle: WeightHandle) -> WeightHandle:
@@ -50,7 +54,7 @@ async def localize(handle: WeightHandle) -> WeightHandle:
     local = _local_path(handle)
     if not os.path.exists(local):
         loop = asyncio.get_running_loop()
-        fd = os.open(f"{local}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = os.open(f"{local}.lock", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
         try:
             await loop.run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
             if not os.path.exists(local):  # another replica on this host may have copied it
@@ -71,7 +75,8 @@ def localize_sync(handle: WeightHandle) -> WeightHandle:
 
 def _prune(shm_dir: str) -> None:
     copies = sorted(
-        glob.glob(os.path.join(shm_dir, "forge-w-relay-*-v*[0-9]")), key=os.path.getmtime
+        glob.glob(os.path.join(shm_dir, f"forge-w-relay-*-v*[0-9].{shm_prefix()}")),
+        key=os.path.getmtime,
     )
     for old in copies[:-KEEP]:  # mappings still open keep their memory until unmapped
         files.unpublish(old)

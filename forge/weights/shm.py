@@ -1,7 +1,7 @@
 """Same-host weight transport: one shared-memory file per version under ``/dev/shm``.
 
-Push copies every tensor once into ``/dev/shm/forge-w-<prefix>-v<version>``; any process on
-the host maps that file and copies out of it (into the model's own tensors, or into fresh
+Push copies every tensor once into ``/dev/shm/forge-w-<prefix>-v<version>-<random>``; any
+process on the host maps that file and copies out of it (into the model's own tensors, or into fresh
 ones), so the cost is two memcpys per byte and no pickling. File layout::
 
     [ b"FORGEW01" | u64 header length | JSON header | pad ] [ tensor 0 | pad ] [ tensor 1 ] ...
@@ -12,6 +12,12 @@ Tensors that share their bytes (tied embeddings: ``lm_head.weight`` is
 JSON header repeats the manifest so a process that only knows the version can still pull it.
 A new file is written under a temporary name and hard-linked to its final name only when
 complete, so a reader never sees a half-written version.
+
+Another user of the host. ``/dev/shm`` is shared: every name in it ends in 64 random bits, so
+no one can plant a file where a push will create one (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode
+0600), and a puller opens a version only if the file is a regular file owned by its own user
+and not open to group or others (a file planted under a matching name is skipped by
+``versions`` and refused by name, ``PermissionError``).
 
 Warm files on both sides. Most of a copy into a *fresh* tmpfs file, or out of a *fresh*
 mapping, is page faults, not bytes. So:
@@ -42,6 +48,8 @@ import json
 import mmap
 import os
 import re
+import secrets
+import stat
 import struct
 import threading
 import time
@@ -54,6 +62,7 @@ from pathlib import Path
 import torch
 
 from controller import files
+from controller._serialization import shm_prefix
 from forge.weights.store import (
     TensorMeta,
     WeightHandle,
@@ -143,7 +152,7 @@ class _Segment:
     recycled file is rewritten through page tables that are already populated."""
 
     def __init__(self, path: str, size: int) -> None:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_RDWR, 0o600)
         try:
             # Allocate every page in one call: running out of /dev/shm is an OSError here,
             # not a SIGBUS in the middle of the copy, and no page is faulted in one by one.
@@ -285,15 +294,45 @@ def _gone(version: int, path: str, why: str) -> FileNotFoundError:
 
 
 def _open_version(path: str, version: int, wait_s: float) -> int:
-    """Open a version's file read-only, waiting up to ``wait_s`` seconds for it to appear."""
+    """Open a version's file read-only, waiting up to ``wait_s`` seconds for it to appear;
+    ``PermissionError`` unless it is ours (``check_own``)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             if time.monotonic() >= deadline:
                 raise _gone(version, path, f"does not exist (waited {wait_s:g}s)") from None
             time.sleep(0.01)
+            continue
+        except OSError as e:  # ELOOP: a symbolic link planted under the name
+            raise PermissionError(f"{path} is not a regular file ({e.strerror})") from None
+        try:
+            check_own(os.fstat(fd), path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def is_own(st: os.stat_result) -> bool:
+    """A regular file of this process's user that group and others can neither read nor
+    write: one Forge wrote (mode 0600), not one another user planted."""
+    mode = st.st_mode
+    return (
+        stat.S_ISREG(mode)
+        and st.st_uid == os.geteuid()
+        and not mode & (stat.S_IRWXG | stat.S_IRWXO)
+    )
+
+
+def check_own(st: os.stat_result, path: str) -> None:
+    """``PermissionError`` unless ``is_own(st)``."""
+    if not is_own(st):
+        raise PermissionError(
+            f"{path} is not a weight file of this user (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}): refusing a file another user could have planted"
+        )
 
 
 def _lock_shared(fd: int, version: int, path: str) -> None:
@@ -437,6 +476,14 @@ def _copy_out(
     return into
 
 
+def _session_suffix(prefix: str) -> str:
+    """``.<session tag>`` unless ``prefix`` already holds the tag: a file of a session killed
+    before it could remove it (SIGKILL) is then removed by the next session's sweep
+    (``controller._runtime``), whatever prefix it was pushed under."""
+    tag = shm_prefix()
+    return "" if tag in prefix else f".{tag}"
+
+
 def _close_all(live: dict[int, _Segment], spares: list[_Segment]) -> None:
     for seg in [*live.values(), *spares]:
         seg.close(unlink=True)
@@ -445,7 +492,7 @@ def _close_all(live: dict[int, _Segment], spares: list[_Segment]) -> None:
 
 
 class SharedMemoryTransport(WeightTransport):
-    """Weights in ``<shm_dir>/forge-w-<prefix>-v<version>``, one file per version.
+    """Weights in ``<shm_dir>/forge-w-<prefix>-v<version>-<random>``, one file per version.
 
     Args:
         prefix: names this run's files (letters, digits, ``_.-``); pusher and pullers agree.
@@ -483,13 +530,42 @@ class SharedMemoryTransport(WeightTransport):
         self._finalizer = weakref.finalize(self, _close_all, self._live, self._spares)
 
     def path(self, version: int) -> str:
-        """File holding ``version``."""
-        return os.path.join(self.shm_dir, f"forge-w-{self.prefix}-v{int(version)}")
+        """File holding ``version`` (one of this user's); where there is none, the glob
+        pattern of its name (``...-v<version>-*``), which names no file."""
+        found = self._find(int(version))
+        return self._pattern(int(version)) if found is None else found
+
+    def _pattern(self, version: int) -> str:
+        return os.path.join(self.shm_dir, f"forge-w-{self.prefix}-v{version}-*")
+
+    def _names(self) -> dict[int, str]:
+        """{version: path} of this user's version files with this prefix."""
+        pattern = re.compile(
+            rf"^forge-w-{re.escape(self.prefix)}-v(\d+)-[0-9a-f]{{16}}(?:\.forge-[0-9a-z_-]+)?$"
+        )
+        out = {}
+        for name in os.listdir(self.shm_dir):
+            m = pattern.match(name)
+            if m is None:
+                continue
+            path = os.path.join(self.shm_dir, name)
+            try:
+                if is_own(os.lstat(path)):  # planted files (another owner, a link) are skipped
+                    out[int(m.group(1))] = path
+            except FileNotFoundError:
+                pass
+        return out
+
+    def _find(self, version: int) -> str | None:
+        seg = self._live.get(version)
+        return seg.path if seg is not None else self._names().get(version)
 
     def push(self, state_dict: dict[str, torch.Tensor], version: int) -> WeightHandle:
-        final = self.path(version)
-        if os.path.exists(final):
-            raise ValueError(f"weight version {version} already exists at {final}; drop it first")
+        if self._find(int(version)) is not None:
+            where = self._find(int(version))
+            raise ValueError(f"weight version {version} already exists at {where}; drop it first")
+        name = f"forge-w-{self.prefix}-v{int(version)}-{secrets.token_hex(8)}"
+        final = os.path.join(self.shm_dir, name + _session_suffix(self.prefix))
         manifest, header, size = _plan_layout(state_dict, version)
         seg = self._take_spare(size)  # locked exclusively: no reader is in it
         if seg is None:
@@ -515,7 +591,8 @@ class SharedMemoryTransport(WeightTransport):
 
     def _unique_name(self, kind: str) -> str:
         self._renames += 1
-        name = f"forge-w-{self.prefix}-{kind}-{os.getpid()}-{id(self):x}-{self._renames}"
+        name = f"forge-w-{self.prefix}-{kind}-{os.getpid()}-{self._renames}-{secrets.token_hex(8)}"
+        name += _session_suffix(self.prefix)
         return os.path.join(self.shm_dir, name)
 
     def _take_spare(self, size: int) -> _Segment | None:
@@ -538,19 +615,28 @@ class SharedMemoryTransport(WeightTransport):
             h = handle_or_version
             return read_shm_file(h.location, h.version, h.manifest, into, self.wait_s)
         version = int(handle_or_version)
-        return read_shm_file(self.path(version), version, None, into, self.wait_s)
+        deadline = time.monotonic() + self.wait_s
+        while (path := self._find(version)) is None:
+            if time.monotonic() >= deadline:
+                raise _gone(version, self._pattern(version), f"does not exist (waited "
+                            f"{self.wait_s:g}s)")  # fmt: skip
+            time.sleep(0.01)
+        return read_shm_file(path, version, None, into, 0.0)
 
     def drop(self, version: int) -> None:
         """Remove ``version``'s name; a file this instance pushed becomes a spare (while
         fewer than ``spares`` are kept), else it is unlinked."""
         seg = self._live.pop(int(version), None)
-        files.unpublish(self.path(version))
         if seg is None:
-            try:
-                os.unlink(self.path(version))
-            except FileNotFoundError:
-                pass
+            path = self._names().get(int(version))
+            if path is not None:
+                files.unpublish(path)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
             return
+        files.unpublish(seg.path)
         if len(self._spares) >= self.spares:
             seg.close(unlink=True)
             return
@@ -564,9 +650,7 @@ class SharedMemoryTransport(WeightTransport):
         self._spares.append(seg)
 
     def versions(self) -> list[int]:
-        pattern = re.compile(rf"^forge-w-{re.escape(self.prefix)}-v(\d+)$")
-        found = (pattern.match(name) for name in os.listdir(self.shm_dir))
-        return sorted(int(m.group(1)) for m in found if m)
+        return sorted(self._names())
 
     def close(self) -> None:
         _close_all(self._live, self._spares)

@@ -6,9 +6,14 @@ import math
 
 import pytest
 
+from controller import Actor, endpoint
+from controller.testing import FakeService
 from forge.evaluation import EvalSet, pass_at_k
 from forge.evaluation.command import choose_sets, find_model
-from forge.evaluation.harness import _metrics
+from forge.evaluation.harness import Defaults, _metrics
+from forge.run.evaluate import Evaluator
+from forge.slots import REWARD
+from forge.types import Completion
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -69,3 +74,33 @@ def test_sets_and_checkpoints_are_found_or_named(tmp_path):
     assert find_model(tmp_path) == tmp_path / "rl" / "model"
     with pytest.raises(ValueError, match="no model there"):
         find_model(tmp_path / "rl" / "model" / "x")
+
+
+class _Echo(Actor):
+    """A generator stand-in: answers each prompt with its target (or not), counting calls."""
+
+    calls = 0
+
+    @endpoint
+    async def generate(self, prompt, n=1, temperature=1.0, max_tokens=8):
+        type(self).calls += 1
+        text = prompt.split("=")[1] if "3" in prompt else "?"
+        return [Completion(prompt, [1], [2], [-0.1], text, "stop", 0) for _ in range(n)]
+
+
+async def test_sets_that_score_the_runs_own_answers_do_not_generate_again():
+    items = [{"prompt": f"q{i}={i}", "target": str(i)} for i in range(5)]
+    gen = FakeService([_Echo()])
+    log = type("Log", (), {"record": lambda self, step, m: None})()
+    sets = [EvalSet(name="again", rewards=["exact_match"]),
+            EvalSet(name="sampled", rewards=["exact_match"], n=2)]  # fmt: skip
+    ev = Evaluator(GroupScorerStub(), gen, items, REWARD.resolve("exact_match"), 8, log,
+                   sets=sets, defaults=Defaults(items, [], None, 8))  # fmt: skip
+    _Echo.calls = 0
+    await ev(0)
+    assert _Echo.calls == 5 + 5  # the held-out pass, then only the set that samples twice
+    assert ev.scores[0] == 0.2
+
+
+class GroupScorerStub:
+    """Not an EpisodeScorer: the evaluation is single-turn."""

@@ -1,0 +1,51 @@
+"""Signals that cannot learn, said out loud: a step whose every reward is 0.
+
+GRPO-style advantages are zero when every reward of a group is equal, so a reward that never
+fires (a format the policy does not produce, a target the reward cannot match) trains nothing
+while the run looks healthy. ``RewardAlerts.check`` looks at one step's individual reward
+values (``MetricLog`` holds them before it averages) and returns a warning that names the
+reward components that never fired, or ``None``. While the condition lasts it repeats every
+``every`` steps, and it says when the rewards come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from forge.observability.names import M
+
+__all__ = ["RewardAlerts"]
+
+
+class RewardAlerts:
+    """Tracks all-zero reward steps (see the module)."""
+
+    def __init__(self, every: int = 10) -> None:
+        self.every = every
+        self.zero_since: int | None = None
+
+    def check(self, step: int, values: Mapping[str, Sequence[float]]) -> str | None:
+        """``values``: the step's reward values by metric name (``rollout/reward`` and
+        ``rollout/reward/<component>``); returns the warning to show, if any."""
+        total = values.get(M.REWARD)
+        if not total:
+            return None
+        if any(v != 0 for v in total):
+            if self.zero_since is None:
+                return None
+            since, self.zero_since = self.zero_since, None
+            return f"rewards are non-zero again at step {step} (all 0 since step {since})"
+        if self.zero_since is None:
+            self.zero_since = step
+        elif (step - self.zero_since) % self.every:
+            return None
+        prefix = M.REWARD + "/"
+        dead = sorted(k[len(prefix) :] for k, v in values.items() if k.startswith(prefix) and v
+                      and not any(v))  # fmt: skip
+        which = f" (components never non-zero: {', '.join(dead)})" if dead else ""
+        return (
+            f"every reward was 0 at step {step} ({len(total)} episodes{which}, since step "
+            f"{self.zero_since}): equal rewards give zero advantages, so nothing is learned. "
+            "Check the reward on a few responses (`forge episodes <run_dir>`): does it parse "
+            "the policy's answer format and the data's targets?"
+        )

@@ -1,0 +1,38 @@
+"""A step whose every reward is 0 is shown, not hidden: above the progress bar and in the
+status ``forge top`` reads."""
+
+from __future__ import annotations
+
+import json
+
+from forge.observability.alerts import RewardAlerts
+from forge.observability.names import M
+from forge.run.metrics import MetricLog
+
+
+def test_all_zero_steps_warn_repeat_and_clear():
+    a = RewardAlerts(every=3)
+    zero = {M.REWARD: [0.0] * 8, M.reward("math"): [0.0], M.reward("format"): [0.5]}
+    first = a.check(1, zero)
+    assert first and "every reward was 0 at step 1 (8 episodes" in first
+    assert "(components never non-zero: math)," in first  # "format" fired
+    assert a.check(2, zero) is None and a.check(3, zero) is None  # not every step
+    assert "since step 1" in a.check(4, zero)
+    assert "non-zero again at step 5 (all 0 since step 1)" in a.check(5, {M.REWARD: [0, 1.0]})
+    assert a.check(6, {M.REWARD: [1.0]}) is None
+    assert a.check(7, {}) is None  # no rollouts this step: nothing to say
+
+
+def test_metric_log_prints_the_warning_and_publishes_it(tmp_path, capsys):
+    log = MetricLog(tmp_path, ["jsonl"], steps=3)
+    log.add(M.REWARD, [0.0, 0.0])
+    log.step(1, {})
+    log.add(M.REWARD, [0.0, 1.0])
+    log.step(2, {})
+    log.close()
+    out = capsys.readouterr().out
+    assert "[warning] every reward was 0 at step 1" in out
+    assert "non-zero again at step 2" in out
+    assert any("every reward was 0" in x for x in log.status.fields["alerts"])
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0][M.REWARD] == 0.0
