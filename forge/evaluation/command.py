@@ -9,7 +9,9 @@ used). The policy is ``--checkpoint``: a model directory, or a run directory hol
 are the config's ``eval.sets`` (``--sets`` picks some by name); ``heldout`` is always there:
 the run's own held-out items, scored by its environment or evaluation reward. A generator
 service serves the policy; the table goes to the terminal and the metrics to
-``--out`` (default ``<checkpoint>/eval.json``).
+``--out`` (default ``<checkpoint>/eval.json``). As in a run, the sets that would sample the
+run's greedy answers to its held-out items (``harness.scores_run_greedy``) score one greedy
+pass instead of generating one each.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge.evaluation.harness import Defaults, evaluate_set
+from forge.evaluation.harness import Defaults, evaluate_set, scores_run_greedy
 from forge.evaluation.sets import EvalSet
 
 __all__ = ["find_model", "run_eval"]
@@ -68,6 +70,7 @@ async def run_eval(rl: Any, sets: list[EvalSet]) -> dict[str, dict[str, float]]:
     ``{set name: metrics}``."""
     from forge.actors import Generator
     from forge.models import load_tokenizer
+    from forge.rollout.groups import greedy_completions
     from forge.run import actor_env
     from forge.slots import DATA_SOURCE
 
@@ -79,6 +82,14 @@ async def run_eval(rl: Any, sets: list[EvalSet]) -> dict[str, dict[str, float]]:
         rl.generator
     )
     tokenizer = load_tokenizer(rl.policy.model)
+    reusing = [es.name for es in sets if scores_run_greedy(es, defaults)]
+    if heldout and reusing:  # as in a run: one greedy pass, scored by every set that asks it
+        t0 = time.perf_counter()
+        defaults.greedy = await greedy_completions(
+            generator.generate.route, heldout, defaults.max_tokens
+        )
+        print(f"[eval] greedy answers to {len(heldout)} held-out items in "
+              f"{time.perf_counter() - t0:.1f} s, scored by: {', '.join(reusing)}", flush=True)  # fmt: skip
     results = {}
     for es in sets:
         t0 = time.perf_counter()

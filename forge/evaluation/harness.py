@@ -29,7 +29,7 @@ from forge.rewards.vector import pad_components
 from forge.rollout.episodes import episode_components
 from forge.slots import DATA_SOURCE, ENVIRONMENT, REWARD
 
-__all__ = ["Defaults", "evaluate_set", "pass_at_k"]
+__all__ = ["Defaults", "evaluate_set", "pass_at_k", "scores_run_greedy"]
 
 
 @dataclass
@@ -45,6 +45,20 @@ class Defaults:
     env: Any = None
     max_tokens: int = 8
     greedy: list | None = None
+
+
+def scores_run_greedy(es: EvalSet, defaults: Defaults) -> bool:
+    """True if ``es`` samples exactly the run's greedy answers to its held-out items (single
+    turn, the run's items, one greedy sample, the run's ``max_tokens``): it then scores
+    ``defaults.greedy`` instead of generating again."""
+    env = es.env if es.env is not None or es.rewards else defaults.env
+    return (
+        env is None
+        and es.data is None
+        and es.n == 1
+        and es.sampling_temperature == 0
+        and (es.max_tokens or defaults.max_tokens) == defaults.max_tokens
+    )
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -74,9 +88,9 @@ async def evaluate_set(es: EvalSet, generator, tokenizer, defaults: Defaults) ->
         fns = [REWARD.resolve(s) for s in es.rewards] if es.rewards else defaults.rewards
         if not fns:
             raise ValueError(f"eval set {es.name!r} has neither rewards nor env to score with")
-        reuse = es.data is None and defaults.greedy is not None and es.n == 1
-        reuse = reuse and es.sampling_temperature == 0 and max_tokens == defaults.max_tokens
-        if reuse:  # the run's own greedy answers to these items: score them, don't resample
+        if defaults.greedy is not None and scores_run_greedy(
+            es, defaults
+        ):  # the run's own greedy answers to these items: score them, don't resample
             samples = [[_scored(fns, t, c)] for t, c in zip(tasks, defaults.greedy)]
         else:
             samples = await _completions(es, fns, tasks, generator, max_tokens)

@@ -158,7 +158,7 @@ class ServerState:
             weights = WeightTransportConfig(prefix=f"serve-{safe}", keep_last=2)
             tcfg = TrainerConfig(
                 model=path, lora=lora_cfg, weights=weights, device=self.cfg.device,
-                seed=0 if seed is None else int(seed),
+                autocast=self.cfg.autocast, seed=0 if seed is None else int(seed),
             )  # fmt: skip
             env = self._env()
             logger.info("%s: spawning a trainer (%s, rank %d)", model_id, base.name, lora_cfg.rank)
@@ -192,7 +192,7 @@ class ServerState:
         async with self._spawn_lock:
             if base_name not in self.base_generators:
                 cfg = GeneratorConfig(model=resolve_path(base), device=self.cfg.device,
-                                      max_batch_size=self.cfg.max_batch_size,
+                                      dtype=self.cfg.dtype, max_batch_size=self.cfg.max_batch_size,
                                       lora_mode="multi")  # fmt: skip
                 self.base_generators[base_name] = await Generator.options(
                     num_replicas=1, env=self._env()

@@ -35,8 +35,10 @@ def server(tmp_path_factory):
 
 
 def _run_app(module: str, url: str, *args: str) -> str:
+    # The SDK's deprecation warnings all start with "DEPRECATED" (0.38: the ``*_async``
+    # methods, ``ServiceClient.get_server_capabilities``, ``load_state*``): the apps use none.
     out = subprocess.run(
-        [sys.executable, "-m", module, "--base-url", url, *args],
+        [sys.executable, "-W", "error:DEPRECATED", "-m", module, "--base-url", url, *args],
         cwd=str(REPO), env=script_env(TINKER_API_KEY=KEY), capture_output=True, text=True,
         timeout=240,
     )  # fmt: skip
@@ -83,9 +85,8 @@ def test_a_wrong_key_gets_401(server):
     r = httpx.post(f"{server}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-bad"})
     assert r.status_code == 401 and "API key" in r.json()["detail"]
     assert httpx.get(f"{server}/api/v1/healthz").status_code == 401
-    client = tinker.ServiceClient(base_url=server, api_key="tml-wrong")
-    with pytest.raises(tinker.AuthenticationError):
-        client.get_server_capabilities()
+    with pytest.raises(tinker.AuthenticationError):  # the client's config fetch is refused
+        tinker.RestClient(base_url=server, api_key="tml-wrong").get_server_capabilities()
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +147,38 @@ def test_sampling_returns_tokens_with_the_trainers_logprobs(training):
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
     assert scored[0] is None
     assert scored[1:] == pytest.approx(lp.tolist(), abs=1e-3)
+
+
+def test_the_sdks_non_deprecated_forms_are_served(server):
+    """SDK 0.38 deprecates the ``*_async`` methods (await the ``APIFuture`` the plain method
+    returns instead), ``ServiceClient.get_server_capabilities`` (``RestClient``'s, which opens
+    no session) and ``load_state*`` (a new client from the state): each replacement works, and
+    none of them warns."""
+    import asyncio
+    import warnings
+
+    async def main() -> None:
+        caps = await tinker.RestClient(base_url=server, api_key=KEY).get_server_capabilities()
+        assert [m.model_name for m in caps.supported_models] == ["forge/tiny"]
+        service = tinker.ServiceClient(base_url=server, api_key=KEY)
+        tc = await service.create_lora_training_client(base_model="forge/tiny", rank=2)
+        d = _datum([5, 9, 13, 21])
+        fb = await tc.forward_backward([d], "cross_entropy")
+        assert fb.metrics["loss:sum"] > 0
+        await tc.optim_step(types.AdamParams(learning_rate=1e-2))
+        path = (await tc.save_state("async-state")).path
+        sampler = await tc.save_weights_and_get_sampling_client(name="async")
+        out = await sampler.sample(types.ModelInput.from_ints([5, 9]), 2,
+                                   types.SamplingParams(max_tokens=3, seed=0))  # fmt: skip
+        assert len(out.sequences) == 2
+        lp = await sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 13]))
+        assert lp[0] is None and len(lp) == 3
+        again = await service.create_training_client_from_state_with_optimizer(path)
+        assert (await again.get_info()).lora_rank == 2
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="DEPRECATED")
+        asyncio.run(main())
 
 
 def test_unsupported_calls_are_named(training, server):

