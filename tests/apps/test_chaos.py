@@ -49,7 +49,9 @@ def test_service_request_counts_add_up_across_a_replica_kill():
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_cpu_demo_under_replica_kills(tmp_path):
-    steps = 100
+    # 150 steps: at 100 the GRPO stage of a quiet machine (2026-11-26) lasted ~40 s, which at
+    # one kill every 5-15 s left room for only 2 kills.
+    steps = 150
     out = subprocess.run(
         [
             sys.executable,
@@ -77,7 +79,7 @@ def test_cpu_demo_under_replica_kills(tmp_path):
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("chaos_kills="), tail
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", last)}
-    assert s["chaos_kills"] >= 3, last  # the GRPO stage lasts well over 30 s
+    assert s["chaos_kills"] >= 3, last  # the GRPO stage lasts well over 45 s
     assert s["lost_requests"] == 0 and s["lost_episodes"] == 0, tail
     assert s["orphans"] == 0, tail
     assert s["steps"] == steps, last
