@@ -103,9 +103,11 @@ def base_model(cfg: PipelineConfig, name: str, corpus: list[str] | None = None) 
     """The model the first stage starts from: ``cfg.base_model`` (resolved when the config
     loaded), else an untrained model built once into the cache."""
     from forge.models import make_tiny_model
+    from forge.models.loading import _looks_like_path
 
-    if cfg.base_model and not Path(cfg.base_model).expanduser().is_dir():
-        return cfg.base_model  # a hub id
+    given = cfg.base_model
+    if given and not Path(given).expanduser().is_dir() and not _looks_like_path(given):
+        return cfg.base_model  # a hub id (a path that does not exist yet gets a tiny model)
     base = Path(cfg.base_model or get_cache_dir() / f"{name}-{cfg.preset}-seed{cfg.seed}")
     if not (base / "config.json").exists():
         print(f"[{name}] building a {cfg.preset} model in {base}", flush=True)
