@@ -174,7 +174,7 @@ def test_the_sdks_non_deprecated_forms_are_served(server):
         lp = await sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 13]))
         assert lp[0] is None and len(lp) == 3
         again = await service.create_training_client_from_state_with_optimizer(path)
-        assert (await again.get_info()).lora_rank == 2
+        assert again.get_info().lora_rank == 2  # fetched when the client was made: no await
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="DEPRECATED")
