@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from tests.helpers import REPO, script_env, wait_dead  # noqa: E402
-from tests.serve.server import serve_process  # noqa: E402
+from tests.serve.server import serve_process, stop_server  # noqa: E402
 
 KEY = "tml-hostile-key-0123456789abcdefgh"
 H = {"X-API-Key": KEY}
@@ -220,13 +219,7 @@ def test_binding_off_loopback_warns(tmp_path):
         text = "".join(lines)
         assert "not a loopback address" in text and "TLS" in text, text
     finally:
-        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        children = stop_server(proc)
     assert not wait_dead(children + [proc.pid], 30)
 
 

@@ -24,8 +24,6 @@ class Served(str):
 @contextlib.contextmanager
 def serve_process(work: Path, config: str, key: str):
     """Yield the URL (a ``Served``) of a server run with ``config`` (YAML text) and ``key``."""
-    import psutil
-
     (work / "serve.yaml").write_text(config)
     proc = subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "serve", "--config", str(work / "serve.yaml"),
@@ -52,12 +50,23 @@ def serve_process(work: Path, config: str, key: str):
             served.pid = proc.pid
             yield served
         finally:
-            children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-            proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(60)
+                children = stop_server(proc)
             finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
                 drain.wait(10)
     assert not wait_dead(children, 30), "processes outlived forge serve"
+
+
+def stop_server(proc: subprocess.Popen) -> list[int]:
+    """Stop ``forge serve`` as Ctrl-C does (SIGKILL to its group if it takes over 60 s);
+    returns the pids of its children at the time, for the caller to check they are gone."""
+    import psutil
+
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return children
