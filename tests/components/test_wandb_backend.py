@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,14 @@ def _key(item) -> str:
 def _read_run(run_dir: Path) -> tuple:
     """``(run record, {step: {key: value}})`` of the one offline run under ``run_dir``."""
     [path] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    # wandb-core writes the file after finish() returns (0.31 leaves it at its 7-byte
+    # header for ~50 ms now and then): wait, bounded, for the run's exit record.
+    deadline = time.monotonic() + 30
     records = _records(path)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, f"{path} has no exit record 30 s after finish()"
+        time.sleep(0.05)
+        records = _records(path)
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     history = {}
     for r in records:
