@@ -1,6 +1,6 @@
 """The main job: a real pretrained LLM (SmolLM2-135M-Instruct) learns to add, on 2 CPU cores.
 
-Run (the README's first command; about 6-9 minutes on 2 cores, start-up included):
+Run (the README's first command; about 5 minutes on a quiet 2-core machine, start-up included):
     forge run --config apps/arith/smollm2.yaml                  # GRPO from the instruct model
     forge run --config apps/arith/smollm2.yaml seed=1           # another seed
     forge run --config apps/arith/smollm2_sft_rl.yaml           # SFT, then GRPO
