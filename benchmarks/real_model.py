@@ -5,7 +5,7 @@
 1. **Ceiling**: torch matmul FLOP/s at the model's GEMM shapes (tokens x 576 against the
    q/k/v/o, gate/up/down and LM-head weights), float32 and bfloat16.
 2. **Trainer**: one GRPO step of the main job's shape (8 prompts x 8 completions sampled by the
-   model itself), float32 and bf16 autocast: seconds, and FLOPs counted as 6 x (non-embedding
+   model itself), float32 and bf16 autocast (eager attention; bf16 also with SDPA): seconds, and FLOPs counted as 6 x (non-embedding
    parameters) x (token positions the step runs, a group's shared prompt once) + 6 x head
    FLOPs on the scored positions, plus attention, over the ceiling of the same precision.
 3. **Generator**: prefill and decode tokens/s at batch 1, 8 and 64 (bf16 and float32), and
@@ -88,11 +88,14 @@ def trainer_flops(batch, prompt_len: int, groups: int, non_embedding: int) -> fl
     return 3 * (2 * non_embedding * positions + 2 * HIDDEN * VOCAB * scored + attn)
 
 
-def time_trainer(model_dir: str, batch, autocast: str | None, repeats: int) -> float:
+def time_trainer(
+    model_dir: str, batch, autocast: str | None, repeats: int, attn: str = "eager"
+) -> float:
     from forge.training.config import TrainerConfig
     from forge.training.hf_trainer import TrainerCore
 
-    core = TrainerCore(TrainerConfig(model=model_dir, device="cpu", autocast=autocast))
+    cfg = TrainerConfig(model=model_dir, device="cpu", autocast=autocast, attn_implementation=attn)
+    core = TrainerCore(cfg)
     core.train_step(batch)  # warm-up
     times = []
     for _ in range(repeats):
@@ -100,6 +103,22 @@ def time_trainer(model_dir: str, batch, autocast: str | None, repeats: int) -> f
         core.train_step(batch)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def profile_trainer(model_dir: str) -> dict:
+    """One bf16-autocast trainer step under ``torch.profiler``: the ops that take the time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from forge.training.config import TrainerConfig
+    from forge.training.hf_trainer import TrainerCore
+
+    batch, _, _ = sample_batch(model_dir)
+    core = TrainerCore(TrainerConfig(model=model_dir, device="cpu", autocast="bfloat16"))
+    core.train_step(batch)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("train_step"):
+        core.train_step(batch)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+    return {}
 
 
 def time_generation(model_dir: str, dtype: str, batch: int) -> tuple[float, float]:
@@ -130,12 +149,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="only profile one bf16-autocast trainer step (torch.profiler, top ops)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from forge.models import load_model
     from forge.models.gguf import resolve_model
 
     model_dir = resolve_model("smollm2-135m-instruct")
+    if args.profile:
+        return profile_trainer(str(model_dir))
     model = load_model(model_dir)
     non_embedding = sum(p.numel() for p in model.parameters()) - VOCAB * HIDDEN
     del model
@@ -149,6 +175,9 @@ def main(argv: list[str] | None = None) -> dict:
         s = time_trainer(model_dir, batch, ac, args.repeats)
         r[f"trainer_{name}_s"] = s
         r[f"trainer_{name}_share"] = flops / s / 1e9 / r[f"ceiling_{name}_gflops"]
+    s = time_trainer(model_dir, batch, "bfloat16", args.repeats, attn="sdpa")
+    r["trainer_bfloat16_sdpa_s"] = s
+    r["trainer_bfloat16_sdpa_share"] = flops / s / 1e9 / r["ceiling_bfloat16_gflops"]
     for dtype in ("bfloat16", "float32"):
         for b in (1, 8, 64):
             pre, dec = time_generation(model_dir, dtype, b)
@@ -179,6 +208,10 @@ def table(r: dict) -> str:
     rows.append(
         f"| trainer share of the ceiling | {r['trainer_float32_share']:.0%} | "
         f"{r['trainer_bfloat16_share']:.0%} |"
+    )
+    rows.append(
+        f"| trainer step with SDPA attention, s (share) | | {r['trainer_bfloat16_sdpa_s']:.2f} "
+        f"({r['trainer_bfloat16_sdpa_share']:.0%}) |"
     )
     for b in (1, 8, 64):
         rows.append(

@@ -155,7 +155,8 @@ def token_logprobs(
         pieces = []
         for start in range(0, hidden_btd.shape[1], chunk_tokens):
             logits_btv = head_logits(head, hidden_btd[:, start : start + chunk_tokens]).float()
-            logits_btv = logits_btv / temp
+            if temp != 1.0:  # (a full pass over [B, chunk, vocab], forward and backward)
+                logits_btv = logits_btv / temp
             pieces.append(gather_logprobs(logits_btv, targets_bt[:, start : start + chunk_tokens]))
         lp_bt = torch.cat(pieces, dim=1)
     lp_bt = torch.cat([lp_bt.new_zeros(lp_bt.shape[0], 1), lp_bt], dim=1)

@@ -105,8 +105,15 @@ def shared_prefix_logprobs(
     )
     # Tail token j is predicted from the hidden state before it: the prefix's last for j = 0.
     hidden_btd = torch.cat([last_hidden_bd[src_b, None], t_out.last_hidden_state[:, :-1]], dim=1)
-    logits_btv = head_logits(head, hidden_btd).float() / effective_temperature(temperature)
-    lp_tail = gather_logprobs(logits_btv, t_ids) * t_mask
+    # The head (the step's largest float32 matmuls, and [N, vocab] logits) only on real tail
+    # tokens: the tails' right padding is a quarter of the positions at the main job's shape.
+    real_bt = t_mask.bool()
+    logits_nv = head_logits(head, hidden_btd[real_bt]).float()
+    temp = effective_temperature(temperature)
+    if temp != 1.0:  # a division is a full pass over [N, vocab], forward and backward
+        logits_nv = logits_nv / temp
+    lp_n = gather_logprobs(logits_nv, t_ids[real_bt])
+    lp_tail = lp_n.new_zeros(batch, t_width).index_put((real_bt,), lp_n)
     # Scatter tails back to their positions (one spare column per tail slot, then cut off).
     pos_bt = torch.tensor(cut, device=device)[:, None] + torch.arange(t_width, device=device)
     lp_bt = lp_tail.new_zeros(batch, width + t_width).scatter(1, pos_bt, lp_tail)
