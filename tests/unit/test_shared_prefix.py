@@ -43,20 +43,21 @@ def _episodes(groups: int, size: int, multi_turn: bool = False) -> list[Episode]
     return out
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0])  # 1.0: the path that skips the division
 @pytest.mark.parametrize("multi_turn", [False, True])
-def test_values_and_gradients_match_token_logprobs(model, multi_turn):
+def test_values_and_gradients_match_token_logprobs(model, multi_turn, temperature):
     b = collate_episodes(_episodes(groups=3, size=4, multi_turn=multi_turn))
     mask_bt = b.response_mask_bt
     weights_bt = torch.randn(mask_bt.shape) * mask_bt
 
     model.zero_grad()
-    ref_bt = token_logprobs(model, b.input_ids_bt, b.attention_mask_bt, temperature=0.7)
+    ref_bt = token_logprobs(model, b.input_ids_bt, b.attention_mask_bt, temperature=temperature)
     (ref_bt * weights_bt).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     model.zero_grad()
     lp_bt = shared_prefix_logprobs(
-        model, b.input_ids_bt, b.attention_mask_bt, mask_bt, temperature=0.7
+        model, b.input_ids_bt, b.attention_mask_bt, mask_bt, temperature=temperature
     )
     assert lp_bt is not None
     (lp_bt * weights_bt).sum().backward()

@@ -1,0 +1,243 @@
+"""The real model end to end: Forge's main job against TRL's GRPOTrainer, side by side.
+
+    pip install 'trl==1.16.*'
+    python -m benchmarks.real_e2e [--config short|gen-heavy|both] [--repeats 3] [--steps 3]
+                                  [--warmup 2] [--only forge trl_fp32 trl_bf16 ...]
+
+SmolLM2-135M-Instruct (``smollm2-135m-instruct``, converted once) on 2-digit addition asked in
+chat (``apps.arith``), 8 prompts x 8 completions, temperature 1.0, AdamW lr 1e-5, grad-norm
+clip 1.0, no KL term, one optimizer step per generation batch.
+
+- ``short``: "Answer with just the number.", at most 16 new tokens (the main job's shape).
+- ``gen-heavy``: "Think step by step, then give the answer.", at most 128 new tokens, 4 x 8.
+
+Systems, each run in turn within a repetition:
+
+- ``forge``: ``apps/arith/smollm2.yaml`` as shipped (bf16 generator, bf16 autocast trainer,
+  off-by-one rollouts, ``max_policy_age: 1``), evaluation off.
+- ``trl_fp32``, ``trl_bf16``: TRL 1.16 in this process with 2 torch threads, ``use_cpu``,
+  generating with transformers ``generate``; ``bf16=False`` / ``True`` (accelerate's CPU bf16
+  autocast). No gradient checkpointing, eager attention, no compile: the fastest TRL settings
+  on this machine for the toy model (``benchmarks.e2e``). vLLM is not an option for TRL on
+  this CPU (its colocate and server modes need CUDA).
+- ``trl_best``: per repetition, the faster TRL run.
+
+s/step is the wall time of ``--steps`` steps after ``--warmup`` warm-up steps (start-up and model
+load excluded), medians over repetitions. The last line is machine-readable:
+``real_forge_vs_trl=<x>`` (short) and ``real_gen_heavy_forge_vs_trl=<y>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.common import ProcessTreeCpu
+from benchmarks.e2e import cpu_grpo_config, step_clock, window
+from controller import loops
+
+MAIN_YAML = Path(__file__).resolve().parents[1] / "apps" / "arith" / "smollm2.yaml"
+SYSTEMS = ("forge", "trl_fp32", "trl_bf16")
+LONG = "Think step by step, then give the answer."
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    prompts: int
+    group: int
+    max_tokens: int
+    instruction: str | None  # None: the task's own ("Answer with just the number.")
+
+    def rows(self, n: int, seed: int) -> list[dict]:
+        from apps.arith.task import INSTRUCTION, Addition
+
+        source, out = Addition(seed=seed), []
+        for _ in range(n):
+            row = source.sample()
+            if self.instruction:
+                text = row["prompt"][0]["content"].replace(INSTRUCTION, self.instruction)
+                row = {**row, "prompt": [{"role": "user", "content": text}]}
+            out.append(row)
+        return out
+
+
+SETUPS = {
+    "short": Setup("short", 8, 8, 16, None),
+    "gen-heavy": Setup("gen-heavy", 4, 8, 128, LONG),
+}
+
+
+class LongAddition:
+    """``apps.arith.task.Addition`` asking for the working (the gen-heavy prompts)."""
+
+    def __init__(self, seed: int = 0, **kw):
+        self._rows, self._setup = [], SETUPS["gen-heavy"]
+        self._seed = seed
+
+    def sample(self) -> dict:
+        if not self._rows:
+            self._rows = self._setup.rows(256, self._seed)[::-1]
+            self._seed += 1
+        return self._rows.pop()
+
+    def state_dict(self) -> dict:
+        return {"seed": self._seed, "rows": list(self._rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._seed, self._rows = state["seed"], list(state["rows"])
+
+
+async def run_forge(model: str, setup: Setup, steps: int, run_dir: Path) -> dict:
+    from controller import shutdown
+    from forge import M
+    from forge.launch import app_module, load_app
+
+    overrides = [
+        f"base_model={model}",
+        f"rl.policy.model={model}",
+        f"rl.steps={steps}",
+        f"rl.rollout.prompts_per_step={setup.prompts}",
+        f"rl.rollout.group_size={setup.group}",
+        f"rl.rollout.max_tokens={setup.max_tokens}",
+        "rl.rollout.filter=keep_all",  # every step trains on one generation batch, as TRL
+        "rl.eval.at_start=false",
+        "rl.eval.at_end=false",
+        "rl.eval.every=0",
+        "rl.metrics=[]",
+    ]
+    if setup.instruction:
+        overrides.append("rl.data.fn=benchmarks.real_e2e:LongAddition")
+    cfg = load_app(MAIN_YAML, overrides)[1].rl
+    app = app_module(cfg.app, str(MAIN_YAML), needs=("stage", "MetricLog"))
+    run_dir.mkdir(parents=True)
+    marks: list[float] = []
+    with ProcessTreeCpu(interval=0.2) as cpu, step_clock(app, marks):
+        try:
+            result = await app.stage(cfg, run_dir, resume=False)
+        finally:
+            await shutdown()
+    rows = [r for r in result["history"] if M.ELAPSED_S in r]
+    return {"marks": [math.nan, *marks], "samples": cpu.samples,
+            "tokens": [r[M.train("tokens")] for r in rows],
+            "train_s": statistics.median(r[M.TRAIN_S] for r in rows)}  # fmt: skip
+
+
+def run_trl(model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOTrainer
+
+    from apps.arith.task import correct
+
+    def reward(prompts, completions, target, **kw) -> list[float]:
+        return [correct(p, c[-1]["content"], t) for p, c, t in zip(prompts, completions, target)]
+
+    marks: list[float] = []
+    lengths: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, _args, state, control, **kw):
+            marks.append(time.perf_counter())
+
+        def on_log(self, _args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+    torch.set_num_threads(2)
+    args = cpu_grpo_config(
+        out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
+        lr=1e-5, steps=steps, seed=0, bf16=bf16,
+    )  # fmt: skip
+    rows = setup.rows(setup.prompts * (steps + 1), seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
+                          train_dataset=Dataset.from_list(rows), callbacks=[Clock()])  # fmt: skip
+    trainer.remove_callback(PrinterCallback)
+    with ProcessTreeCpu(interval=0.2) as cpu:
+        marks.append(time.perf_counter())
+        trainer.train()
+    n = setup.prompts * setup.group
+    return {"marks": marks, "samples": cpu.samples, "tokens": [x * n for x in lengths]}
+
+
+def timed(raw: dict, warmup: int, steps: int, setup: Setup) -> dict:
+    w = window(raw["marks"], raw["samples"], warmup, steps)
+    tokens = raw["tokens"][warmup : warmup + steps]
+    return {
+        "s_per_step": w["s_per_step"],
+        "tok_per_s": sum(tokens) / w["wall"],
+        "completion_len": sum(tokens) / (len(tokens) * setup.prompts * setup.group),
+        "cpu_util": w["cpu_util"],
+        **({"train_s": raw["train_s"]} if "train_s" in raw else {}),
+    }
+
+
+def med(runs: list[dict], key: str) -> float:
+    vals = [r[key] for r in runs if key in r]
+    return statistics.median(vals) if vals else math.nan
+
+
+async def main(args: argparse.Namespace) -> None:
+    from forge.models.gguf import resolve_model
+
+    model = str(resolve_model("smollm2-135m-instruct"))
+    order = [SETUPS[c] for c in (SETUPS if args.config == "both" else [args.config])]
+    which = args.only or list(SYSTEMS)
+    results: dict[str, dict[str, list[dict]]] = {s.name: {} for s in order}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="forge-real-e2e-") as tmp:
+        for rep in range(args.repeats):
+            for setup in order:
+                for system in which:
+                    out = Path(tmp) / f"{setup.name}-{system}-{rep}"
+                    load = os.getloadavg()[0]
+                    total = args.warmup + args.steps
+                    if system == "forge":
+                        raw = await run_forge(model, setup, total, out)
+                    else:
+                        raw = run_trl(model, setup, total, out, bf16=system == "trl_bf16")
+                    r = {**timed(raw, args.warmup, args.steps, setup), "load": load}
+                    results[setup.name].setdefault(system, []).append(r)
+                    print(f"[real_e2e] rep {rep + 1} {setup.name} {system}: "
+                          f"{r['s_per_step']:.2f} s/step, {r['tok_per_s']:.0f} tok/s, "
+                          f"len {r['completion_len']:.1f}, CPU {100 * r['cpu_util']:.0f}%, "
+                          f"load {load:.1f} (at {time.perf_counter() - start:.0f}s)",
+                          flush=True)  # fmt: skip
+    print(f"\n{'config':9s} {'system':9s} {'s/step':>7s} {'tok/s':>6s} {'len':>5s} {'CPU':>5s}"
+          "  runs")  # fmt: skip
+    ratios = {}
+    for setup in order:
+        by = results[setup.name]
+        trl = [by[s] for s in ("trl_fp32", "trl_bf16") if s in by]
+        if trl:
+            by["trl_best"] = [min(rep, key=lambda r: r["s_per_step"]) for rep in zip(*trl)]
+        for system, runs in by.items():
+            each = ", ".join(f"{r['s_per_step']:.2f}" for r in runs)
+            print(f"{setup.name:9s} {system:9s} {med(runs, 's_per_step'):7.2f} "
+                  f"{med(runs, 'tok_per_s'):6.0f} {med(runs, 'completion_len'):5.1f} "
+                  f"{100 * med(runs, 'cpu_util'):4.0f}%  {each}")  # fmt: skip
+        if "forge" in by and "trl_best" in by:
+            ratios[setup.name] = med(by["trl_best"], "s_per_step") / med(by["forge"], "s_per_step")
+    print(" ".join(f"real_{'' if k == 'short' else 'gen_heavy_'}forge_vs_trl={v:.2f}"
+                   for k, v in sorted(ratios.items(), reverse=True)))  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", choices=[*SETUPS, "both"], default="short")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--only", nargs="+", choices=SYSTEMS)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    loops.run(main(parse_args()))
