@@ -170,22 +170,25 @@ def test_a_planted_optimizer_state_is_refused_and_the_client_goes_on(server, tmp
 
     url, work = server
     service = tinker.ServiceClient(base_url=url, api_key=KEY)
-    tc = service.create_lora_training_client(base_model="forge/tiny", rank=4).result()
-    d = types.Datum(model_input=types.ModelInput.from_ints([5, 9, 13]),
-                    loss_fn_inputs={"target_tokens": [9, 13, 21], "weights": [1.0] * 3})  # fmt: skip
-    tc.forward_backward([d], "cross_entropy").result()
-    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    good = tc.save_state("good").result().path
-    # Someone with write access to the checkpoints plants a pickle in a copy.
-    model_dir = work / "ckpt" / good.split("/")[2]
-    shutil.copytree(model_dir / "good", model_dir / "planted")
-    marker = tmp_path / "pwned"
-    torch.save({"optimizer": _Planted(str(marker))}, model_dir / "planted" / "trainer_state.pt")
-    with pytest.raises(tinker.RequestFailedError, match="not loaded.*posix.system"):
-        tc.load_state_with_optimizer(good.replace("/good", "/planted")).result()
-    assert not marker.exists(), "the planted pickle ran"
-    tc.load_state_with_optimizer(good).result()  # the client and its checkpoints still work
-    assert tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"] is not None
+    try:  # closed at the end: its heartbeat thread would outlive the server otherwise
+        tc = service.create_lora_training_client(base_model="forge/tiny", rank=4).result()
+        d = types.Datum(model_input=types.ModelInput.from_ints([5, 9, 13]),
+                        loss_fn_inputs={"target_tokens": [9, 13, 21], "weights": [1.0] * 3})  # fmt: skip
+        tc.forward_backward([d], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        good = tc.save_state("good").result().path
+        # Someone with write access to the checkpoints plants a pickle in a copy.
+        model_dir = work / "ckpt" / good.split("/")[2]
+        shutil.copytree(model_dir / "good", model_dir / "planted")
+        marker = tmp_path / "pwned"
+        torch.save({"optimizer": _Planted(str(marker))}, model_dir / "planted" / "trainer_state.pt")
+        with pytest.raises(tinker.RequestFailedError, match="not loaded.*posix.system"):
+            tc.load_state_with_optimizer(good.replace("/good", "/planted")).result()
+        assert not marker.exists(), "the planted pickle ran"
+        tc.load_state_with_optimizer(good).result()  # the client and its checkpoints still work
+        assert tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"] is not None
+    finally:
+        service.close()
 
 
 def test_a_weak_key_is_refused_and_says_what_is_weak(tmp_path):
