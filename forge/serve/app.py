@@ -120,6 +120,15 @@ def build_app(state: ServerState, api_key: str):
         state.check_session((await fields(request)).req_str("session_id"))
         return {"type": "session_heartbeat"}
 
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, request: Request):
+        reason = (await fields(request)).opt_obj("reason")
+        kind = (reason.opt_str("type") if reason else None) or "success"
+        if kind not in ("success", "errored", "interrupted"):
+            raise UserError(f"finish reason {kind!r}: use success, errored or interrupted")
+        state.finish_session(session_id, kind)
+        return None
+
     # -- models ----------------------------------------------------------------------------
 
     @post("create_model")

@@ -81,6 +81,7 @@ class ServerState:
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
         self.sessions: set[str] = set()
+        self.finished: dict[str, str] = {}  # session id -> finish reason (first wins)
         self.models: dict[str, ServedModel] = {}
         self.sampling: dict[str, SamplingSession] = {}
         self.base_generators: dict[str, Any] = {}
@@ -98,6 +99,16 @@ class ServerState:
     def check_session(self, session_id: str) -> None:
         if session_id not in self.sessions:
             raise UserError(f"unknown session {session_id!r}; create one with create_session")
+        if session_id in self.finished:
+            raise UserError(f"session {session_id!r} is finished ({self.finished[session_id]}); "
+                            "create a new one with create_session")  # fmt: skip
+
+    def finish_session(self, session_id: str, reason: str) -> None:
+        """Mark a session terminal (the SDK's ``ServiceClient.close``); the first reason wins.
+        Its models stay served to other sessions' clients that hold their ids."""
+        if session_id not in self.sessions:
+            raise UserError(f"unknown session {session_id!r}; create one with create_session")
+        self.finished.setdefault(session_id, reason)
 
     def model(self, model_id: str) -> ServedModel:
         if model_id not in self.models:

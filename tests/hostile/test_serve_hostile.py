@@ -188,7 +188,7 @@ def test_a_planted_optimizer_state_is_refused_and_the_client_goes_on(server, tmp
         tc.load_state_with_optimizer(good).result()  # the client and its checkpoints still work
         assert tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"] is not None
     finally:
-        service.close()
+        service.close("success").result(timeout=60)
 
 
 def test_a_weak_key_is_refused_and_says_what_is_weak(tmp_path):
