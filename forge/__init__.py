@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     },  # fmt: skip
     "policy_defaults": "forge.run.policy",
     "make_deterministic": "forge.run.config",
+    "seed_defaults": "forge.run.config",
     "PipelineConfig": "forge.run.pipeline",
     "Stage": "forge.run.pipeline",
     "base_model": "forge.run.pipeline",

@@ -74,8 +74,11 @@ def run_app(
     overrides: list[str],
     resume: str | None = None,
     run_dir: str | None = None,
+    dry_run: bool = False,
 ) -> int:
-    """Run an app to completion; returns the process exit code."""
+    """Run an app to completion; returns the process exit code. ``dry_run``: load and
+    validate the config exactly as a run would, print it (``forge.config.describe``) and
+    return without making a run directory or starting anything."""
     from forge.config import dump_config
     from forge.run.ownership import check_run_dir
 
@@ -89,6 +92,12 @@ def run_app(
         if not config_path:
             raise ValueError("forge run needs --config <yaml> (or --resume <run_dir>)")
         module, cfg = load_app(config_path, overrides)
+    if dry_run:
+        from forge.config.describe import show_config
+
+        sys.stdout.write(show_config(cfg))
+        return 0
+    if not resume:
         rdir = Path(run_dir) if run_dir else new_run_dir(cfg.app)
         rdir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, rdir / "config.yaml")

@@ -31,27 +31,45 @@ from forge import (
     make_deterministic,
     policy_defaults,
     progress,
+    seed_defaults,
     sft_batch,
 )
 
 
 @dataclass
 class Config:
+    """An SFT run: ``steps`` batches of ``batch_size`` items from ``data``, one optimizer
+    step each, then the result exported as an HF model directory."""
+
     app: str
-    policy: PolicyConfig  # the model SFT starts from (its trainer follows it)
+    """The app module (``apps.sft.main``)."""
+    policy: PolicyConfig
+    """The model SFT starts from (its trainer follows it)."""
     trainer: TrainerConfig
-    data: Spec  # a data source (forge.slots.DATA_SOURCE): see forge.data.sft_batch
+    """The trainer; ``loss.type`` must be ``reinforce`` (NLL with advantage 1)."""
+    data: Spec
+    """A data source (``forge.slots.DATA_SOURCE``) of (prompt, target) pairs or chat
+    transcripts; see ``forge.data.sft_batch``."""
     steps: int = 200
+    """Optimizer steps."""
     batch_size: int = 64
-    output: str = ""  # HF directory for the result; default <run_dir>/model
+    """Items per step."""
+    output: str = ""
+    """HF directory for the result (empty: ``<run_dir>/model``)."""
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
-    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
-    deterministic: bool = False  # same config, same numbers (fixed threads; slower)
-    history: HistoryWindow | None = None  # the RL run's env.history: transcripts as its rows
+    """Metric backends (``jsonl``, ``tensorboard``, ``wandb``)."""
+    threads_per_actor: int = 0
+    """Torch threads per actor process (0: the host's thread budget, ``controller.threads``)."""
+    seed: int = 0
+    """The run's seed: the trainer's (``forge.run.config.seed_defaults``)."""
+    deterministic: bool = False
+    """Same config, same numbers (fixed threads; slower)."""
+    history: HistoryWindow | None = None
+    """The RL run's ``env.history``: transcripts become rows as the RL run will see them."""
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
-        return policy_defaults(data, ("trainer",))
+        return seed_defaults(policy_defaults(data, ("trainer",)), ("trainer",))
 
     def __post_init__(self) -> None:
         if self.deterministic:

@@ -34,7 +34,14 @@ from forge.training.critic import CriticConfig
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
 from forge.weights.config import WeightTransportConfig
 
-__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig", "check_sampling", "make_deterministic"]
+__all__ = [
+    "EvalConfig",
+    "RLConfig",
+    "ReplicasConfig",
+    "check_sampling",
+    "make_deterministic",
+    "seed_defaults",
+]
 
 # The advantages that are relative to the group (0 for a group of one).
 GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo")
@@ -65,6 +72,37 @@ def check_sampling(generator: GeneratorConfig) -> None:
         )
 
 
+# The roles whose config has a ``seed`` of its own; each gets the run's seed.
+SEEDED_ROLES = ("generator", "trainer", "critic")
+
+
+def seed_defaults(data: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
+    """A run section's plain data with the run's ``seed`` (default 0) handed to each role
+    section of ``roles`` present in it: one ``seed`` derives every role's seed.
+
+    The derivation is the identity: every role's seed *is* the run's seed (the trainer
+    seeds torch with it, the generator its sampling streams, the critic its value head, the
+    replay buffer its ``random.Random``, and a pipeline hands it to every stage). The roles
+    draw from unrelated generators, so one number correlates nothing, and a run at seed 0
+    keeps the numbers it had when each role defaulted to 0. A role that states its own seed
+    must state the run's (what a written ``config.yaml`` holds); any other value is a
+    ``ValueError`` naming the fix, since two seeds for one run is a fact stated twice.
+    """
+    seed = data.get("seed", 0)
+    out = dict(data)
+    for role in roles:
+        section = out.get(role)
+        if not isinstance(section, dict):
+            continue
+        if "seed" in section and section["seed"] != seed:
+            raise ValueError(
+                f"{role}.seed={section['seed']!r} but seed={seed!r}: every role's seed is the "
+                f"run's seed (forge.run.config.seed_defaults); remove {role}.seed and set seed"
+            )
+        out[role] = {**section, "seed": seed}
+    return out
+
+
 # Keys of earlier versions, and where their fact lives now.
 RENAMED = {
     "model": "policy.model",
@@ -78,19 +116,23 @@ RENAMED = {
 
 @dataclass
 class EvalConfig:
-    """Greedy evaluation on the data source's held-out items: before training (``at_start``),
-    after it (``at_end``) and every ``every`` steps (0: never). ``reward`` scores held-out
-    answers (default: the first of ``rewards``); with an environment, its success decides.
-    ``sets``: named evaluation sets evaluated at the same times (``forge.evaluation``:
-    other sources, environments, ``n`` samples for pass@k); ``forge eval`` runs them on a
-    saved policy."""
+    """Greedy evaluation on the data source's held-out items: before training, after it and
+    every ``every`` steps; ``forge eval`` runs the same ``sets`` on a saved policy."""
 
     at_start: bool = True
+    """Evaluate before the first training step."""
     at_end: bool = True
+    """Evaluate after the last training step."""
     every: int = 0
+    """Also evaluate every this many steps (0: never)."""
     max_tokens: int = 8
+    """Tokens per held-out completion (or turn)."""
     reward: Spec | None = None
+    """The reward that scores held-out answers (default: the first of ``rewards``); with an
+    environment, its success decides and this must be unset."""
     sets: list[EvalSet] = field(default_factory=list)
+    """Named evaluation sets evaluated at the same times (``forge.evaluation``: other
+    sources, environments, ``n`` samples for pass@k)."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.sets]
@@ -100,13 +142,17 @@ class EvalConfig:
 
 @dataclass
 class ReplicasConfig:
-    """How many replicas each service runs. ``env: 0`` runs environments in the rollout
-    loop's own process; N > 0 runs them in an ``EnvActor`` service."""
+    """How many replicas each service runs."""
 
     generator: int = 1
+    """Generator replicas (each its own process and engine)."""
     rewards: int = 1
+    """Reward-function service replicas."""
     reward_model: int = 1
+    """Reward-model service replicas (with a ``reward_model`` section)."""
     env: int = 0
+    """Environment replicas: 0 runs environments in the rollout loop's own process; N > 0 in
+    an ``EnvActor`` service of N replicas."""
 
     def __post_init__(self) -> None:
         for name in ("generator", "rewards", "reward_model"):
@@ -118,35 +164,64 @@ class ReplicasConfig:
 
 @dataclass
 class RLConfig:
-    """See the module docstring; fields are documented where they are less than obvious."""
+    """The config of an RL run (see the module docstring)."""
 
     app: str
+    """The app module that runs this config (e.g. ``apps.grpo.main``)."""
     policy: PolicyConfig
+    """The policy's model and sampling temperature, stated once for every role."""
     generator: GeneratorConfig
+    """The generator service (its model and temperature follow ``policy``)."""
     trainer: TrainerConfig
+    """The trainer (its model and temperature follow ``policy``)."""
     data: Spec
-    rewards: list[Spec] = field(default_factory=list)  # with env: scored on final answers
+    """The data source of prompts (``forge.slots.DATA_SOURCE``: a built-in name or an import
+    string, with ``kwargs``)."""
+    rewards: list[Spec] = field(default_factory=list)
+    """Reward functions (``forge.slots.REWARD``); with an ``env``, they score each episode's
+    final answer."""
     steps: int = 100
-    max_policy_age: int = 1  # rollouts run at most this many versions ahead of training
+    """Training steps."""
+    max_policy_age: int = 1
+    """Rollouts run at most this many policy versions ahead of training (0: on-policy)."""
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    """How many replicas each service runs."""
     trainer_procs: int = 1
-    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)  # all roles
+    """Trainer processes (data parallel; ``trainer.parallelism`` says how they share)."""
+    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
+    """The weight transport, stated once for the trainer (pusher) and every puller."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reference: ReferenceConfig | None = None  # a KL term's reference policy
-    env: EnvConfig | None = None  # multi-turn: rollouts are episodes in this environment
-    reward_model: RewardModelConfig | None = None  # a learned reward: its score is a component
-    critic: CriticConfig | None = None  # PPO: a value model, GAE advantages per token
-    whiten_advantages: bool = True  # with a critic: normalise GAE advantages per batch
+    """How groups are generated, scored and filtered."""
+    reference: ReferenceConfig | None = None
+    """The reference policy of a KL term (``None``: no reference)."""
+    env: EnvConfig | None = None
+    """Multi-turn: rollouts are episodes in this environment (``None``: single-turn)."""
+    reward_model: RewardModelConfig | None = None
+    """A learned reward model; its score is a reward component."""
+    critic: CriticConfig | None = None
+    """PPO: a value model giving GAE advantages per token (or per turn)."""
+    whiten_advantages: bool = True
+    """With a critic: normalise GAE advantages per batch."""
     eval: EvalConfig = field(default_factory=EvalConfig)
-    phases: list[PhaseConfig] = field(default_factory=list)  # loss/rollout switches by step
+    """Held-out evaluation: when, how long, which sets."""
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """Loss and rollout settings that switch at given steps (``forge.training.phases``)."""
     metrics: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Metric backends (``jsonl``, ``tensorboard``, ``wandb``)."""
     checkpoint_every: int = 0
-    restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
-    stream: bool = False  # trajectory streaming: train on a step's first groups early
-    batch_timeout_s: float = 600.0  # no usable batch for this long: stop with a named error
-    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
+    """Save a checkpoint every this many steps (0: never)."""
+    restart_on_failure: int = 0
+    """Restarts from the last checkpoint if the trainer dies (needs ``checkpoint_every``)."""
+    stream: bool = False
+    """Trajectory streaming: train on a step's first groups while the rest are sampled."""
+    batch_timeout_s: float = 600.0
+    """No usable batch for this long: the run stops with a named error."""
+    threads_per_actor: int = 0
+    """Torch threads per actor process (0: the host's thread budget, ``controller.threads``)."""
     seed: int = 0
-    deterministic: bool = False  # same config and seed, same numbers (slower; see below)
+    """The run's seed; every role's seed derives from it (``seed_defaults``)."""
+    deterministic: bool = False
+    """Same config and seed, same numbers on the same machine (slower; ``DETERMINISTIC``)."""
     # Whether the app's advantages are rollout.advantage's, relative to each prompt's group
     # (GroupScorer). An app that computes its own (a running baseline) sets False.
     group_advantages: ClassVar[bool] = True
@@ -159,6 +234,7 @@ class RLConfig:
             if isinstance(holder, dict) and key in holder:
                 raise ValueError(f"{old} is now {new} (each fact is stated once); rename it")
         data = policy_defaults(data, ("generator", "trainer", "reference", "critic"))
+        data = seed_defaults(data, SEEDED_ROLES)
         if isinstance(data.get("weights"), dict):  # one transport: the pusher's and pullers'
             for role in ("generator", "trainer", "reference"):
                 if isinstance(data.get(role), dict):

@@ -33,7 +33,10 @@ class PolicyConfig:
     samples at in rollouts (logprobs are computed at the same temperature)."""
 
     model: str
+    """An HF model directory, a hub id, a GGUF file or a shipped model's name
+    (``forge.models.gguf``); ``from-run`` in a pipeline stage: the previous stage's result."""
     temperature: float = 1.0
+    """The sampling temperature of rollouts; logprobs are computed at the same one."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
