@@ -13,38 +13,32 @@ an HF model directory that an RL run can start from (``forge.run.pipeline``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from forge import (
     DATA_SOURCE,
     HistoryWindow,
     M,
     MetricLog,
-    PolicyConfig,
+    RunConfig,
     Spec,
     Trainer,
     TrainerConfig,
     actor_env,
     load_tokenizer,
-    make_deterministic,
-    policy_defaults,
     progress,
-    seed_defaults,
     sft_batch,
 )
 
 
-@dataclass
-class Config:
-    """An SFT run: ``steps`` batches of ``batch_size`` items from ``data``, one optimizer
-    step each, then the result exported as an HF model directory."""
+@dataclass(kw_only=True)
+class Config(RunConfig):
+    """An SFT run: the shared run config (``forge.RunConfig``: policy, trainer, data, steps,
+    metrics, seed, ...) plus the batch size, the output directory and a history window;
+    ``steps`` batches of ``batch_size`` items from ``data``, one optimizer step each, then
+    the result exported as an HF model directory."""
 
-    app: str
-    """The app module (``apps.sft.main``)."""
-    policy: PolicyConfig
-    """The model SFT starts from (its trainer follows it)."""
     trainer: TrainerConfig
     """The trainer; ``loss.type`` must be ``reinforce`` (NLL with advantage 1)."""
     data: Spec
@@ -56,25 +50,11 @@ class Config:
     """Items per step."""
     output: str = ""
     """HF directory for the result (empty: ``<run_dir>/model``)."""
-    metrics: list[str] = field(default_factory=lambda: ["jsonl"])
-    """Metric backends (``jsonl``, ``tensorboard``, ``wandb``)."""
-    threads_per_actor: int = 0
-    """Torch threads per actor process (0: the host's thread budget, ``controller.threads``)."""
-    seed: int = 0
-    """The run's seed: the trainer's (``forge.run.config.seed_defaults``)."""
-    deterministic: bool = False
-    """Same config, same numbers (fixed threads; slower)."""
     history: HistoryWindow | None = None
     """The RL run's ``env.history``: transcripts become rows as the RL run will see them."""
 
-    @classmethod
-    def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
-        return seed_defaults(policy_defaults(data, ("trainer",)), ("trainer",))
-
     def __post_init__(self) -> None:
-        if self.deterministic:
-            make_deterministic(self)
-        DATA_SOURCE.validate(self.data, key="data")
+        super().__post_init__()
         if self.trainer.loss.type != "reinforce":
             raise ValueError(
                 f"trainer.loss.type={self.trainer.loss.type!r}: SFT needs reinforce (NLL with "

@@ -32,6 +32,7 @@ ROOTS = (
     "forge.run.config:RLConfig",
     "apps.reinforce.main:Config",
     "apps.sft.main:Config",
+    "apps.calc.main:Config",
     "forge.run.pipeline:PipelineConfig",
     "forge.serve.config:ServeConfig",
 )
