@@ -2,8 +2,8 @@
 ``forge --help`` answers at once.
 
     forge run --config apps/sumdigits/cpu.yaml [a.b=c ...] [--dry-run]
-    forge config show apps/sumdigits/cpu.yaml [a.b=c ...]
     forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
+    forge config show apps/sumdigits/cpu.yaml [a.b=c ...]
     forge top [RUN_DIR] [--once]
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
@@ -20,7 +20,7 @@ import sys
 
 def _run(args: argparse.Namespace) -> int:
     from controller._runtime import install_signal_handlers
-    from forge.launch import run_app
+    from forge.cli.run import run_app
 
     install_signal_handlers()  # SIGINT/SIGTERM stop the run, even from a background job
     try:
@@ -58,7 +58,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from forge.top import main as top_main
+    from forge.cli.top import main as top_main
 
     try:
         return top_main(args.run_dir, once=args.once, interval=args.interval)
@@ -69,7 +69,7 @@ def _top(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from controller._runtime import install_signal_handlers
-    from forge.evaluation.command import main as eval_main
+    from forge.cli.eval import main as eval_main
 
     install_signal_handlers()
     try:
@@ -190,7 +190,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.fn(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
