@@ -89,7 +89,7 @@ def seed_defaults(data: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any
         if "seed" in section and section["seed"] != seed:
             raise ValueError(
                 f"{role}.seed={section['seed']!r} but seed={seed!r}: every role's seed is the "
-                f"run's seed (forge.run.config.seed_defaults); remove {role}.seed and set seed"
+                f"run's seed (forge.run.run_config.seed_defaults); remove {role}.seed and set seed"
             )
         out[role] = {**section, "seed": seed}
     return out

@@ -24,7 +24,8 @@ def _rl(**over) -> dict:
 
 
 def test_the_runs_seed_is_every_roles_seed():
-    cfg = config_from_dict(RLConfig, _rl(seed=5, critic={"model": "/m"}))
+    ppo = {"critic": {"model": "/m"}, "trainer": {"loss": {"type": "ppo"}}}
+    cfg = config_from_dict(RLConfig, _rl(seed=5, **ppo))
     assert (cfg.seed, cfg.trainer.seed, cfg.generator.seed, cfg.critic.seed) == (5, 5, 5, 5)
     cfg = config_from_dict(RLConfig, _rl())  # seed 0: what every role defaulted to before
     assert (cfg.trainer.seed, cfg.generator.seed) == (0, 0)
