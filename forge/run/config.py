@@ -58,7 +58,9 @@ GROUP_RELATIVE_FNS = ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages"
 
 @dataclass(kw_only=True)
 class RLConfig(RolloutRunConfig):
-    """The config of an RL run (see the module docstring)."""
+    """An RL run's config (the GRPO app's): the shared ``RolloutRunConfig`` plus a reference
+    policy, a critic, an environment, a reward model, phases, checkpoints, restarts and
+    streaming."""
 
     max_policy_age: int = 1
     """Rollouts run at most this many policy versions ahead of training (0: on-policy)."""

@@ -41,7 +41,8 @@ class ServedBase:
 
 @dataclass
 class ServeConfig:
-    """``forge serve``'s settings (see the module docstring)."""
+    """``forge serve``'s settings: the served base models, limits and precision (every field
+    has a default, so no file serves the tiny CPU model)."""
 
     models: list[ServedBase] = field(default_factory=lambda: [ServedBase("forge/tiny", "tiny")])
     """The base models served (default: ``forge/tiny``, the ``tiny`` preset)."""
