@@ -6,7 +6,7 @@ that snapshot to ``path`` about once a second from a daemon thread, each time to
 file then ``os.replace`` (a reader never sees half a file); ``finish("finished" | "crashed" |
 "interrupted", error=...)`` writes the last one and stops. Apps add their own fields with
 ``set_status_field(key, value)`` (JSON-able values); they appear under ``"extra"``.
-``forge top`` (forge/top.py) renders the file, so it works without a port and after the run.
+``forge top`` (forge/cli/top.py) renders the file, so it works without a port and after the run.
 
 Snapshot format (``"format": 1``)::
 

@@ -71,7 +71,10 @@ _EXPORTS: dict[str, str] = {
         )
     },  # fmt: skip
     "policy_defaults": "forge.run.policy",
-    "make_deterministic": "forge.run.config",
+    "make_deterministic": "forge.run.run_config",
+    "seed_defaults": "forge.run.run_config",
+    "RunConfig": "forge.run.run_config",
+    "RolloutRunConfig": "forge.run.run_config",
     "PipelineConfig": "forge.run.pipeline",
     "Stage": "forge.run.pipeline",
     "base_model": "forge.run.pipeline",

@@ -42,7 +42,9 @@ class PluginSpec:
     keyword arguments to bind to it."""
 
     fn: str
+    """A built-in name of the slot or an import string ``pkg.module:attr``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to it."""
 
 
 Spec = str | PluginSpec  # what a YAML slot holds; Python callers may also pass a callable

@@ -13,24 +13,27 @@ from typing import Any
 
 @dataclass
 class SamplingParams:
-    """How to sample a completion. Mirrors the common subset of vLLM's ``SamplingParams``.
-
-    ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy.
-    ``logprobs`` asks for the logprob of each *sampled* token (always returned by Forge's
-    generators, since RL needs them); ``seed`` makes sampling reproducible per request.
-    ``ignore_eos`` keeps sampling past the end-of-sequence token until ``max_tokens`` or a
-    stop string (fixed-length generations for benchmarks and tests).
-    """
+    """How to sample a completion. Mirrors the common subset of vLLM's ``SamplingParams``."""
 
     n: int = 1
+    """Completions per prompt."""
     max_tokens: int = 64
+    """Most tokens sampled per completion."""
     temperature: float = 1.0
+    """Sampling temperature (0: greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling's mass (1.0: off; an RL run must leave it off)."""
     top_k: int = 0
+    """Sample among the k likeliest tokens (0: off; an RL run must leave it off)."""
     stop: list[str] = field(default_factory=list)
+    """Strings that end a completion."""
     seed: int | None = None
+    """Makes this request's sampling reproducible (``None``: the generator's seed)."""
     logprobs: bool = True
+    """Return each *sampled* token's logprob (Forge's generators always do: RL needs them)."""
     ignore_eos: bool = False
+    """Keep sampling past the end-of-sequence token until ``max_tokens`` or a stop string
+    (fixed-length generations for benchmarks and tests)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:

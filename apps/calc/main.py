@@ -42,7 +42,8 @@ __all__ = ["Config", "run"]
 
 @dataclass
 class Config(PipelineConfig):
-    no_tool: Stage | None = None  # SFT on direct answers: the no-tool baseline
+    no_tool: Stage | None = None
+    """SFT on direct answers: the no-tool baseline (``None``: not measured)."""
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:

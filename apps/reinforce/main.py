@@ -20,7 +20,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from forge import (
     DatasetActor,
@@ -29,7 +28,7 @@ from forge import (
     GroupScorer,
     MetricLog,
     RewardActor,
-    RLConfig,
+    RolloutRunConfig,
     Trainer,
     WeightSync,
     actor_env,
@@ -40,19 +39,24 @@ from forge import (
 )
 
 
-@dataclass
-class Config(RLConfig):
-    """An RL run (``forge.RLConfig``; ``rollout.prompts_per_step`` completions per step,
-    ``rollout.group_size`` must be 1) plus the baseline's decay."""
+@dataclass(kw_only=True)
+class Config(RolloutRunConfig):
+    """A REINFORCE run: the shared run config with a generator, rewards, rollout and
+    evaluation (``forge.RolloutRunConfig``; ``rollout.prompts_per_step`` completions per
+    step, ``rollout.group_size`` must be 1), plus the baseline's decay. On-policy by
+    construction: no ``max_policy_age``, and none of GRPO's reference, critic, environment,
+    phases, checkpoints or streaming (setting them is an unknown-key error)."""
 
     baseline_decay: float = 0.9
-    group_advantages: ClassVar[bool] = False  # the running baseline gives the advantages
+    """The running baseline's EMA decay: ``b <- decay * b + (1 - decay) * mean reward``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.rollout.group_size != 1 or self.max_policy_age != 0:
-            raise ValueError("reinforce is on-policy with one completion per prompt: set "
-                             "rollout.group_size=1 and max_policy_age=0")  # fmt: skip
+        if self.rollout.group_size != 1:
+            raise ValueError("reinforce samples one completion per prompt (the running "
+                             "baseline replaces the group): set rollout.group_size=1")  # fmt: skip
+        if not 0.0 <= self.baseline_decay <= 1.0:
+            raise ValueError(f"baseline_decay must be in [0, 1], got {self.baseline_decay}")
 
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:

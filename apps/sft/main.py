@@ -13,50 +13,48 @@ an HF model directory that an RL run can start from (``forge.run.pipeline``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from forge import (
     DATA_SOURCE,
     HistoryWindow,
     M,
     MetricLog,
-    PolicyConfig,
+    RunConfig,
     Spec,
     Trainer,
     TrainerConfig,
     actor_env,
     load_tokenizer,
-    make_deterministic,
-    policy_defaults,
     progress,
     sft_batch,
 )
 
 
-@dataclass
-class Config:
-    app: str
-    policy: PolicyConfig  # the model SFT starts from (its trainer follows it)
-    trainer: TrainerConfig
-    data: Spec  # a data source (forge.slots.DATA_SOURCE): see forge.data.sft_batch
-    steps: int = 200
-    batch_size: int = 64
-    output: str = ""  # HF directory for the result; default <run_dir>/model
-    metrics: list[str] = field(default_factory=lambda: ["jsonl"])
-    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
-    deterministic: bool = False  # same config, same numbers (fixed threads; slower)
-    history: HistoryWindow | None = None  # the RL run's env.history: transcripts as its rows
+@dataclass(kw_only=True)
+class Config(RunConfig):
+    """An SFT run: the shared run config (``forge.RunConfig``: policy, trainer, data, steps,
+    metrics, seed, ...) plus the batch size, the output directory and a history window;
+    ``steps`` batches of ``batch_size`` items from ``data``, one optimizer step each, then
+    the result exported as an HF model directory."""
 
-    @classmethod
-    def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
-        return policy_defaults(data, ("trainer",))
+    trainer: TrainerConfig
+    """The trainer; ``loss.type`` must be ``reinforce`` (NLL with advantage 1)."""
+    data: Spec
+    """A data source (``forge.slots.DATA_SOURCE``) of (prompt, target) pairs or chat
+    transcripts; see ``forge.data.sft_batch``."""
+    steps: int = 200
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Items per step."""
+    output: str = ""
+    """HF directory for the result (empty: ``<run_dir>/model``)."""
+    history: HistoryWindow | None = None
+    """The RL run's ``env.history``: transcripts become rows as the RL run will see them."""
 
     def __post_init__(self) -> None:
-        if self.deterministic:
-            make_deterministic(self)
-        DATA_SOURCE.validate(self.data, key="data")
+        super().__post_init__()
         if self.trainer.loss.type != "reinforce":
             raise ValueError(
                 f"trainer.loss.type={self.trainer.loss.type!r}: SFT needs reinforce (NLL with "

@@ -32,11 +32,18 @@ class ToolSpec:
     ``timeout_s`` (defaults: the function's name, type hints and docstring)."""
 
     fn: Any
+    """An import string (from Python, a callable): a plain function, a ``Tool``, a factory
+    returning one, or ``python``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments of a factory ``fn`` (or ``python``'s limits)."""
     name: str = ""
+    """The tool's name (default: the function's)."""
     schema: dict[str, Any] | None = None
+    """The JSON schema of its arguments (default: from the type hints)."""
     description: str | None = None
+    """What the model is told it does (default: the docstring)."""
     timeout_s: float | None = None
+    """The bound on one call."""
 
 
 def build_tools(specs: list[Any], advertise: bool = True) -> ToolSet | None:

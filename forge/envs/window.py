@@ -27,15 +27,14 @@ __all__ = ["HistoryWindow", "window_messages"]
 
 @dataclass(frozen=True)
 class HistoryWindow:
-    """How much of the game each turn's prompt shows (see the module docstring).
-
-    ``turns``: the model's earlier turns kept, with the answers they got (0: only the current
-    observation). ``keep_task``: keep the opening (non-system) messages, the task, in every
-    prompt; ``false`` for environments whose observations say all there is to know.
-    """
+    """How much of the game each turn's prompt shows (see the module docstring)."""
 
     turns: int = 0
+    """The model's earlier turns kept, with the answers they got (0: only the current
+    observation)."""
     keep_task: bool = True
+    """Keep the opening (non-system) messages, the task, in every prompt (``false`` for
+    environments whose observations say all there is to know)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.turns, bool) or not isinstance(self.turns, int) or self.turns < 0:

@@ -33,25 +33,30 @@ __all__ = ["EvalSet"]
 
 @dataclass
 class EvalSet:
-    """One named evaluation set.
-
-    ``n`` samples per task (greedy when ``n`` is 1 and ``temperature`` is unset, else
-    ``temperature`` or 1.0), pass@k for each ``k`` <= ``n``. A sample is correct when its
-    ``success`` reward component is > 0, or (without one) when its reward is >=
-    ``success_threshold``. ``max_tokens``: per completion or turn (default the run's
-    ``eval.max_tokens``).
-    """
+    """One named evaluation set: ``n`` samples per task, pass@k for each ``k``."""
 
     name: str
+    """The set's name (its metrics are logged under it)."""
     data: Spec | None = None
+    """A data source whose held-out items are the tasks (``None``: the run's)."""
     rewards: list[Spec] = field(default_factory=list)
+    """Reward functions that score the answers (neither these nor ``env``: the run's
+    environment, or else its evaluation reward)."""
     env: EnvConfig | None = None
+    """An environment to evaluate in (its episodes' success decides)."""
     n: int = 1
+    """Samples per task (greedy when 1 and ``temperature`` is unset)."""
     k: list[int] = field(default_factory=lambda: [1])
+    """pass@k is reported for each ``k`` <= ``n``."""
     temperature: float | None = None
+    """Sampling temperature (``None``: greedy for ``n`` = 1, else 1.0)."""
     max_tokens: int | None = None
+    """Tokens per completion or turn (``None``: the run's ``eval.max_tokens``)."""
     limit: int = 0
+    """Evaluate the first this many held-out items (0: all)."""
     success_threshold: float = 1.0
+    """Without a ``success`` reward component, a sample is correct when its reward is at
+    least this (with one, when that component is > 0)."""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:

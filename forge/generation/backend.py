@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -49,44 +49,42 @@ BACKEND_KNOBS: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class GeneratorConfig:
-    """Everything a Generator replica needs to start.
-
-    Args:
-        model: local HF model directory or hub id.
-        backend: ``"hf"`` or ``"vllm"``. A knob only the other backend reads
-            (``BACKEND_KNOBS``: ``engine_kwargs`` is vllm's; ``attn_implementation`` and
-            ``prefix_cache_tokens`` are hf's) set to a non-default value is a ``ValueError``.
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        device: torch device of the hf backend (``"cpu"``, ``"cuda"``).
-        max_batch_size: most sequences (samples, not requests) decoded together.
-        sampling: defaults for every ``generate`` call; keyword overrides replace fields.
-        seed: seeds the sampling streams of requests that give no ``seed``.
-        update_mode: default for ``update_weights``: ``"in_flight"`` (no drain; hf: running
-            requests finish on the weights they started with, in a second lane; vllm: they
-            continue on the new weights, see ``vllm_backend``) or ``"drain"`` (wait until
-            idle, then swap).
-        attn_implementation: hf backend attention (``"eager"`` matches the trainer's
-            logprob recomputation bit-for-bit on CPU; ``"sdpa"`` is faster on GPUs).
-        weights: the weight transport (``forge.weights.WeightTransportConfig``, the same
-            type as ``TrainerConfig.weights``): where versions are pulled from by number.
-        engine_kwargs: extra keyword arguments for the backend's engine (``vllm.LLM``).
-        prefix_cache_tokens: hf backend: most tokens of finished sequences whose KV is kept
-            so that a conversation's next turn prefills only its new tokens (0: off).
-    """
+    """Everything a Generator replica needs to start. A knob only the other backend reads
+    (``BACKEND_KNOBS``) set to a non-default value is a ``ValueError``."""
 
     model: str
-    backend: str = "hf"
-    dtype: str = "float32"
+    """Local HF model directory or hub id (in a run: the policy's)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """``hf`` (transformers + Forge's continuous batching, runs anywhere torch runs) or
+    ``vllm`` (needs ``forge[vllm]``)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The model's dtype."""
     device: str = "cpu"
+    """hf backend: the torch device (``cpu``, ``cuda``, ``cuda:1``)."""
     max_batch_size: int = 32
+    """Most sequences (samples, not requests) decoded together."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Defaults for every ``generate`` call; keyword overrides replace fields."""
     seed: int = 0
-    update_mode: str = "in_flight"
+    """Seeds the sampling streams of requests that give no ``seed`` (in a run: the run's)."""
+    update_mode: Literal["in_flight", "drain"] = "in_flight"
+    """Default for ``update_weights``: ``in_flight`` (no drain; hf: running requests finish
+    on the weights they started with, in a second lane; vllm: they continue on the new
+    weights, see ``vllm_backend``) or ``drain`` (wait until idle, then swap)."""
     attn_implementation: str = "eager"
+    """hf backend attention: ``eager`` matches the trainer's logprob recomputation
+    bit-for-bit on CPU; ``sdpa`` is faster on GPUs."""
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
+    """Where versions are pulled from by number (in a run: the run's ``weights``)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """vllm backend: extra keyword arguments for ``vllm.LLM``."""
     prefix_cache_tokens: int = 32768
-    lora_mode: str = "merged"
+    """hf backend: most tokens of finished sequences whose KV is kept so that a
+    conversation's next turn prefills only its new tokens (0: off)."""
+    lora_mode: Literal["merged", "unmerged", "multi"] = "merged"
+    """hf backend, LoRA policy: how pushed adapters are applied (``merged`` into the
+    weights, ``unmerged`` beside them, ``multi``: several adapters served at once;
+    ``forge.training.lora``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

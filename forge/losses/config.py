@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -69,50 +69,48 @@ def _custom_loss(cfg: LossConfig) -> Callable[..., Any] | None:
 
 @dataclass
 class LossConfig:
-    """Which policy loss to use and its knobs.
-
-    ``type``: ``grpo`` | ``ppo`` | ``reinforce`` | ``gspo``, or an import string
-    ``pkg.module:fn`` of a loss function called with the keyword tensors of
-    ``build_loss`` (plus ``kwargs``) and returning ``(loss, metrics)``. ``clip_eps_low`` /
-    ``clip_eps_high`` (ignored by ``reinforce``) and ``aggregation`` default, when ``None``,
-    to the type's usual values: 0.2 / 0.2 / ``token_mean`` for grpo and ppo, 3e-4 / 4e-4 /
-    ``seq_mean`` for gspo. ``kl_coef`` weighs the KL to the reference (0 disables it; any
-    ``ref_logprobs_bt`` passed is then only logged) estimated with ``kl_estimator``
-    (``k1`` | ``k2`` | ``k3``, or an import string ``pkg.module:fn``; the default ``k3``'s
-    gradient is the forward KL(ref || pi)'s, ``k2``'s the reverse KL(pi || ref)'s, ``k1``'s is
-    zero in expectation, see ``forge.losses.kl``). ``tis_cap`` enables truncated importance
-    sampling with that cap (2.0 is a common choice); its weights are ``pi_old / pi_generator``,
-    so it needs ``TrainerConfig.old_logprobs = "current"`` (with ``generator`` every weight is
-    exactly 1, and the trainer config refuses the combination). ``clip_ratio_c`` (> 1, e.g.
-    verl's 3.0; ``None``: off) is the dual clip of ``grpo``/``ppo``/``gspo``: a token (GSPO:
-    sequence) with negative advantage and ratio above ``c`` has its loss capped at ``-c * A``
-    and no gradient (see ``forge.losses.policy``). ``max_tokens`` is the constant divisor of ``dr_grpo``
-    aggregation, normally the generation ``max_tokens``; required for that mode.
-    ``entropy_coef`` (0 disables it) adds an entropy bonus: the policy's entropy at each
-    sampled token's state, estimated from the sampled tokens (the gradient of
-    ``-coef * mean(-logprob)``'s score-function form, ``coef * logp.detach() * grad logp``),
-    so moves that became unlikely keep being tried; logged as ``entropy_sampled`` (the mean
-    of ``-logprob`` over counted tokens). ``entropy_cap`` (nats; ``None``: no cap) bounds
-    each sampled token's weight ``-logp`` in that estimate: without it a token sampled at
-    probability ``1e-4`` is pushed up 9 times harder than a likely one, and the bonus fills
-    the vocabulary's long tail (tokens that are no action at all) instead of keeping the
-    actions alive; the capped bonus is the gradient of an entropy whose every token is worth
-    at most ``entropy_cap`` nats of surprise (so it is the exact entropy's gradient for the
-    tokens likelier than ``exp(-entropy_cap)``).
-    """
+    """Which policy loss to use and its knobs (``build_loss``)."""
 
     type: str = "grpo"
+    """``grpo``, ``ppo``, ``reinforce`` or ``gspo``, or an import string ``pkg.module:fn`` of
+    a loss function called with the keyword tensors of ``build_loss`` (plus ``kwargs``) and
+    returning ``(loss, metrics)``."""
     clip_eps_low: float | None = None
+    """The ratio's lower clip range (ignored by ``reinforce``; ``None``: the type's usual
+    value, 0.2 for grpo and ppo, 3e-4 for gspo)."""
     clip_eps_high: float | None = None
+    """The ratio's upper clip range (``None``: the type's usual value, 0.2 for grpo and ppo,
+    4e-4 for gspo)."""
     clip_ratio_c: float | None = None
+    """The dual clip of ``grpo``/``ppo``/``gspo`` (> 1, e.g. verl's 3.0; ``None``: off): a
+    token (GSPO: sequence) with negative advantage and ratio above ``c`` has its loss capped
+    at ``-c * A`` and no gradient (``forge.losses.policy``)."""
     kl_coef: float = 0.0
+    """Weight of the KL to the reference (0 disables it; reference logprobs passed are then
+    only logged)."""
     kl_estimator: str = "k3"
+    """``k1``, ``k2`` or ``k3``, or an import string ``pkg.module:fn``: ``k3``'s gradient is
+    the forward KL(ref || pi)'s, ``k2``'s the reverse KL(pi || ref)'s, ``k1``'s is zero in
+    expectation (``forge.losses.kl``)."""
     tis_cap: float | None = None
-    aggregation: str | None = None
+    """Truncated importance sampling with this cap (2.0 is common): tokens are weighted by
+    ``min(pi_old / pi_generator, cap)``; needs ``trainer.old_logprobs: current``."""
+    aggregation: Literal["token_mean", "seq_mean", "dr_grpo"] | None = None
+    """How token losses are reduced (``None``: ``token_mean``, ``seq_mean`` for gspo);
+    ``dr_grpo`` divides the sum by the constant ``max_tokens``."""
     max_tokens: int | None = None
+    """The constant divisor of ``dr_grpo`` aggregation, normally the generation
+    ``max_tokens``; required for that mode."""
     entropy_coef: float = 0.0
+    """An entropy bonus (0: off): the policy's entropy at each sampled token's state,
+    estimated from the sampled tokens, so moves that became unlikely keep being tried;
+    logged as ``entropy_sampled``."""
     entropy_cap: float | None = 3.0
+    """Nats; bounds each sampled token's weight ``-logp`` in the entropy estimate, so the
+    bonus keeps actions alive instead of filling the vocabulary's long tail (``None``: no
+    cap)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to a loss named by import string."""
 
     def __post_init__(self) -> None:
         _custom_loss(self)  # raises for an unknown name or an unusable import string

@@ -45,23 +45,24 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass
 class RewardModelConfig:
-    """A sequence-classification reward model and how to run it.
-
-    ``model``: HF model directory (or hub id) of an ``AutoModelForSequenceClassification``
-    with ``num_labels=1``. ``device``: ``auto`` picks ``cuda`` when a GPU is visible.
-    ``max_length``: tokens per ``prompt + response`` (at most the model's
-    ``max_position_embeddings``); longer texts lose their start.
-    ``micro_batch_size``: rows per forward pass. ``name``: the component name its score is
-    reported under in ``RewardResult.components``.
-    """
+    """A sequence-classification reward model and how to run it."""
 
     model: str
+    """HF model directory (or hub id) of an ``AutoModelForSequenceClassification`` with
+    ``num_labels=1``."""
     dtype: str = "float32"
+    """The model's dtype."""
     device: str = "auto"
+    """``auto`` picks ``cuda`` when a GPU is visible, else ``cpu``."""
     attn_implementation: str = "eager"
+    """The transformers attention implementation."""
     max_length: int = 1024
+    """Tokens per ``prompt + response`` (at most the model's ``max_position_embeddings``);
+    longer texts lose their start."""
     micro_batch_size: int = 8
+    """Rows per forward pass."""
     name: str = "reward_model"
+    """The component name its score is reported under in ``RewardResult.components``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

@@ -37,32 +37,32 @@ __all__ = ["EnvConfig", "EpisodeScorer", "build_tools", "episode_components", "h
 
 @dataclass
 class EnvConfig:
-    """The environment of a multi-turn run.
-
-    ``fn``: the environment (``forge.slots.ENVIRONMENT``: a class or factory, built fresh
-    per episode). Where it runs is the run's ``replicas.env``: 0 in the rollout loop's own
-    process (cheap environments), N > 0 in an ``EnvActor`` service of N replicas, one
-    episode per session.
-    ``tools``: callables the model may call (``forge.envs.tool_specs``: import strings of
-    plain functions, which become tools with a schema from their type hints, or of
-    ``forge.envs.Tool`` objects; ``{name, fn, schema}`` dicts; ``python``, the sandboxed
-    Python tool). ``advertise_tools: false`` leaves them out of the prompt
-    (for a model that learned them in SFT and whose context is too short for the listing).
-    ``max_turns`` / ``max_context_tokens`` / ``step_timeout_s`` bound each episode;
-    ``retries``: replays of an episode whose environment failed.
-    ``history``: prompt each turn with a window of the game, ``{turns: K, keep_task: true}``
-    (``forge.envs.window``: the last K turns with their answers; each turn its own training
-    row), instead of the whole conversation (``null``, the default).
-    """
+    """The environment of a multi-turn run. Where it runs is the run's ``replicas.env``: 0 in
+    the rollout loop's own process (cheap environments), N > 0 in an ``EnvActor`` service of
+    N replicas, one episode per session."""
 
     fn: Spec
+    """The environment (``forge.slots.ENVIRONMENT``: a class or factory, built fresh per
+    episode)."""
     tools: list[str | ToolSpec] = field(default_factory=list)
+    """Callables the model may call (``forge.envs.tool_specs``): import strings of plain
+    functions (their schema from their type hints) or of ``forge.envs.Tool`` objects,
+    ``{name, fn, schema}`` mappings, or ``python``, the sandboxed Python tool."""
     advertise_tools: bool = True
+    """List the tools in the prompt (``false`` for a model that learned them in SFT and
+    whose context is too short for the listing)."""
     max_turns: int = 8
+    """Most turns per episode."""
     max_context_tokens: int = 1024
+    """Most tokens of an episode's conversation."""
     step_timeout_s: float = 30.0
+    """The bound on one environment step."""
     retries: int = 2
+    """Replays of an episode whose environment failed."""
     history: HistoryWindow | None = None
+    """Prompt each turn with a window of the game (``forge.envs.window``: the last
+    ``turns`` turns with their answers; each turn its own training row) instead of the whole
+    conversation (``null``)."""
 
     def __post_init__(self) -> None:
         ENVIRONMENT.validate(self.fn, key="env.fn")

@@ -38,40 +38,46 @@ __all__ = [
 @dataclass
 class RolloutConfig:
     """How groups are generated, scored and filtered (the sampling temperature is the
-    policy's: ``policy.temperature``).
+    policy's: ``policy.temperature``)."""
 
-    ``filter``: keep a group or try another prompt (``nonzero_variance``: DAPO's dynamic
-    sampling; ``keep_all``), within ``over_sampling_factor`` times the groups a step needs.
-    ``partial``: groups in flight across a weight update are kept (bounded by the policy
-    age limit) rather than dropped. ``overlong_buffer``: DAPO's soft overlong penalty,
-    falling linearly from 0 at ``max_tokens - overlong_buffer`` tokens to
-    ``-overlong_penalty`` at ``max_tokens`` (0 disables it), *added to the aggregated reward*
-    as DAPO adds it (logged as the component ``overlong``; see ``score_totals``).
-    ``credit`` (multi-turn runs): how each turn of an episode is credited
-    (``forge.slots.CREDIT``: ``episode``, ``turn_returns``, ``gigpo``, ``state_baseline``; see
-    ``forge.losses.credit``); anything but ``episode`` gives per-token advantages.
-    ``log_episodes``: how many of each step's episodes (whole groups first) are written to
-    ``<run_dir>/episodes.jsonl`` (``forge episodes RUN_DIR`` shows them; 0: none).
-    ``reward_timeout_s``: the bound on scoring one group (a reward service's
-    ``evaluate_batch``); past it the run stops with ``RewardTimeoutError`` naming the
-    service. Reward functions bound their own work per answer (``MathReward.timeout_s``),
-    so this is a backstop that a healthy run never reaches.
-    """
-
-    prompts_per_step: int = 16  # groups per training step
+    prompts_per_step: int = 16
+    """Groups (prompts) per training step."""
     group_size: int = 8
+    """Completions sampled per prompt."""
     max_tokens: int = 8
-    tasks: int = 4  # concurrent rollout loops
+    """Most tokens per completion (per turn with an environment)."""
+    tasks: int = 4
+    """Concurrent rollout loops."""
     filter: Spec = "keep_all"
+    """Keep a group or try another prompt (``forge.slots.GROUP_FILTER``: ``keep_all``;
+    ``nonzero_variance``: DAPO's dynamic sampling)."""
     over_sampling_factor: float = 1.0
+    """Most groups tried per step, as a multiple of the groups it needs (with a filter)."""
     partial: bool = True
+    """Groups in flight across a weight update are kept (bounded by the policy age limit)
+    rather than dropped."""
     reward_aggregator: Spec = "weighted_sum"
+    """How a completion's reward components become one reward
+    (``forge.slots.REWARD_AGGREGATOR``)."""
     advantage: Spec = "grpo"
+    """How a group's rewards become advantages (``forge.slots.ADVANTAGE``: ``grpo``,
+    ``dr_grpo``, ``rloo``, ...)."""
     credit: Spec = "episode"
+    """Multi-turn runs: how each turn of an episode is credited (``forge.slots.CREDIT``:
+    ``episode``, ``turn_returns``, ``gigpo``, ``state_baseline``; ``forge.losses.credit``);
+    anything but ``episode`` gives per-token advantages."""
     overlong_buffer: int = 0
+    """DAPO's soft overlong penalty: falls linearly from 0 at ``max_tokens -
+    overlong_buffer`` tokens to ``-overlong_penalty`` at ``max_tokens``, added to the
+    aggregated reward (logged as the component ``overlong``; 0: off)."""
     overlong_penalty: float = 1.0
+    """The overlong penalty at ``max_tokens`` (see ``overlong_buffer``)."""
     log_episodes: int = 8
+    """Episodes of each step (whole groups first) written to ``<run_dir>/episodes.jsonl``
+    for ``forge episodes RUN_DIR`` (0: none)."""
     reward_timeout_s: float = 600.0
+    """The bound on scoring one group; past it the run stops with ``RewardTimeoutError``
+    naming the service (a backstop: reward functions bound their own work)."""
 
     def __post_init__(self) -> None:
         GROUP_FILTER.validate(self.filter, key="rollout.filter")

@@ -3,7 +3,8 @@
 An app (``apps/grpo/main.py``) spawns actors and services, then wires these into its loop:
 
 =======================  ==============================================================
-``RLConfig``             the run's config: policy, roles, rollout, replicas, evaluation
+``RunConfig``            what every training app's config shares (forge.run.run_config)
+``RLConfig``             the RL run's config: policy, roles, rollout, replicas, evaluation
 ``MetricLog``, ``M``     step metrics to backends and ``forge top``; their names
 ``Checkpointer``         checkpoints for ``forge run --resume``
 ``Supervisor``, ``Roles`` restarts from the last checkpoint when a watched actor dies
@@ -25,6 +26,7 @@ from forge.run.evaluate import Evaluator, evaluate_policy
 from forge.run.flush import ActorMetrics
 from forge.run.metrics import MetricLog, progress, step_row
 from forge.run.policy import PolicyConfig, retarget
+from forge.run.run_config import RolloutRunConfig, RunConfig
 from forge.run.supervise import Roles, Supervisor, TrainerDiedError, check_restarts
 from forge.run.weights import WeightSync
 
@@ -39,6 +41,8 @@ __all__ = [
     "RLConfig",
     "ReplicasConfig",
     "Roles",
+    "RolloutRunConfig",
+    "RunConfig",
     "Supervisor",
     "TrainerDiedError",
     "WeightSync",

@@ -1,195 +1,103 @@
-"""The config of an RL run: what every RL app's loop needs, each fact stated once.
+"""The config of an RL run (the GRPO app's): everything an RL loop may read, each fact
+stated once.
 
-An app's ``Config`` is (or extends) ``RLConfig``; YAML is its surface (``forge run --config
-X.yaml a.b=c``). The policy's facts (``policy:``, see ``forge.run.policy``) flow to the
-generator, trainer, reference, critic and evaluation; replica counts are one section
-(``replicas:``); every choice is resolved when the config loads, and knobs the run would
-ignore are errors, never silent no-ops.
+``RLConfig`` extends the shared ``RolloutRunConfig`` (``forge.run.run_config``: policy,
+trainer, generator, data, rewards, rollout, replicas, evaluation) with what the GRPO loop
+reads besides: a reference policy, a critic, an environment, a reward model, phases,
+checkpoints and restarts, streaming. YAML is its surface (``forge run --config X.yaml
+a.b=c``); every choice is resolved when the config loads, and knobs the run would ignore are
+errors, never silent no-ops.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from forge.evaluation.sets import EvalSet
-from forge.generation.backend import GeneratorConfig
 from forge.models.reward_model import RewardModelConfig
-from forge.plugins import PluginSpec, Spec
+from forge.plugins import PluginSpec
 from forge.rollout.episodes import EnvConfig
-from forge.rollout.scoring import (
-    RolloutConfig,
-    check_rollout_overrides,
-    per_episode,
-    per_member,
-)
+from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
 from forge.run.critic import check_ppo
-from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
+from forge.run.run_config import (
+    DETERMINISTIC,
+    RENAMED,
+    SEEDED_ROLES,
+    EvalConfig,
+    ReplicasConfig,
+    RolloutRunConfig,
+    RunConfig,
+    check_sampling,
+    make_deterministic,
+    seed_defaults,
+)
 from forge.run.supervise import check_restarts
-from forge.slots import DATA_SOURCE, REWARD
-from forge.training.config import ReferenceConfig, TrainerConfig, check_tis
+from forge.training.config import ReferenceConfig, check_tis
 from forge.training.critic import CriticConfig
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
-from forge.weights.config import WeightTransportConfig
 
-__all__ = ["EvalConfig", "RLConfig", "ReplicasConfig", "check_sampling", "make_deterministic"]
+__all__ = [
+    "DETERMINISTIC",
+    "RENAMED",
+    "SEEDED_ROLES",
+    "EvalConfig",
+    "RLConfig",
+    "ReplicasConfig",
+    "RolloutRunConfig",
+    "RunConfig",
+    "check_sampling",
+    "make_deterministic",
+    "seed_defaults",
+]
 
 # The advantages that are relative to the group (0 for a group of one).
 GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo")
 GROUP_RELATIVE_FNS = ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages")
 
 
-def check_sampling(generator: GeneratorConfig) -> None:
-    """Refuse top-p / top-k sampling when a trainer consumes the samples.
+@dataclass(kw_only=True)
+class RLConfig(RolloutRunConfig):
+    """An RL run's config (the GRPO app's): the shared ``RolloutRunConfig`` plus a reference
+    policy, a critic, an environment, a reward model, phases, checkpoints, restarts and
+    streaming."""
 
-    The two generator backends report different logprobs under filtering: the hf backend the
-    unfiltered ``log_softmax(logits / T)`` (what the trainer recomputes), vLLM its
-    ``processed_logprobs``, renormalised over the kept tokens (no vLLM logprobs mode gives
-    the tempered, unfiltered distribution). The same config would train differently on the
-    two, and under vLLM every kept token's logprob is inflated by ``-log(kept mass)``, so
-    the ratio sits below 1 and a negative-advantage token gets zero gradient wherever the
-    kept mass is below ``1 - clip_eps_low``. Sampling from a truncated distribution while
-    the loss assumes the full one is off-policy in any case.
-    """
-    s = generator.sampling
-    if s.top_p < 1.0 or s.top_k > 0:
-        raise ValueError(
-            f"generator.sampling top_p={s.top_p}, top_k={s.top_k}: an RL run trains on "
-            "these samples, and under top-p/top-k the hf backend reports unfiltered logprobs "
-            "while vLLM reports logprobs renormalised over the kept tokens, so the policy "
-            "ratio (and TIS, KL) would depend on the backend and be biased under vLLM. Use "
-            "top_p: 1.0 and top_k: 0 for training rollouts (lower policy.temperature to "
-            "sharpen sampling instead); see docs/rl_maths.md"
-        )
-
-
-# Keys of earlier versions, and where their fact lives now.
-RENAMED = {
-    "model": "policy.model",
-    "rollout.temperature": "policy.temperature",
-    "num_generators": "replicas.generator",
-    "reward_replicas": "replicas.rewards",
-    "reward_model_replicas": "replicas.reward_model",
-    "env.replicas": "replicas.env",
-}
-
-
-@dataclass
-class EvalConfig:
-    """Greedy evaluation on the data source's held-out items: before training (``at_start``),
-    after it (``at_end``) and every ``every`` steps (0: never). ``reward`` scores held-out
-    answers (default: the first of ``rewards``); with an environment, its success decides.
-    ``sets``: named evaluation sets evaluated at the same times (``forge.evaluation``:
-    other sources, environments, ``n`` samples for pass@k); ``forge eval`` runs them on a
-    saved policy."""
-
-    at_start: bool = True
-    at_end: bool = True
-    every: int = 0
-    max_tokens: int = 8
-    reward: Spec | None = None
-    sets: list[EvalSet] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        names = [s.name for s in self.sets]
-        if len(set(names)) < len(names):
-            raise ValueError(f"eval.sets: names must be unique, got {names}")
-
-
-@dataclass
-class ReplicasConfig:
-    """How many replicas each service runs. ``env: 0`` runs environments in the rollout
-    loop's own process; N > 0 runs them in an ``EnvActor`` service."""
-
-    generator: int = 1
-    rewards: int = 1
-    reward_model: int = 1
-    env: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("generator", "rewards", "reward_model"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"replicas.{name} must be >= 1, got {getattr(self, name)}")
-        if self.env < 0:
-            raise ValueError(f"replicas.env must be >= 0 (0: in-process), got {self.env}")
-
-
-@dataclass
-class RLConfig:
-    """See the module docstring; fields are documented where they are less than obvious."""
-
-    app: str
-    policy: PolicyConfig
-    generator: GeneratorConfig
-    trainer: TrainerConfig
-    data: Spec
-    rewards: list[Spec] = field(default_factory=list)  # with env: scored on final answers
-    steps: int = 100
-    max_policy_age: int = 1  # rollouts run at most this many versions ahead of training
-    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    max_policy_age: int = 1
+    """Rollouts run at most this many policy versions ahead of training (0: on-policy)."""
     trainer_procs: int = 1
-    weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)  # all roles
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reference: ReferenceConfig | None = None  # a KL term's reference policy
-    env: EnvConfig | None = None  # multi-turn: rollouts are episodes in this environment
-    reward_model: RewardModelConfig | None = None  # a learned reward: its score is a component
-    critic: CriticConfig | None = None  # PPO: a value model, GAE advantages per token
-    whiten_advantages: bool = True  # with a critic: normalise GAE advantages per batch
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    phases: list[PhaseConfig] = field(default_factory=list)  # loss/rollout switches by step
-    metrics: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Trainer processes (data parallel; ``trainer.parallelism`` says how they share)."""
+    reference: ReferenceConfig | None = None
+    """The reference policy of a KL term (``None``: no reference)."""
+    env: EnvConfig | None = None
+    """Multi-turn: rollouts are episodes in this environment (``None``: single-turn)."""
+    reward_model: RewardModelConfig | None = None
+    """A learned reward model; its score is a reward component."""
+    critic: CriticConfig | None = None
+    """PPO: a value model giving GAE advantages per token (or per turn)."""
+    whiten_advantages: bool = True
+    """With a critic: normalise GAE advantages per batch."""
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """Loss and rollout settings that switch at given steps (``forge.training.phases``)."""
     checkpoint_every: int = 0
-    restart_on_failure: int = 0  # restarts from the last checkpoint if the trainer dies
-    stream: bool = False  # trajectory streaming: train on a step's first groups early
-    batch_timeout_s: float = 600.0  # no usable batch for this long: stop with a named error
-    threads_per_actor: int = 0  # 0: the host thread budget (controller.threads); N: fixed
-    seed: int = 0
-    deterministic: bool = False  # same config and seed, same numbers (slower; see below)
+    """Save a checkpoint every this many steps (0: never)."""
+    restart_on_failure: int = 0
+    """Restarts from the last checkpoint if the trainer dies (needs ``checkpoint_every``)."""
+    stream: bool = False
+    """Trajectory streaming: train on a step's first groups while the rest are sampled."""
+    batch_timeout_s: float = 600.0
+    """No usable batch for this long: the run stops with a named error."""
+    policy_roles: ClassVar[tuple[str, ...]] = ("generator", "trainer", "reference", "critic")
     # Whether the app's advantages are rollout.advantage's, relative to each prompt's group
     # (GroupScorer). An app that computes its own (a running baseline) sets False.
     group_advantages: ClassVar[bool] = True
 
-    @classmethod
-    def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
-        for old, new in RENAMED.items():
-            section, _, key = old.rpartition(".")
-            holder = data.get(section) if section else data
-            if isinstance(holder, dict) and key in holder:
-                raise ValueError(f"{old} is now {new} (each fact is stated once); rename it")
-        data = policy_defaults(data, ("generator", "trainer", "reference", "critic"))
-        if isinstance(data.get("weights"), dict):  # one transport: the pusher's and pullers'
-            for role in ("generator", "trainer", "reference"):
-                if isinstance(data.get(role), dict):
-                    data[role] = {"weights": data["weights"], **data[role]}
-        return data
-
     def __post_init__(self) -> None:
-        if self.deterministic:
-            make_deterministic(self)
-        # Resolve every user-supplied part now: a typo fails before anything spawns.
-        DATA_SOURCE.validate(self.data, key="data")
-        for i, spec in enumerate(self.rewards):
-            REWARD.validate(spec, key=f"rewards[{i}]")
-        if self.eval.reward is not None:
-            REWARD.validate(self.eval.reward, key="eval.reward")
-        check_policy(self.policy, generator=self.generator, trainer=self.trainer,
-                     reference=self.reference)  # fmt: skip
-        resolve_lora(self.trainer, self.generator, self.reference)
-        for name, role in (("generator", self.generator), ("reference", self.reference)):
-            if role is not None and _where(role.weights) != _where(self.trainer.weights):
-                raise ValueError(
-                    f"{name}.weights pulls from {_where(role.weights)} but trainer.weights "
-                    f"pushes to {_where(self.trainer.weights)}; state the transport once in "
-                    "the run's weights: section"
-                )
+        super().__post_init__()  # data, rewards, policy, LoRA, weights, sampling
         self._check_broadcast()
         check_ppo(self.critic, self.trainer.loss.type)
         self._check_credit()
         validate_phases(self.phases, self.trainer.loss)
         check_rollout_overrides(self.phases)
-        check_sampling(self.generator)
         self._check_groups(self.rollout, "rollout")
         for phase in resolve_phases(self.phases, self.trainer.loss):
             check_tis(phase.loss, self.trainer.old_logprobs, key=f"phases[{phase.index}].loss")
@@ -208,6 +116,12 @@ class RLConfig:
                 f"rollout.prompts_per_step*group_size={self.rollout.episodes_per_step} must "
                 f"divide by trainer_procs={self.trainer_procs}"
             )
+
+    def _reference(self) -> ReferenceConfig | None:
+        return self.reference
+
+    def _env(self) -> EnvConfig | None:
+        return self.env
 
     def _check_credit(self) -> None:
         """Credit over turns needs turns (an env), a loss that takes per-token advantages,
@@ -275,17 +189,10 @@ class RLConfig:
             )
 
     def _check_env(self) -> None:
-        """Without an environment, rewards score completions; with one, the environment
-        scores episodes and ``rewards`` add components scored on each final answer; the
-        other knobs of single-turn scoring would be ignored: errors."""
+        """With an environment, it scores episodes and ``rewards`` add components scored on
+        each final answer; the other knobs of single-turn scoring would be ignored: errors.
+        (Without one, ``RolloutRunConfig`` checks that rewards score completions.)"""
         if self.env is None:
-            if not self.rewards:
-                raise ValueError(
-                    f"rewards: give at least one reward function (or an env); built-ins: "
-                    f"{', '.join(REWARD.names())}"
-                )
-            if self.replicas.env:
-                raise ValueError(f"replicas.env={self.replicas.env} but there is no env section")
             return
         turn_critic = self.critic is not None and self.critic.level == "turn"
         if self.env.history is not None and self.critic is not None:
@@ -322,47 +229,3 @@ class RLConfig:
         the trainer computes it (LoRA, ``reference.mode=adapter_disabled``)."""
         ref = self.reference
         return ref if ref is not None and ref.mode == "separate" else None
-
-    def reward_fns(self) -> list[Callable]:
-        """The resolved reward functions."""
-        return [REWARD.resolve(s) for s in self.rewards]
-
-    def eval_reward_fn(self) -> Callable | None:
-        """The reward that scores held-out answers (``None`` with an environment)."""
-        if self.env is not None:
-            return None
-        return REWARD.resolve(self.eval.reward or self.rewards[0])
-
-
-DETERMINISTIC = {  # what a deterministic run changes, and why
-    "threads_per_actor": (lambda v: v or 1, "fixed thread counts: float sums in one order"),
-    "max_policy_age": (lambda v: 0, "on-policy: no race between rollouts and weight pushes"),
-    "rollout.tasks": (lambda v: 1, "one rollout loop: requests reach the generator in order"),
-    "stream": (lambda v: False, "whole batches: parts do not depend on arrival times"),
-}
-
-
-def make_deterministic(cfg: Any) -> list[str]:
-    """Set what ``deterministic: true`` needs (``DETERMINISTIC``) on a run config and say
-    what changed on stdout; returns the changes. Actors then run with torch's deterministic
-    kernels and a fixed hash seed (``forge.run.actor_env``). The same config and seed on the
-    same machine then give the same metrics (times aside); it is slower."""
-    changes = []
-    for key, (rule, why) in DETERMINISTIC.items():
-        holder, _, name = key.rpartition(".")
-        obj = getattr(cfg, holder, None) if holder else cfg
-        if not hasattr(obj, name):
-            continue
-        old = getattr(obj, name)
-        new = rule(old)
-        if new != old:
-            setattr(obj, name, new)
-            changes.append(f"{key}: {old} -> {new} ({why})")
-    if changes:
-        print(f"[forge] deterministic: {'; '.join(changes)}", flush=True)
-    return changes
-
-
-def _where(w: WeightTransportConfig) -> tuple[str, str, str]:
-    """Where a transport's versions live (what pusher and pullers must agree on)."""
-    return (w.type, w.prefix, w.root)

@@ -33,6 +33,8 @@ class Stage:
     whose ``Config`` is the section's schema."""
 
     app: str
+    """The stage's app module (``sft:`` defaults to ``apps.sft.main``, ``rl:`` to
+    ``apps.grpo.main``); its ``Config`` is this section's schema."""
 
     @classmethod
     def __config_schema__(cls, data: dict[str, Any]) -> type:
@@ -43,19 +45,27 @@ class Stage:
 
 @dataclass
 class PipelineConfig:
-    """SFT then RL: ``sft`` and ``rl`` are stages (any apps with a ``stage`` entry; without
-    ``sft`` the RL stage starts from the base model); ``base_model``: the model the first
-    stage starts from: a model directory, a hub id, a GGUF file or a shipped model's name
-    (``forge.models.gguf``, e.g. ``smollm2-135m-instruct``); default: a ``preset`` model built
-    with ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``."""
+    """SFT then RL: ``sft`` and ``rl`` are stages (any apps with a ``stage`` entry); each
+    stage's policy starts from the previous stage's result."""
 
     app: str
+    """The pipeline's app module (e.g. ``apps.sumdigits.main``)."""
     rl: Stage
+    """The RL stage (default app: ``apps.grpo.main``)."""
     sft: Stage | None = None
+    """The SFT stage, run first (``None``: the RL stage starts from the base model)."""
     preset: str = "mini"
+    """The size of the untrained model built when ``base_model`` is empty
+    (``forge make-tiny-model --preset``)."""
     seed: int = 0
+    """The run's seed: it builds the base model and is every stage's (and so every role's)
+    seed (``forge.run.config.seed_defaults``)."""
     base_model: str = ""
-    deterministic: bool = False  # every stage deterministic (forge.run.config)
+    """The model the first stage starts from: a model directory, a hub id, a GGUF file or a
+    shipped model's name (``forge.models.gguf``, e.g. ``smollm2-135m-instruct``); empty: a
+    ``preset`` model built with ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``."""
+    deterministic: bool = False
+    """Every stage deterministic (``forge.run.config.DETERMINISTIC``)."""
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -71,9 +81,11 @@ STAGE_APPS = {"sft": "apps.sft.main", "rl": "apps.grpo.main"}  # a stage's defau
 
 
 def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """A pipeline's plain data with each stage's default ``app`` filled in and its
-    ``deterministic`` flag handed to every stage (a section with an ``app`` key) that does
-    not set its own."""
+    """A pipeline's plain data with each stage's default ``app`` filled in, its ``seed``
+    handed to every stage (a section with an ``app`` key; ``seed_defaults``) and its
+    ``deterministic`` flag to every stage that does not set its own."""
+    from forge.run.config import seed_defaults
+
     if "grpo" in data and "rl" not in data:
         raise ValueError(
             "the pipeline's RL stage is now the section 'rl:' (it was 'grpo:'); rename the "
@@ -83,6 +95,8 @@ def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
         k: {"app": STAGE_APPS[k], **v} if k in STAGE_APPS and isinstance(v, dict) else v
         for k, v in data.items()
     }
+    stages = tuple(k for k, v in data.items() if isinstance(v, dict) and "app" in v)
+    data = seed_defaults(data, stages)
     if not data.get("deterministic"):
         return data
     return {

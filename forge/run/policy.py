@@ -17,6 +17,7 @@ sampling temperature: every policy ratio would be skewed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,10 @@ class PolicyConfig:
     samples at in rollouts (logprobs are computed at the same temperature)."""
 
     model: str
+    """An HF model directory, a hub id, a GGUF file or a shipped model's name
+    (``forge.models.gguf``); ``from-run`` in a pipeline stage: the previous stage's result."""
     temperature: float = 1.0
+    """The sampling temperature of rollouts; logprobs are computed at the same one."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -92,14 +96,20 @@ def check_policy(policy: PolicyConfig, **roles: Any) -> None:
             )
 
 
-def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
-    """A LoRA policy (``trainer.lora``): generators must apply pushed adapters (the vllm
-    backend gets its LoRA engine settings from ``enable_vllm_lora``), and the reference's ``mode: auto`` becomes ``adapter_disabled`` (the trainer's own model
-    with the adapter off; no reference service) or, without LoRA, ``separate``. Sets
-    ``trainer.lora.disabled_reference`` accordingly; ``ValueError`` for what cannot work."""
+def resolve_lora(trainer: Any, generator: Any, reference: Any) -> tuple[Any, Any, Any]:
+    """``(trainer, generator, reference)`` resolved for a LoRA policy (``trainer.lora``):
+    generators must apply pushed adapters (the vllm backend gets its LoRA engine settings
+    from ``enable_vllm_lora``), and the reference's ``mode: auto`` becomes
+    ``adapter_disabled`` (the trainer's own model with the adapter off; no reference
+    service) or, without LoRA, ``separate``; ``trainer.lora.disabled_reference`` follows.
+
+    The configs given are left as they are: a resolved one is a new object
+    (``dataclasses.replace``), so checking a config never changes one a caller holds.
+    ``ValueError`` for what cannot work."""
     lora = trainer.lora
     if reference is not None and reference.mode == "auto":
-        reference.mode = "separate" if lora is None else "adapter_disabled"
+        mode = "separate" if lora is None else "adapter_disabled"
+        reference = dataclasses.replace(reference, mode=mode)
     if lora is None:
         if reference is not None and reference.mode == "adapter_disabled":
             raise ValueError(
@@ -107,24 +117,26 @@ def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
                 "trainer's model with its adapter disabled); add trainer.lora or set "
                 "reference.mode: separate"
             )
-        return
+        return trainer, generator, reference
     if generator.backend == "vllm":
-        enable_vllm_lora(generator, lora)
+        generator = enable_vllm_lora(generator, lora)
     if reference is not None and reference.update.type != "none":
         raise ValueError(
             f"reference.update.type={reference.update.type!r} moves the reference towards "
             "pushed versions, which with trainer.lora are adapters the reference cannot apply "
             "yet; use reference.update.type: none (the base model) or full fine-tuning"
         )
-    lora.disabled_reference = reference is not None and reference.mode == "adapter_disabled"
-    if not lora.disabled_reference:
-        return
-    if reference.model != trainer.model:
+    disabled = reference is not None and reference.mode == "adapter_disabled"
+    if disabled and reference.model != trainer.model:
         raise ValueError(
             f"reference.model={reference.model!r} is not the policy's base model "
             f"{trainer.model!r}, so it cannot be the trainer's model with the adapter "
             "disabled; set reference.mode: separate to run it as its own service"
         )
+    if lora.disabled_reference != disabled:
+        lora = dataclasses.replace(lora, disabled_reference=disabled)
+        trainer = dataclasses.replace(trainer, lora=lora)
+    return trainer, generator, reference
 
 
 # The ranks vLLM's LoRA engine accepts as max_lora_rank (vllm.config.lora.MaxLoRARanks).
@@ -132,11 +144,12 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 VLLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def enable_vllm_lora(generator: Any, lora: Any) -> None:
-    """Set a vllm generator's engine up for the trainer's LoRA pushes: ``enable_lora``, the
-    smallest ``max_lora_rank`` vLLM accepts that holds ``lora.rank``, and ``max_loras: 2``
-    (a new version loads next to the one running requests still use). The user's own
-    ``engine_kwargs`` win; ones that cannot serve the adapters are a ``ValueError``."""
+def enable_vllm_lora(generator: Any, lora: Any) -> Any:
+    """A vllm generator config with its engine set up for the trainer's LoRA pushes:
+    ``enable_lora``, the smallest ``max_lora_rank`` vLLM accepts that holds ``lora.rank``,
+    and ``max_loras: 2`` (a new version loads next to the one running requests still use).
+    The user's own ``engine_kwargs`` win; ones that cannot serve the adapters are a
+    ``ValueError``. Returns a new config (the one given is left as it is)."""
     bad = [t for t in lora.target_modules if t not in VLLM_LORA_TARGETS]
     if bad:
         raise ValueError(
@@ -158,7 +171,8 @@ def enable_vllm_lora(generator: Any, lora: Any) -> None:
             f"generator.engine_kwargs.max_lora_rank={kw['max_lora_rank']} is below "
             f"trainer.lora.rank={lora.rank}; remove it (Forge sets {rank})"
         )
-    generator.engine_kwargs = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2, **kw}
+    kwargs = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2, **kw}
+    return dataclasses.replace(generator, engine_kwargs=kwargs)
 
 
 def retarget(cfg: Any, model: str) -> None:

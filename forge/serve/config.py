@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 DTYPES = ("float32", "bfloat16", "float16")
 AUTOCAST = ("bfloat16", "float16")
@@ -17,18 +18,18 @@ AUTOCAST = ("bfloat16", "float16")
 
 @dataclass
 class ServedBase:
-    """A base model clients may train adapters on and sample from.
-
-    ``name``: what clients pass as ``base_model``; ``path``: a local HF model directory (or a
-    hub id already in the local cache), a tiny-model preset name (``tiny``, ``mini``,
-    ``small``: built locally on first use, nothing downloaded), a shipped model's name
-    (``smollm2-135m-instruct``) or a ``.gguf`` file (both converted into the model cache here,
-    at config load; ``path`` then holds the converted directory). Left out, ``path`` is
-    ``name``: ``{name: smollm2-135m-instruct}`` serves that model under its short name."""
+    """A base model clients may train adapters on and sample from."""
 
     name: str
+    """What clients pass as ``base_model``."""
     path: str = ""
+    """A local HF model directory (or a hub id already in the local cache), a tiny-model
+    preset name (``tiny``, ``mini``, ``small``: built locally on first use, nothing
+    downloaded), a shipped model's name (``smollm2-135m-instruct``) or a ``.gguf`` file (both
+    converted into the model cache at config load; ``path`` then holds the converted
+    directory). Empty: ``name``, so ``{name: smollm2-135m-instruct}`` serves that model."""
     max_context_length: int = 2048
+    """The longest prompt plus completion a client may use."""
 
     def __post_init__(self) -> None:
         from forge.models.gguf import is_model_spec, resolve_model
@@ -40,51 +41,50 @@ class ServedBase:
 
 @dataclass
 class ServeConfig:
-    """Args:
-    models: the base models served (default: ``forge/tiny``, the ``tiny`` preset).
-    dir: where ``save_state`` checkpoints go (``<dir>/<model_id>/<name>``).
-    max_lora_rank: the largest LoRA rank a client may ask for.
-    lora_alpha: the adapters' alpha (their update is ``B @ A * alpha / rank``).
-    max_models: training clients (each a trainer and a generator process) alive at once.
-    max_batch_size: sequences a generator decodes together.
-    max_tokens: the sampling length when a request gives none.
-    threads_per_actor: torch threads per process (0: the host's thread budget).
-    future_wait_s: how long one ``retrieve_future`` waits for a result before the
-        client is told to try again.
-    order_wait_s: how long a training request waits for the requests numbered before it
-        (the SDK numbers them) before it runs anyway.
-    device: ``cpu`` or ``cuda`` for trainers and generators.
-    dtype: the generators' weights (``float32``, ``bfloat16``, ``float16``). On a CPU with
-        AMX, ``bfloat16`` samples several times faster; sampled logprobs then differ from
-        the trainer's float32 ones by bf16 rounding (importance weights near, not at, 1).
-    autocast: the trainers' mixed precision (``bfloat16``, ``float16``; ``None``: float32):
-        float32 master weights and optimizer, matmuls in the lower precision.
-    max_body_bytes: the largest request body accepted (413 above it).
-    max_decompressed_bytes: the most a zstd body may decompress to (413 above it).
-    max_samples: the most samples (``num_samples``) one sampling request may ask for.
-    max_connections: open connections (and requests in flight) at once; more get 503.
-    header_timeout_s: a connection that has not sent its first request head within this
-        long is closed (silent and byte-by-byte clients).
-    """
+    """``forge serve``'s settings: the served base models, limits and precision (every field
+    has a default, so no file serves the tiny CPU model)."""
 
     models: list[ServedBase] = field(default_factory=lambda: [ServedBase("forge/tiny", "tiny")])
+    """The base models served (default: ``forge/tiny``, the ``tiny`` preset)."""
     dir: str = "forge-serve"
+    """Where ``save_state`` checkpoints go (``<dir>/<model_id>/<name>``)."""
     max_lora_rank: int = 64
+    """The largest LoRA rank a client may ask for."""
     lora_alpha: float = 32.0
+    """The adapters' alpha (their update is ``B @ A * alpha / rank``)."""
     max_models: int = 8
+    """Training clients (each a trainer and a generator process) alive at once."""
     max_batch_size: int = 32
+    """Sequences a generator decodes together."""
     max_tokens: int = 256
+    """The sampling length when a request gives none."""
     threads_per_actor: int = 0
+    """Torch threads per process (0: the host's thread budget)."""
     future_wait_s: float = 10.0
+    """How long one ``retrieve_future`` waits for a result before the client is told to try
+    again."""
     order_wait_s: float = 30.0
-    device: str = "cpu"
-    dtype: str = "float32"
-    autocast: str | None = None
+    """How long a training request waits for the requests numbered before it (the SDK
+    numbers them) before it runs anyway."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where trainers and generators run."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The generators' weights. On a CPU with AMX, ``bfloat16`` samples several times faster;
+    sampled logprobs then differ from the trainer's float32 ones by bf16 rounding."""
+    autocast: Literal["bfloat16", "float16"] | None = None
+    """The trainers' mixed precision: float32 master weights and optimizer, matmuls in the
+    lower precision (``None``: float32)."""
     max_body_bytes: int = 64 << 20
+    """The largest request body accepted (413 above it)."""
     max_decompressed_bytes: int = 256 << 20
+    """The most a zstd body may decompress to (413 above it)."""
     max_samples: int = 128
+    """The most samples (``num_samples``) one sampling request may ask for."""
     max_connections: int = 256
+    """Open connections (and requests in flight) at once; more get 503."""
     header_timeout_s: float = 10.0
+    """A connection that has not sent its first request head within this long is closed
+    (silent and byte-by-byte clients)."""
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -17,6 +17,7 @@ the config is built, before any process starts) and nests the configs of its par
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from forge.losses import LossConfig
 from forge.training.reference_update import ReferenceUpdateConfig
@@ -35,14 +36,25 @@ __all__ = [
     "TrainerConfig",
 ]
 
-OPTIMIZERS = ("adamw",)
-DECAYS = ("constant", "linear", "cosine")
-PARALLELISMS = ("ddp", "fsdp")
-BACKENDS = ("hf", "titan")
-OLD_LOGPROBS = ("generator", "current")
-DEVICES = ("auto", "cpu", "cuda")
-AUTOCAST_DTYPES = ("bfloat16", "float16")
-REFERENCE_MODES = ("auto", "adapter_disabled", "separate")
+# The choices of the string fields: a ``Literal`` each (the config loader checks a YAML value
+# against it and lists the choices), and its tuple for ``__post_init__``'s check of Python
+# callers.
+Optimizer = Literal["adamw"]
+Decay = Literal["constant", "linear", "cosine"]
+Parallelism = Literal["ddp", "fsdp"]
+Backend = Literal["hf", "titan"]
+OldLogprobs = Literal["generator", "current"]
+Device = Literal["auto", "cpu", "cuda"]
+AutocastDtype = Literal["bfloat16", "float16"]
+ReferenceMode = Literal["auto", "adapter_disabled", "separate"]
+OPTIMIZERS = get_args(Optimizer)
+DECAYS = get_args(Decay)
+PARALLELISMS = get_args(Parallelism)
+BACKENDS = get_args(Backend)
+OLD_LOGPROBS = get_args(OldLogprobs)
+DEVICES = get_args(Device)
+AUTOCAST_DTYPES = get_args(AutocastDtype)
+REFERENCE_MODES = get_args(ReferenceMode)
 
 
 def _choice(owner: str, key: str, value: object, choices: tuple[str, ...]) -> None:
@@ -73,18 +85,21 @@ def _positive(owner: str, key: str, value: float | int | None, allow_zero: bool 
 
 @dataclass
 class OptimizerConfig:
-    """AdamW and gradient clipping.
+    """AdamW and gradient clipping."""
 
-    ``max_grad_norm``: clip the global L2 norm of the gradients to this (``None`` disables
-    clipping; the norm is still measured and reported as ``grad_norm``).
-    """
-
-    type: str = "adamw"
+    type: Optimizer = "adamw"
+    """The optimizer."""
     lr: float = 1e-5
+    """The peak learning rate (the schedule multiplies it)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's moment decays."""
     eps: float = 1e-8
+    """Adam's denominator term."""
     weight_decay: float = 0.0
+    """Decoupled (AdamW) weight decay."""
     max_grad_norm: float | None = 1.0
+    """Clip the global L2 norm of the gradients to this (``None``: no clipping; the norm is
+    still measured and reported as ``grad_norm``)."""
 
     def __post_init__(self) -> None:
         _choice("OptimizerConfig", "type", self.type, OPTIMIZERS)
@@ -101,17 +116,18 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate multiplier per optimizer step ``s`` (0-based), see ``forge.training.schedule``.
-
-    Linear warmup over ``warmup_steps`` (step ``s < warmup_steps`` gets ``(s + 1) /
-    warmup_steps``), then ``decay``: ``constant`` (1.0 forever), or ``linear`` / ``cosine``
-    from 1.0 down to ``min_lr_ratio`` at ``total_steps`` (and ``min_lr_ratio`` after it).
-    """
+    """Learning-rate multiplier per optimizer step (0-based): linear warmup, then ``decay``
+    (``forge.training.schedule``)."""
 
     warmup_steps: int = 0
-    decay: str = "constant"
+    """Steps of linear warmup: step ``s < warmup_steps`` gets ``(s + 1) / warmup_steps``."""
+    decay: Decay = "constant"
+    """After warmup: ``constant`` (1.0 forever), or ``linear`` / ``cosine`` from 1.0 down to
+    ``min_lr_ratio`` at ``total_steps``."""
     total_steps: int | None = None
+    """Where the decay reaches ``min_lr_ratio`` (required unless ``decay: constant``)."""
     min_lr_ratio: float = 0.0
+    """The multiplier the decay ends at (and keeps after ``total_steps``)."""
 
     def __post_init__(self) -> None:
         _choice("ScheduleConfig", "decay", self.decay, DECAYS)
@@ -139,22 +155,21 @@ DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 @dataclass
 class LoraConfig:
     """Low-rank adapters (PEFT's LoRA) instead of full fine-tuning; needs ``forge[lora]``.
-
-    ``rank`` and ``alpha`` (the update is ``B @ A * alpha / rank``), ``dropout`` on the
-    adapter's input while training, ``target_modules``: the leaf names of the linear layers
-    that get adapters (the default suits Qwen2/Llama; a name the model lacks is an error at
-    model build that lists the model's linear layers). Only adapter parameters train; pushes,
-    checkpoints and exports carry only them (``forge.training.lora``).
-    ``disabled_reference``: the KL term's reference logprobs come from this trainer's own
-    model with the adapter disabled (the base), computed in ``train_step``; set by the run
-    config when ``reference.mode`` is ``adapter_disabled``.
-    """
+    Only adapter parameters train; pushes, checkpoints and exports carry only them
+    (``forge.training.lora``)."""
 
     rank: int = 8
+    """The adapters' rank (the update is ``B @ A * alpha / rank``)."""
     alpha: float = 16.0
+    """The adapters' scale numerator (``alpha / rank`` scales ``B @ A``)."""
     dropout: float = 0.0
+    """Dropout on the adapter's input while training."""
     target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    """Leaf names of the linear layers that get adapters (the default suits Qwen2/Llama; a
+    name the model lacks is an error at model build that lists the model's linear layers)."""
     disabled_reference: bool = False
+    """Set by the run config when ``reference.mode`` is ``adapter_disabled``: the KL term's
+    reference logprobs come from this trainer's model with the adapter disabled."""
 
     def __post_init__(self) -> None:
         _positive("LoraConfig", "rank", self.rank)
@@ -178,51 +193,57 @@ class LoraConfig:
 
 @dataclass
 class TrainerConfig:
-    """Everything the trainer needs.
-
-    ``model``: HF model directory or hub id. ``backend``: ``hf`` (transformers model) or
-    ``titan`` (torchtitan model, needs ``forge[titan]``). ``parallelism``: how ranks share
-    the work when the trainer runs on more than one process: ``ddp`` (replicated weights,
-    all-reduced gradients) or ``fsdp`` (FSDP2 ``fully_shard``: sharded weights, gradients and
-    optimizer state). ``micro_batch_size``: rows per forward/backward; gradients accumulate
-    over the micro-batches of a step (``None``: the whole batch at once). ``temperature``:
-    must equal the generator's, since logprobs are of ``logits / temperature``.
-    ``old_logprobs``: the denominator of the policy ratio and numerator of TIS weights;
-    ``generator`` uses the generator's logprobs, ``current`` the trainer's own logprobs at
-    the weights before this step's update (see ``forge.training.hf_trainer``). ``loss.tis_cap``
-    needs ``current``: with ``generator`` every TIS weight is 1, so that pair is an error.
-    ``length_buckets``: micro-batches hold rows of similar length (sorted), so less compute
-    goes to padding; with ``micro_batch_size`` unset, one trainer rank splits the batch
-    wherever the padded positions saved exceed ``bucket_cost_tokens`` (what one more
-    forward/backward costs, in token positions) per extra micro-batch. ``weights``: how
-    ``push_weights`` publishes versions (``forge.weights.WeightTransportConfig``, the same
-    type generators and reference models pull with). ``lora``: train low-rank adapters
-    only (``LoraConfig``; hf backend); ``None``: full fine-tuning. ``autocast``: mixed
-    precision, ``bfloat16`` (or ``float16``): matmuls run in that type while parameters,
-    gradients and optimizer state stay in ``dtype`` (float32); the LM head and the logprobs
-    stay float32. On CPUs with AMX or AVX512-BF16 it is ~4-5x faster (docs/performance.md);
-    ``None``: everything in ``dtype``.
-    """
+    """Everything the trainer needs (in a run, ``model`` and ``temperature`` follow the
+    ``policy`` and ``weights`` the run's ``weights``)."""
 
     model: str
-    backend: str = "hf"
+    """HF model directory or hub id."""
+    backend: Backend = "hf"
+    """``hf`` (transformers model) or ``titan`` (torchtitan model, needs ``forge[titan]``)."""
     dtype: str = "float32"
-    autocast: str | None = None
-    device: str = "auto"
+    """The parameters' dtype (and the compute dtype without ``autocast``)."""
+    autocast: AutocastDtype | None = None
+    """Mixed precision: matmuls run in this type while parameters, gradients and optimizer
+    state stay in ``dtype`` (float32); the LM head and the logprobs stay float32. On CPUs with
+    AMX or AVX512-BF16 about 4-5x faster (docs/performance.md). ``None``: all in ``dtype``."""
+    device: Device = "auto"
+    """``auto``: ``cuda`` when a GPU is visible, else ``cpu``."""
     attn_implementation: str = "eager"
-    parallelism: str = "ddp"
+    """The transformers attention implementation (``eager``, ``sdpa``, ...)."""
+    parallelism: Parallelism = "ddp"
+    """How trainer processes share the work: ``ddp`` (replicated weights, all-reduced
+    gradients) or ``fsdp`` (FSDP2 ``fully_shard``: sharded weights, gradients and optimizer
+    state)."""
     micro_batch_size: int | None = None
+    """Rows per forward/backward; gradients accumulate over a step's micro-batches
+    (``None``: the whole batch at once)."""
     length_buckets: bool = True
+    """Micro-batches hold rows of similar length (sorted), so less compute goes to padding;
+    with ``micro_batch_size`` unset, one rank splits the batch wherever the padded positions
+    saved exceed ``bucket_cost_tokens`` per extra micro-batch."""
     bucket_cost_tokens: int = 96
+    """What one more forward/backward costs, in token positions (see ``length_buckets``)."""
     temperature: float = 1.0
-    old_logprobs: str = "generator"
+    """Logprobs are of ``logits / temperature``; must equal the sampling temperature."""
+    old_logprobs: OldLogprobs = "generator"
+    """The policy ratio's denominator (and TIS weights' numerator): the generator's logprobs,
+    or the trainer's own (``current``) at the weights before this step's update;
+    ``loss.tis_cap`` needs ``current``."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, more compute."""
     seed: int = 0
+    """Seeds torch in the trainer processes (in a run: the run's seed)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The optimizer and gradient clipping."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The learning-rate schedule."""
     loss: LossConfig = field(default_factory=LossConfig)
+    """The policy loss and its knobs."""
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
+    """How ``push_weights`` publishes versions (the type generators and references pull
+    with)."""
     lora: LoraConfig | None = None
+    """Train low-rank adapters only (hf backend); ``None``: full fine-tuning."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -280,29 +301,31 @@ class TrainerConfig:
 
 @dataclass
 class ReferenceConfig:
-    """The reference policy: same model layout and ``temperature`` as the trainer.
-
-    ``micro_batch_size`` bounds the rows per forward (``None``: the whole batch at once).
-    ``update``: how the reference follows the policy's pushed versions (``none``: frozen, the
-    default; ``ema``; ``reset``; see ``forge.training.reference_update``). ``weights``: where
-    ``update_weights`` looks versions up when given a number and no handle: a
-    ``WeightTransportConfig``, the trainer's transport (as for the generator; by default the
-    run's shm publication location). ``mode``: with a LoRA policy, ``adapter_disabled`` (the
-    default then) computes the reference logprobs in the trainer, from its own model with the
-    adapter disabled (no second copy of the weights, no reference service); ``separate``
-    runs this reference model as its own service (the only mode without LoRA). ``auto``
-    picks between them (``forge.run.config``).
-    """
+    """The reference policy of a KL term: same model layout and ``temperature`` as the
+    trainer."""
 
     model: str
-    mode: str = "auto"
+    """HF model directory or hub id (default: the policy's starting model)."""
+    mode: ReferenceMode = "auto"
+    """With a LoRA policy, ``adapter_disabled`` (the default then) computes the reference
+    logprobs in the trainer from its own model with the adapter disabled (no second copy, no
+    service); ``separate`` runs this model as its own service (the only mode without LoRA);
+    ``auto`` picks between them (``forge.run.policy.resolve_lora``)."""
     dtype: str = "float32"
-    device: str = "auto"
+    """The model's dtype."""
+    device: Device = "auto"
+    """``auto``: ``cuda`` when a GPU is visible, else ``cpu``."""
     attn_implementation: str = "eager"
+    """The transformers attention implementation."""
     temperature: float = 1.0
+    """Logprobs are of ``logits / temperature`` (in a run: the policy's)."""
     micro_batch_size: int | None = None
+    """Rows per forward (``None``: the whole batch at once)."""
     update: ReferenceUpdateConfig = field(default_factory=ReferenceUpdateConfig)
+    """How the reference follows the policy's pushed versions (default: frozen)."""
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
+    """Where ``update_weights`` looks versions up by number (in a run: the run's
+    ``weights``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

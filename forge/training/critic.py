@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -55,36 +55,40 @@ CRITIC_AGGREGATIONS = ("token_mean", "seq_mean")
 
 @dataclass
 class CriticConfig:
-    """Everything the critic needs.
-
-    ``model``: HF causal-LM directory or hub id whose body the value model reuses (usually
-    the policy's starting checkpoint). ``dtype``, ``device``, ``attn_implementation``: as in
-    ``TrainerConfig``. ``micro_batch_size``: rows per forward/backward (``None``: the whole
-    batch). ``value_clip_eps``: clip range of the value loss around the old values (``None``
-    disables clipping). ``aggregation``: ``token_mean`` or ``seq_mean``. ``gamma`` / ``lam``:
-    GAE's discount and lambda, read by the caller of ``ppo_advantages_for_batch``.
-    ``level``: ``token`` (GAE over tokens, one terminal reward) or ``turn`` (multi-turn: GAE
-    over turns from the environment's per-turn rewards, a turn's value read at its first
-    sampled token; ``forge.losses.value.turn_gae_advantages``). ``bootstrap_truncated``
-    (``level: turn``): an episode cut by ``max_turns`` keeps the environment's last answer
-    and its return is bootstrapped from the critic's value of the state it was cut in,
-    instead of counting as ended there.
-    """
+    """Everything the critic (PPO's value model) needs."""
 
     model: str
+    """HF causal-LM directory or hub id whose body the value model reuses (default: the
+    policy's starting model)."""
     dtype: str = "float32"
-    device: str = "auto"
+    """The model's dtype."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto``: ``cuda`` when a GPU is visible, else ``cpu``."""
     attn_implementation: str = "eager"
+    """The transformers attention implementation."""
     micro_batch_size: int | None = None
+    """Rows per forward/backward (``None``: the whole batch)."""
     value_clip_eps: float | None = 0.2
-    aggregation: str = "token_mean"
+    """Clip range of the value loss around the old values (``None``: no clipping)."""
+    aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
+    """How the value loss is reduced over tokens."""
     gamma: float = 1.0
+    """GAE's discount."""
     lam: float = 1.0
-    level: str = "token"
+    """GAE's lambda."""
+    level: Literal["token", "turn"] = "token"
+    """``token`` (GAE over tokens, one terminal reward) or ``turn`` (multi-turn: GAE over
+    turns from the environment's per-turn rewards, a turn's value read at its first sampled
+    token; ``forge.losses.value.turn_gae_advantages``)."""
     bootstrap_truncated: bool = False
+    """``level: turn``: an episode cut by ``max_turns`` is bootstrapped from the critic's
+    value of the state it was cut in, instead of counting as ended there."""
     seed: int = 0
+    """Seeds torch in the critic process (in a run: the run's seed)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The value model's optimizer."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The value model's learning-rate schedule."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

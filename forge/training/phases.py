@@ -45,16 +45,16 @@ __all__ = ["Phase", "PhaseConfig", "PhaseTracker", "resolve_phases", "validate_p
 
 @dataclass
 class PhaseConfig:
-    """One entry of a ``phases`` section (see the module docstring).
-
-    ``at``: the first step (0-based, the app's training step counter) it applies to. ``loss``: ``LossConfig`` fields to override. ``rollout``: the app's rollout settings
-    to override (keys checked by the app). ``name``: a label for logs.
-    """
+    """One entry of a ``phases`` section (see the module docstring)."""
 
     at: int
+    """The first step (0-based, the app's training step counter) it applies to."""
     loss: dict[str, Any] = field(default_factory=dict)
+    """``LossConfig`` fields to override from step ``at`` on."""
     rollout: dict[str, Any] = field(default_factory=dict)
+    """The app's rollout settings to override (keys checked by the app)."""
     name: str = ""
+    """A label for logs."""
 
 
 @dataclass(frozen=True)

@@ -40,17 +40,17 @@ REFERENCE_UPDATES = ("none", "ema", "reset")
 
 @dataclass
 class ReferenceUpdateConfig:
-    """How the reference follows the policy (see the module docstring).
-
-    ``type``: ``none`` | ``ema`` | ``reset``. ``decay``: EMA weight of the old reference,
-    ``ref <- decay * ref + (1 - decay) * policy``, in ``[0, 1)`` (0 copies the policy).
-    ``every``: apply the rule at policy versions that are multiples of ``every``; the others
-    are skipped (for ``reset``: the reference is set to the policy every ``every`` versions).
-    """
+    """How the reference follows the policy (see the module docstring)."""
 
     type: str = "none"
+    """``none`` (frozen), ``ema`` or ``reset``, or an import string ``pkg.module:fn`` of a rule
+    ``fn(ref_sd, policy_sd, version) -> bool`` (``forge.slots.REFERENCE_UPDATE``)."""
     decay: float = 0.99
+    """EMA weight of the old reference, ``ref <- decay * ref + (1 - decay) * policy``, in
+    ``[0, 1)`` (0 copies the policy)."""
     every: int = 1
+    """Apply the rule at policy versions that are multiples of ``every`` (``reset``: the
+    reference is set to the policy every ``every`` versions)."""
 
     def __post_init__(self) -> None:
         if self.type not in REFERENCE_UPDATES:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from forge.weights.registry import TRANSPORTS
 
@@ -22,45 +23,40 @@ __all__ = ["WeightTransportConfig"]
 
 @dataclass
 class WeightTransportConfig:
-    """The weight transport and its knobs.
-
-    Args:
-        type: ``shm`` (one file per version under ``shm_dir``, copied once per host to
-            other hosts), ``safetensors_dir`` (``<root>/v<version>`` on a shared filesystem)
-            or ``broadcast`` (the trainer sends each version to every generator replica in a
-            broadcast group; ``forge.weights.broadcast`` says what it cannot do).
-        prefix: shm: names the files (``forge-w-<prefix>-v<version>-<random>``). Empty: the
-            run's publication location (``forge.weights.pull.run_weights_prefix``), where a
-            trainer pushes and generators and reference models look by default, so a
-            restarted replica finds the latest version by itself; a trainer starting there
-            drops the versions a previous trainer of the session left. Two trainers pushing
-            at once in one session need a prefix each.
-        shm_dir: shm: a RAM-backed directory.
-        spares: shm, pusher: files of dropped versions kept for later pushes to rewrite
-            (warm pages); each holds one version's bytes. ``0`` unlinks at once.
-        share: shm, puller (hf backend on CPU, handles whose dtypes match the model): compute
-            with the pushed file's bytes in place, read-only, instead of copying them, so the
-            replicas of a host hold one copy of a version and a pull copies nothing.
-        root: safetensors_dir: the directory (required with that type).
-        keep_last: pusher: versions kept before older ones are dropped (at least 1, so the
-            latest is always there for a restarted replica).
-        wait_s: puller: how long pulling a version by number waits for it to appear.
-        backend: broadcast: ``auto`` (``nccl`` where CUDA is available, else ``gloo``),
-            ``nccl`` or ``gloo``.
-
-    A field of the other transport set to a non-default value is a ``ValueError``: that
-    transport would ignore it.
-    """
+    """The weight transport and its knobs. A field of another transport set to a non-default
+    value is a ``ValueError``: that transport would ignore it."""
 
     type: str = "shm"
+    """``shm`` (one file per version under ``shm_dir``, copied once per host to other
+    hosts), ``safetensors_dir`` (``<root>/v<version>`` on a shared filesystem) or
+    ``broadcast`` (the trainer sends each version to every generator replica in a broadcast
+    group; ``forge.weights.broadcast`` says what it cannot do)."""
     prefix: str = ""
+    """shm: names the files (``forge-w-<prefix>-v<version>-<random>``). Empty: the run's
+    publication location (``forge.weights.pull.run_weights_prefix``), where a trainer pushes
+    and generators and reference models look by default, so a restarted replica finds the
+    latest version by itself; a trainer starting there drops the versions a previous
+    trainer of the session left. Two trainers pushing at once in one session need a prefix
+    each."""
     shm_dir: str = "/dev/shm"
+    """shm: a RAM-backed directory."""
     spares: int = 1
+    """shm, pusher: files of dropped versions kept for later pushes to rewrite (warm pages);
+    each holds one version's bytes. 0 unlinks at once."""
     share: bool = True
+    """shm, puller (hf backend on CPU, handles whose dtypes match the model): compute with
+    the pushed file's bytes in place, read-only, instead of copying them, so the replicas of
+    a host hold one copy of a version and a pull copies nothing."""
     root: str = ""
+    """safetensors_dir: the directory (required with that type)."""
     keep_last: int = 2
+    """Pusher: versions kept before older ones are dropped (at least 1, so the latest is
+    always there for a restarted replica)."""
     wait_s: float = 0.0
-    backend: str = "auto"
+    """Puller: how long pulling a version by number waits for it to appear."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """broadcast: ``auto`` (``nccl`` where CUDA is available, else ``gloo``), ``nccl`` or
+    ``gloo``."""
 
     def __post_init__(self) -> None:
         entry = TRANSPORTS.get(self.type)

@@ -10,7 +10,7 @@ import signal
 import time
 
 from controller.status import StatusWriter, set_status_field, status_snapshot
-from forge.top import render
+from forge.cli.top import render
 from tests.helpers import wait_dead
 from tests.runtime.actors import Counter
 from tests.runtime.service_actors import Echo

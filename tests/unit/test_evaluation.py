@@ -8,8 +8,8 @@ import pytest
 
 from controller import Actor, endpoint
 from controller.testing import FakeService
+from forge.cli.eval import choose_sets, find_model
 from forge.evaluation import EvalSet, pass_at_k
-from forge.evaluation.command import choose_sets, find_model
 from forge.evaluation.harness import Defaults, _metrics
 from forge.run.evaluate import Evaluator
 from forge.slots import REWARD

@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 
 from controller.status import StatusWriter, set_status_field
+from forge.cli.top import find_status_file, load_status, render
 from forge.observability.status import StepStatus, run_status
-from forge.top import find_status_file, load_status, render
 
 
 def _text(renderable, width: int = 160) -> str:

@@ -1,8 +1,9 @@
 """The ``forge`` command line. Subcommands import their heavy dependencies lazily, so
 ``forge --help`` answers at once.
 
-    forge run --config apps/sumdigits/cpu.yaml [a.b=c ...]
+    forge run --config apps/sumdigits/cpu.yaml [a.b=c ...] [--dry-run]
     forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
+    forge config show apps/sumdigits/cpu.yaml [a.b=c ...]
     forge top [RUN_DIR] [--once]
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
@@ -19,14 +20,33 @@ import sys
 
 def _run(args: argparse.Namespace) -> int:
     from controller._runtime import install_signal_handlers
-    from forge.launch import run_app
+    from forge.cli.run import run_app
 
     install_signal_handlers()  # SIGINT/SIGTERM stop the run, even from a background job
     try:
-        return run_app(args.config, args.overrides, resume=args.resume, run_dir=args.run_dir)
+        return run_app(
+            args.config,
+            args.overrides,
+            resume=args.resume,
+            run_dir=args.run_dir,
+            dry_run=args.dry_run,
+        )
     except ValueError as e:  # a config mistake: say it plainly, no traceback
         print(f"forge run: error: {e}", file=sys.stderr)
         return 2
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    from forge.config.describe import show_config
+    from forge.launch import load_app
+
+    try:
+        _, cfg = load_app(args.config, args.overrides)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"forge config show: error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(show_config(cfg))
+    return 0
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -38,7 +58,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from forge.top import main as top_main
+    from forge.cli.top import main as top_main
 
     try:
         return top_main(args.run_dir, once=args.once, interval=args.interval)
@@ -49,7 +69,7 @@ def _top(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from controller._runtime import install_signal_handlers
-    from forge.evaluation.command import main as eval_main
+    from forge.cli.eval import main as eval_main
 
     install_signal_handlers()
     try:
@@ -113,8 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="the app's YAML config")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     run.add_argument("--run-dir", help="where to write outputs (default: runs/<app>-<time>)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="load and validate the config, print it resolved (as `forge config "
+                     "show`), start nothing")  # fmt: skip
     run.add_argument("overrides", nargs="*", metavar="a.b=c", help="config overrides")
     run.set_defaults(fn=_run)
+    config = sub.add_parser("config", help="inspect configs without running them")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser(
+        "show",
+        help="load and validate a config as `forge run` would; print every value with its "
+        "default (where it differs) and its doc",
+    )
+    show.add_argument("config", help="the app's YAML config")
+    show.add_argument("overrides", nargs="*", metavar="a.b=c", help="config overrides")
+    show.set_defaults(fn=_config_show)
     top = sub.add_parser("top", help="live view of a run: services, replicas, steps, rewards")
     top.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="default: the newest run")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
@@ -157,7 +190,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.fn(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -76,7 +76,8 @@ async def run_eval(rl: Any, sets: list[EvalSet]) -> dict[str, dict[str, float]]:
 
     heldout = list(DATA_SOURCE.resolve(rl.data)().heldout())
     reward = rl.eval_reward_fn()
-    defaults = Defaults(heldout, [reward] if reward else [], rl.env, rl.eval.max_tokens)
+    env_cfg = getattr(rl, "env", None)  # an app without environments (REINFORCE) has none
+    defaults = Defaults(heldout, [reward] if reward else [], env_cfg, rl.eval.max_tokens)
     env = actor_env(rl.threads_per_actor, rl.deterministic)
     generator = await Generator.options(num_replicas=rl.replicas.generator, env=env).as_service(
         rl.generator
