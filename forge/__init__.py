@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     },  # fmt: skip
     "policy_defaults": "forge.run.policy",
     "make_deterministic": "forge.run.config",
+    "Colocation": "forge.run.colocate",
+    "PlacementConfig": "forge.run.placement",
     "PipelineConfig": "forge.run.pipeline",
     "Stage": "forge.run.pipeline",
     "base_model": "forge.run.pipeline",

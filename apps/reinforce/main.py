@@ -53,6 +53,9 @@ class Config(RLConfig):
         if self.rollout.group_size != 1 or self.max_policy_age != 0:
             raise ValueError("reinforce is on-policy with one completion per prompt: set "
                              "rollout.group_size=1 and max_policy_age=0")  # fmt: skip
+        if self.placement.colocate:
+            raise ValueError("placement.colocate: this app's loop does not time-slice the "
+                             "device; use apps.grpo.main, or placement memory shares")  # fmt: skip
 
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:

@@ -26,6 +26,7 @@ from forge.rollout.scoring import (
     per_member,
 )
 from forge.run.critic import check_ppo
+from forge.run.placement import PlacementConfig, check_placement, gpu_count
 from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
 from forge.run.supervise import check_restarts
 from forge.slots import DATA_SOURCE, REWARD
@@ -130,6 +131,7 @@ class RLConfig:
     max_policy_age: int = 1  # rollouts run at most this many versions ahead of training
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     trainer_procs: int = 1
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # GPU sharing
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)  # all roles
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reference: ReferenceConfig | None = None  # a KL term's reference policy
@@ -177,6 +179,7 @@ class RLConfig:
         check_policy(self.policy, generator=self.generator, trainer=self.trainer,
                      reference=self.reference)  # fmt: skip
         resolve_lora(self.trainer, self.generator, self.reference)
+        self._place()
         for name, role in (("generator", self.generator), ("reference", self.reference)):
             if role is not None and _where(role.weights) != _where(self.trainer.weights):
                 raise ValueError(
@@ -208,6 +211,57 @@ class RLConfig:
                 f"rollout.prompts_per_step*group_size={self.rollout.episodes_per_step} must "
                 f"divide by trainer_procs={self.trainer_procs}"
             )
+
+    def _place(self) -> None:
+        """``placement:`` checked against the GPUs visible here; its memory shares then flow
+        to the generator and trainer configs (``forge.run.placement``)."""
+        p, gen, trainer = self.placement, self.generator, self.trainer
+        gen_gpu = gen.backend == "vllm" or gen.device.startswith("cuda")
+        trainer_gpu = trainer.device == "cuda" or (trainer.device == "auto" and gpu_count() > 0)
+        check_placement(p, generator_gpu=gen_gpu, trainer_gpu=trainer_gpu,
+                        generators=self.replicas.generator, trainer_procs=self.trainer_procs,
+                        max_policy_age=self.max_policy_age, stream=self.stream,
+                        visible=gpu_count() if gen_gpu or trainer_gpu else 0)  # fmt: skip
+        if p.colocate and p.sleep_level == 2 and trainer.lora is not None:
+            raise ValueError(
+                "placement.sleep_level 2 frees the generator's weights while it sleeps, but a "
+                "LoRA policy pushes only its adapter (applied to the base the generator "
+                "keeps); set placement.sleep_level: 1"
+            )
+        if p.shared and gen_gpu and trainer.weights.type == "broadcast":
+            raise ValueError(
+                f"placement {p.mode} puts the generator and trainer on one GPU, where NCCL "
+                "cannot broadcast between them (one rank per device); use weights type shm"
+            )
+        for role, share in (("generator", p.generator_memory), ("trainer", p.trainer_memory)):
+            cfg = getattr(self, role)
+            if share and cfg.memory_fraction and cfg.memory_fraction != share:
+                raise ValueError(
+                    f"{role}.memory_fraction={cfg.memory_fraction} and placement.{role}_memory="
+                    f"{share} state one fact twice; keep placement.{role}_memory"
+                )
+            cfg.memory_fraction = share or cfg.memory_fraction
+        gen._check_memory_fraction()  # (e.g. against engine_kwargs.gpu_memory_utilization)
+        if p.colocate and gen.backend == "vllm":
+            if gen.engine_kwargs.get("enable_sleep_mode") is False:
+                raise ValueError("placement.colocate needs vLLM's sleep mode; remove "
+                                 "generator.engine_kwargs.enable_sleep_mode: false")  # fmt: skip
+            gen.engine_kwargs = {**gen.engine_kwargs, "enable_sleep_mode": True}
+
+    def gpu_options(self, role: str) -> dict[str, Any]:
+        """Extra ``Actor.options`` for ``role`` (``generator`` or ``trainer``): under disjoint
+        placement a GPU role's processes get GPUs of their own (the GPU provisioner,
+        ``with_gpus``); shared placements see every GPU (generator on GPU 0, trainer rank r on
+        GPU r). Nothing on a machine without GPUs."""
+        on_gpu = {
+            "generator": self.generator.backend == "vllm" or self.generator.device != "cpu",
+            "trainer": self.trainer.device != "cpu",
+        }[role]
+        if self.placement.shared or not on_gpu or gpu_count() == 0:
+            return {}
+        from controller import env
+
+        return {} if env.backend() == "monarch" else {"with_gpus": True}
 
     def _check_credit(self) -> None:
         """Credit over turns needs turns (an env), a loss that takes per-token advantages,

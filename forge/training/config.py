@@ -201,7 +201,9 @@ class TrainerConfig:
     precision, ``bfloat16`` (or ``float16``): matmuls run in that type while parameters,
     gradients and optimizer state stay in ``dtype`` (float32); the LM head and the logprobs
     stay float32. On CPUs with AMX or AVX512-BF16 it is ~4-5x faster (docs/performance.md);
-    ``None``: everything in ``dtype``.
+    ``None``: everything in ``dtype``. ``memory_fraction``: the share of its GPU's memory
+    each rank may use (``torch.cuda.set_per_process_memory_fraction``; a run's
+    ``placement.trainer_memory`` sets it; 0: no cap); needs a GPU.
     """
 
     model: str
@@ -223,8 +225,17 @@ class TrainerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
     lora: LoraConfig | None = None
+    memory_fraction: float = 0.0
 
     def __post_init__(self) -> None:
+        f = self.memory_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
+            raise ValueError(f"TrainerConfig.memory_fraction must be in [0, 1), got {f!r}")
+        if f and self.device == "cpu":
+            raise ValueError(
+                f"TrainerConfig.memory_fraction={f} caps GPU memory, but device is cpu; "
+                "set device: cuda (or auto) or remove it"
+            )
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(
                 f"TrainerConfig.model must be a model directory or hub id, got {self.model!r}"

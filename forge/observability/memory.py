@@ -1,0 +1,71 @@
+"""A process's memory, as numbers to log: host RSS always, GPU allocated/reserved/peak when
+this process uses CUDA; and the GPU memory cap a placement gives a role.
+
+    snap = memory_snapshot()   # {"rss_mb": ..., "gpu_allocated_mb": ..., "gpu_peak_mb": ...}
+    apply_memory_fraction(0.35, "generator")
+
+``gpu_peak_mb`` is the peak since the previous snapshot (each snapshot resets torch's peak
+counter), so snapshots taken at phase ends give each phase's peak.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import psutil
+import torch
+
+__all__ = ["apply_memory_fraction", "memory_snapshot", "release_cached_memory", "tensor_bytes"]
+
+MB = 2**20
+
+
+def memory_snapshot(reset_peak: bool = True) -> dict[str, float]:
+    """This process's memory in MiB: ``rss_mb``, and with CUDA in use ``gpu_allocated_mb``,
+    ``gpu_reserved_mb`` and ``gpu_peak_mb`` (since the last snapshot with ``reset_peak``)."""
+    out = {"rss_mb": psutil.Process(os.getpid()).memory_info().rss / MB}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["gpu_allocated_mb"] = torch.cuda.memory_allocated() / MB
+        out["gpu_reserved_mb"] = torch.cuda.memory_reserved() / MB
+        out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / MB
+        if reset_peak:
+            torch.cuda.reset_peak_memory_stats()
+    return out
+
+
+def apply_memory_fraction(fraction: float, role: str) -> None:
+    """Cap this process's CUDA caching allocator at ``fraction`` of the device's memory
+    (``placement.<role>_memory``); 0 leaves it uncapped. Without a GPU, a ``RuntimeError``:
+    a cap nothing enforces would be a silent no-op."""
+    if not fraction:
+        return
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{role}.memory_fraction={fraction} caps this process's share of a GPU's memory "
+            "(placement), but no GPU is visible here (torch.cuda.is_available() is False); "
+            "remove the placement shares on a machine without GPUs"
+        )
+    torch.cuda.set_per_process_memory_fraction(fraction)
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes held by ``tensors`` (each storage counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), t.device)
+        if storage.nbytes() and key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def release_cached_memory() -> None:
+    """Collect freed objects now and hand cached CUDA blocks back to the device, so another
+    process on the same GPU (a colocated generator or trainer) can use them."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
