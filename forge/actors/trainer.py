@@ -174,7 +174,9 @@ class Trainer(ForgeActor):
 
     @endpoint
     def offload_optimizer(self) -> int:
-        """Move the optimizer state to host memory (colocation); bytes moved."""
+        """Move the optimizer state to host memory (colocation) and free the gradients (the
+        next ``train_step`` sets them anew); bytes moved."""
+        self.core.optimizer.zero_grad(set_to_none=True)
         moved, self._offloaded = move_optimizer_state(self.core.optimizer, "cpu")
         release_cached_memory()
         return moved

@@ -26,7 +26,7 @@ from forge.rollout.scoring import (
     per_member,
 )
 from forge.run.critic import check_ppo
-from forge.run.placement import PlacementConfig, check_placement, gpu_count
+from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus, gpu_count
 from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
 from forge.run.supervise import check_restarts
 from forge.slots import DATA_SOURCE, REWARD
@@ -250,14 +250,14 @@ class RLConfig:
 
     def gpu_options(self, role: str) -> dict[str, Any]:
         """Extra ``Actor.options`` for ``role`` (``generator`` or ``trainer``): under disjoint
-        placement a GPU role's processes get GPUs of their own (the GPU provisioner,
-        ``with_gpus``); shared placements see every GPU (generator on GPU 0, trainer rank r on
-        GPU r). Nothing on a machine without GPUs."""
-        on_gpu = {
-            "generator": self.generator.backend == "vllm" or self.generator.device != "cpu",
-            "trainer": self.trainer.device != "cpu",
-        }[role]
-        if self.placement.shared or not on_gpu or gpu_count() == 0:
+        placement, with enough GPUs visible, a GPU role's processes get GPUs of their own (the
+        GPU provisioner, ``with_gpus``); otherwise they see every GPU (generator on GPU 0,
+        trainer rank r on GPU r). Nothing on a machine without GPUs."""
+        gpu = {"generator_gpu": self.generator.backend == "vllm" or self.generator.device != "cpu",
+               "trainer_gpu": self.trainer.device != "cpu"}  # fmt: skip
+        own = disjoint_gpus(**gpu, generators=self.replicas.generator,
+                            trainer_procs=self.trainer_procs, visible=gpu_count())  # fmt: skip
+        if self.placement.shared or not gpu[f"{role}_gpu"] or not own:
             return {}
         from controller import env
 

@@ -7,7 +7,9 @@ Three placements, chosen in the run config::
     placement: {colocate: true}                               # one GPU, time-sliced
 
 - **Disjoint** (default): no role shares a device with another; each GPU process uses its own
-  device. Needs ``replicas.generator + trainer_procs`` GPUs when both roles are on GPUs.
+  device, when ``replicas.generator + trainer_procs`` GPUs are visible. With fewer, the roles
+  share them with no caps and no sleep, as before placements existed (the apps ran so on one
+  GPU); a shared placement below caps or time-slices them instead.
 - **Split by memory** (``generator_memory`` and ``trainer_memory``, shares of one GPU's
   memory): the generator and trainer rank 0 run at the same time on GPU 0 (other trainer
   ranks on GPUs 1..P-1). The generator's share becomes vLLM's ``gpu_memory_utilization`` or,
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PlacementConfig", "check_placement", "gpu_count"]
+__all__ = ["PlacementConfig", "check_placement", "disjoint_gpus", "gpu_count"]
 
 SLEEP_LEVELS = (1, 2)
 
@@ -142,23 +144,20 @@ def check_placement(
             f"placement.{p.mode}: the generator shares GPU 0 with trainer rank 0, which "
             f"takes one generator replica; got replicas.generator={generators}"
         )
-    if visible <= 0:
+    if visible <= 0 or not p.shared:  # (disjoint with too few GPUs: shared uncapped)
         return
-    if p.shared:
-        needed = trainer_procs if trainer_gpu else 1
-        what = f"trainer_procs={trainer_procs}, one per GPU, generator on GPU 0"
-    elif generator_gpu and trainer_gpu:
-        needed = generators + trainer_procs
-        what = (f"disjoint: replicas.generator={generators} + trainer_procs={trainer_procs}, "
-                "one GPU each")  # fmt: skip
-    else:
-        needed = generators if generator_gpu else trainer_procs if trainer_gpu else 0
-        what = "one GPU per GPU process"
+    needed = trainer_procs if trainer_gpu else 1
     if needed > visible:
-        hint = (" Share a GPU: placement.colocate: true (time-sliced, on-policy) or "
-                "placement.generator_memory/trainer_memory (split by memory); see docs/gpus.md"
-                if not p.shared else " Lower trainer_procs or make more GPUs visible")  # fmt: skip
         raise ValueError(
-            f"placement needs {needed} GPU(s) ({what}) but {visible} are visible "
-            f"(torch.cuda.device_count()).{hint}"
+            f"placement.{p.mode} needs {needed} GPU(s) (trainer_procs={trainer_procs}, one per "
+            f"GPU, the generator on GPU 0) but {visible} are visible "
+            "(torch.cuda.device_count()); lower trainer_procs or make more GPUs visible"
         )
+
+
+def disjoint_gpus(
+    *, generator_gpu: bool, trainer_gpu: bool, generators: int, trainer_procs: int, visible: int
+) -> bool:
+    """Whether each GPU process of the generator and trainer can have a GPU of its own."""
+    needed = generators * generator_gpu + trainer_procs * trainer_gpu
+    return 0 < needed <= visible

@@ -11,7 +11,7 @@ from forge.config import config_from_dict
 from forge.observability.memory import apply_memory_fraction, tensor_bytes
 from forge.run.colocate import memory_metrics
 from forge.run.config import RLConfig
-from forge.run.placement import PlacementConfig, check_placement
+from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus
 
 
 def _check(p: PlacementConfig, **over) -> None:
@@ -20,23 +20,25 @@ def _check(p: PlacementConfig, **over) -> None:
     check_placement(p, **{**args, **over})
 
 
-def test_disjoint_default_needs_a_gpu_per_process_and_names_the_numbers():
-    with pytest.raises(ValueError, match=r"needs 2 GPU\(s\).*1 are visible.*colocate"):
-        _check(PlacementConfig())  # one GPU: generator + trainer do not fit apart
-    with pytest.raises(ValueError, match=r"needs 5 GPU\(s\).*generator=2 \+ trainer_procs=3"):
-        _check(PlacementConfig(), generators=2, trainer_procs=3, visible=4)
-    _check(PlacementConfig(), visible=2)
-    _check(PlacementConfig(), generator_gpu=False, visible=1)  # only the trainer on a GPU
+def test_disjoint_default_gives_each_gpu_process_its_own_gpu_when_there_are_enough():
+    one = dict(generator_gpu=True, trainer_gpu=True, generators=1, trainer_procs=1)
+    assert disjoint_gpus(**one, visible=2)
+    # Too few: no error (the roles share the GPUs uncapped, as the apps ran on one H100).
+    _check(PlacementConfig(), visible=1)
+    assert not disjoint_gpus(**one, visible=1)
+    assert not disjoint_gpus(**{**one, "generators": 2, "trainer_procs": 3}, visible=4)
+    assert disjoint_gpus(**{**one, "generator_gpu": False, "trainer_procs": 3}, visible=3)
+    assert not disjoint_gpus(**one, visible=0)
 
 
 def test_no_visible_gpu_skips_counts_so_gpu_configs_still_validate():
-    _check(PlacementConfig(), generators=2, trainer_procs=2, visible=0)
+    _check(PlacementConfig(colocate=True), trainer_procs=2, visible=0)
 
 
 def test_one_gpu_fits_when_shared():
     _check(PlacementConfig(colocate=True))
     _check(PlacementConfig(generator_memory=0.3, trainer_memory=0.6))
-    with pytest.raises(ValueError, match=r"needs 2 GPU\(s\).*trainer_procs=2"):
+    with pytest.raises(ValueError, match=r"colocate needs 2 GPU\(s\).*1 are visible"):
         _check(PlacementConfig(colocate=True), trainer_procs=2, visible=1)
 
 
