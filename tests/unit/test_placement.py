@@ -141,3 +141,21 @@ def test_tensor_bytes_counts_shared_storage_once():
 
     a = torch.zeros(10, dtype=torch.float32)
     assert tensor_bytes([a, a[2:], None, torch.zeros(3, dtype=torch.float64)]) == 40 + 24
+
+
+def test_forge_top_shows_each_roles_memory_per_phase():
+    from forge.observability.status import StepStatus
+    from forge.top import render
+    from tests.unit.test_status_top import _text, status_snapshot
+
+    st = StepStatus("grpo", steps_total=4)
+    st.step(1, {"memory/generator/generate/rss_mb": 900.0, "memory/generator/asleep/rss_mb": 300.0,
+                "memory/trainer/train/rss_mb": 700.0, "memory/trainer/train/gpu_allocated_mb": 50.0,
+                "memory/x/y": 1.0})  # fmt: skip
+    # The GPU figure where a process has one, else host RSS.
+    assert st.fields["memory"] == {"generator": {"generate": 900.0, "asleep": 300.0},
+                                   "trainer": {"train": 50.0}}  # fmt: skip
+    snap = status_snapshot()
+    snap["extra"]["rl"]["memory"] = st.fields["memory"]
+    text = _text(render(snap, "runs/demo/status.json"))
+    assert "generator generate 900M asleep 300M  trainer train 50M" in text, text
