@@ -8,7 +8,7 @@ It needs torch, transformers and what they and peft pull in (a GPU machine lent 
 project may have nothing else: no vLLM, no hub access), so it drives Forge's plain modules
 in one process rather than the actor runtime: the generation engine
 (``forge.generation.hf_engine``), sleep (``forge.generation.sleep``), GRPO advantages and
-loss (``forge.losses``), optimizer offload (``forge.training.offload``) and memory snapshots
+loss (``forge.losses``), memory snapshots and optimizer offload
 (``forge.observability.memory``). A run adds processes and the weight transport around these.
 
 Each step: generate ``--prompts`` x ``--group`` completions of ``--tokens`` tokens (EOS
@@ -90,8 +90,11 @@ class Check:
 
     def step(self, i: int) -> dict:
         from forge.generation.sleep import drop_weights, materialize_weights
-        from forge.observability.memory import memory_snapshot, release_cached_memory
-        from forge.training.offload import move_optimizer_state
+        from forge.observability.memory import (
+            memory_snapshot,
+            move_optimizer_state,
+            release_cached_memory,
+        )
 
         a, row, colo = self.args, {"step": i}, self.mode == "colocate"
         sync()
@@ -211,8 +214,7 @@ def broadcast_check(args) -> dict | None:
 def _broadcast_rank(rank: int, args, init: str, out: str) -> None:
     import torch.distributed as dist
 
-    from forge.weights.dist import broadcast_state_dict
-
+    broadcast_state_dict, path = _broadcast_fn()
     backend = "gloo" if args.smoke else "nccl"
     device = "cpu" if args.smoke else f"cuda:{rank}"
     if not args.smoke:
@@ -232,13 +234,32 @@ def _broadcast_rank(rank: int, args, init: str, out: str) -> None:
         dist.broadcast(probe_src, 0)  # rank 0's checksum of the same tensor
         if rank == 1:
             nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-            result = {"backend": backend, "seconds": min(times), "mb": nbytes / MB,
+            result = {"backend": backend, "path": path, "seconds": min(times), "mb": nbytes / MB,
                       "gb_per_s": nbytes / min(times) / 2**30,
                       "matches_sender": bool(torch.equal(probe, probe_src))}  # fmt: skip
             with open(out, "w") as f:
                 json.dump(result, f)
     finally:
         dist.destroy_process_group()
+
+
+def _broadcast_fn():
+    """Forge's bucketed broadcast (``forge.weights.dist``, what ``weights: {type: broadcast}``
+    runs), or, where ``forge.weights`` cannot load (it imports the actor runtime, whose
+    packages a bare GPU machine lacks), one ``torch.distributed.broadcast`` per tensor."""
+    try:
+        from forge.weights.dist import broadcast_state_dict
+
+        return broadcast_state_dict, "forge.weights.dist"
+    except ImportError as e:
+        import torch.distributed as dist
+
+        def per_tensor(sd, src, into=None):
+            for t in (sd if sd is not None else into).values():
+                dist.broadcast(t, src)
+            return sd if sd is not None else into
+
+        return per_tensor, f"torch.distributed per tensor (forge.weights: {e})"
 
 
 def main(argv: list[str] | None = None) -> dict:

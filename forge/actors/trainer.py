@@ -75,11 +75,11 @@ from forge.losses import LossConfig
 from forge.observability.memory import (
     apply_memory_fraction,
     memory_snapshot,
+    move_optimizer_state,
     release_cached_memory,
 )
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
-from forge.training.offload import move_optimizer_state
 from forge.types import TrainBatch
 from forge.weights import WeightHandle, WeightStore, build_transport
 from forge.weights.relay import remember_latest

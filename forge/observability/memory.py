@@ -1,8 +1,16 @@
-"""A process's memory, as numbers to log: host RSS always, GPU allocated/reserved/peak when
-this process uses CUDA; and the GPU memory cap a placement gives a role.
+"""A process's memory: measured (host RSS always, GPU allocated/reserved/peak when this
+process uses CUDA), capped (the GPU memory share a placement gives a role), handed back
+(cached CUDA blocks), and the optimizer state moved off the device and back (time-sliced
+colocation: the AdamW moments, twice the parameters, are the largest thing a trainer can
+hand back without reloading its model).
 
     snap = memory_snapshot()   # {"rss_mb": ..., "gpu_allocated_mb": ..., "gpu_peak_mb": ...}
     apply_memory_fraction(0.35, "generator")
+    moved, where = move_optimizer_state(optimizer, "cpu")     # before generating
+    moved, _ = move_optimizer_state(optimizer, None, where)    # before the next step
+
+Kept free of the actor runtime (torch and psutil only), so ``scripts/gpu_check.sh`` uses it
+where only torch, transformers and peft are installed.
 
 ``gpu_peak_mb`` is the peak since the previous snapshot (each snapshot resets torch's peak
 counter), so snapshots taken at phase ends give each phase's peak.
@@ -16,7 +24,13 @@ import os
 import psutil
 import torch
 
-__all__ = ["apply_memory_fraction", "memory_snapshot", "release_cached_memory", "tensor_bytes"]
+__all__ = [
+    "apply_memory_fraction",
+    "memory_snapshot",
+    "move_optimizer_state",
+    "release_cached_memory",
+    "tensor_bytes",
+]
 
 MB = 2**20
 
@@ -69,3 +83,37 @@ def release_cached_memory() -> None:
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def move_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    device: str | None,
+    where: dict[tuple[int, str], torch.device] | None = None,
+) -> tuple[int, dict[tuple[int, str], torch.device]]:
+    """Move ``optimizer``'s state tensors to ``device`` (``None``: back to the devices in
+    ``where``, as an earlier call returned them). Returns (bytes moved, ``where``: each moved
+    tensor's ``(parameter index, key) -> device it came from``)."""
+    moved, came_from = 0, {}
+    for i, state in enumerate(optimizer.state.values()):
+        for key, t in list(state.items()):
+            if not isinstance(t, torch.Tensor):
+                continue
+            target = torch.device(device) if device is not None else (where or {}).get((i, key))
+            if target is None or t.device == target:
+                continue
+            # (Plain tensors only: an FSDP DTensor moves its local shard with ``to``.)
+            pin = target.type == "cpu" and torch.cuda.is_available() and type(t) is torch.Tensor
+            state[key] = t.to(target, non_blocking=pin) if not pin else _pinned_copy(t)
+            came_from[(i, key)] = t.device
+            moved += t.numel() * t.element_size()
+    if moved and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return moved, came_from
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in page-locked host memory (so the copy back is asynchronous)."""
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out

@@ -16,8 +16,7 @@ import torch
 from forge.generation.backend import GeneratorConfig
 from forge.generation.hf_backend import HFBackend
 from forge.models import make_tiny_model
-from forge.observability.memory import tensor_bytes
-from forge.training.offload import move_optimizer_state
+from forge.observability.memory import move_optimizer_state, tensor_bytes
 from forge.types import SamplingParams
 
 PROMPTS = ["12+7=", "3+4=", "40+2=", "9+9="]
