@@ -124,8 +124,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     if cfg.eval.at_start and not resume:
         await evaluate(version)
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
-    colo = Colocation(cfg.placement, s["trainer"], s["generator"], log) if cfg.placement.colocate \
-        else None  # fmt: skip
+    colo = Colocation.of(cfg.placement, s["trainer"], s["generator"], log)  # None: not colocated
     if colo is not None:
         await colo.start()  # the optimizer state to host while the first rollouts run
     manager.version = version
@@ -196,7 +195,7 @@ async def _train(cfg: Config, s: dict, version: int, manager, critic, colo) -> t
     else:
         m, waited = await train_next(s["buffer"], s["trainer"], version, manager,
                                      timeout_s=cfg.batch_timeout_s, critic=critic,
-                                     before_train=colo and colo.to_train)  # fmt: skip
+                                     before_train=colo.to_train if colo else None)  # fmt: skip
     return m, waited, max(time.perf_counter() - t0 - waited, 1e-9)
 
 

@@ -1,7 +1,7 @@
 """Time-sliced colocation (``placement.colocate``): the generator and trainer take turns on
 one device, every step::
 
-    colo = Colocation(cfg.placement, trainer, generator, log)
+    colo = Colocation.of(cfg.placement, trainer, generator, log)   # None unless colocate
     await colo.start()           # before the first rollouts: the optimizer state to host
     # ... rollouts fill the step's batch (phase "generate") ...
     await colo.to_train()        # generator sleeps (KV cache, level 2: weights), state back
@@ -59,6 +59,11 @@ class Colocation:
         )  # fmt: skip
         self.asleep = False
         self.cycles = 0
+
+    @classmethod
+    def of(cls, placement: PlacementConfig, trainer, generator, log=None) -> Colocation | None:
+        """The run's colocation driver, or ``None`` when ``placement.colocate`` is off."""
+        return cls(placement, trainer, generator, log) if placement.colocate else None
 
     async def start(self) -> None:
         """Before the first rollouts: the trainer's optimizer state goes to host memory."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ sys.meta_path.insert(0, _Block())
 
 def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)  # loaded by every interpreter started
-    env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"))
+    env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"), PYTHON=sys.executable)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     return subprocess.run(["bash", "scripts/gpu_check.sh", *args], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
