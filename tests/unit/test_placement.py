@@ -159,3 +159,20 @@ def test_forge_top_shows_each_roles_memory_per_phase():
     snap["extra"]["rl"]["memory"] = st.fields["memory"]
     text = _text(render(snap, "runs/demo/status.json"))
     assert "generator generate 900M asleep 300M  trainer train 50M" in text, text
+
+
+def test_disjoint_gpu_roles_ask_the_provisioner_for_gpus_of_their_own(monkeypatch):
+    import forge.run.config as run_config
+
+    gpu = {"generator": {"device": "cuda"}, "trainer": {"device": "cuda"}}
+    cfg = config_from_dict(RLConfig, _rl(**gpu))
+    for visible, want in ((2, {"with_gpus": True}), (1, {}), (0, {})):
+        monkeypatch.setattr(run_config, "gpu_count", lambda v=visible: v)  # GPUs "visible"
+        assert cfg.gpu_options("generator") == want, visible
+        assert cfg.gpu_options("trainer") == want, visible
+    monkeypatch.setattr(run_config, "gpu_count", lambda: 2)
+    shared = config_from_dict(RLConfig, _rl(placement={"colocate": True}, **gpu))
+    assert shared.gpu_options("trainer") == {}  # shared: every GPU visible to both
+    cpu_gen = config_from_dict(RLConfig, _rl(trainer={"device": "cuda"}))
+    assert cpu_gen.gpu_options("generator") == {}
+    assert cpu_gen.gpu_options("trainer") == {"with_gpus": True}
