@@ -67,8 +67,8 @@ def tensor_bytes(tensors) -> int:
     """Bytes held by ``tensors`` (each storage counted once)."""
     seen, total = set(), 0
     for t in tensors:
-        if t is None or not isinstance(t, torch.Tensor):
-            continue
+        if not isinstance(t, torch.Tensor) or t.is_meta or t.layout != torch.strided:
+            continue  # (meta and sparse tensors hold no storage of their own to count)
         storage = t.untyped_storage()
         key = (storage.data_ptr(), t.device)
         if storage.nbytes() and key not in seen:
