@@ -410,6 +410,11 @@ class HFBackend(GeneratorBackend):
         adapter = unpack_adapter(state_dict)
         if adapter is None:
             return state_dict
+        if self._needs_weights:
+            raise ValueError(
+                "a LoRA adapter is applied to the base weights, which a level-2 sleep freed; "
+                "sleep at level 1 (placement.sleep_level: 1) to keep them"
+            )
         if self._slots is not None:
             raise ValueError(
                 "this generator serves many adapters (lora_mode: multi): load each with "
