@@ -19,7 +19,8 @@ __all__ = ["DroppedWeights", "drop_weights", "materialize_weights"]
 
 @dataclass(frozen=True)
 class DroppedWeights:
-    """What ``drop_weights`` freed: ``name -> (shape, dtype, device)`` per distinct tensor."""
+    """What ``drop_weights`` freed: ``name -> (shape, dtype, device)`` for every name (tied
+    aliases too), and the bytes of the distinct tensors."""
 
     specs: dict[str, tuple[tuple[int, ...], torch.dtype, torch.device]]
     nbytes: int
@@ -29,13 +30,14 @@ class DroppedWeights:
 def drop_weights(model: torch.nn.Module) -> DroppedWeights:
     """Free the storage of ``model``'s parameters and persistent buffers (each tied tensor
     once); returns what ``materialize_weights`` needs to give it back."""
-    specs, seen, nbytes = {}, set(), 0
-    for name, t in model.state_dict(keep_vars=True).items():
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        specs[name] = (tuple(t.shape), t.dtype, t.device)
-        nbytes += t.numel() * t.element_size()
+    own = model.state_dict(keep_vars=True)
+    specs, seen, nbytes = {}, {}, 0
+    for name, t in own.items():
+        if id(t) not in seen:
+            seen[id(t)] = (tuple(t.shape), t.dtype, t.device)
+            nbytes += t.numel() * t.element_size()
+        specs[name] = seen[id(t)]
+    for t in {id(t): t for t in own.values()}.values():
         t.data = torch.empty(0, dtype=t.dtype, device=t.device)
     return DroppedWeights(specs, nbytes)
 
@@ -43,7 +45,10 @@ def drop_weights(model: torch.nn.Module) -> DroppedWeights:
 @torch.no_grad()
 def materialize_weights(model: torch.nn.Module, dropped: DroppedWeights) -> None:
     """Give the tensors ``drop_weights`` emptied uninitialised storage of their shapes (the
-    caller loads weights into it next)."""
-    own = model.state_dict(keep_vars=True)
-    for name, (shape, dtype, device) in dropped.specs.items():
-        own[name].data = torch.empty(shape, dtype=dtype, device=device)
+    caller loads weights into it next); tied tensors stay one tensor."""
+    done = set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in done:
+            shape, dtype, device = dropped.specs[name]
+            t.data = torch.empty(shape, dtype=dtype, device=device)
+            done.add(id(t))

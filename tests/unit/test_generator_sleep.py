@@ -80,8 +80,11 @@ async def test_level_2_frees_the_weights_and_an_update_while_asleep_brings_new_o
         held = asyncio.ensure_future(backend.generate("1+1=", PARAMS))
         await backend.wake()
         assert {c.generator_version for c in await held} == {1}
-        for name, t in backend.named_weights().items():
+        now = backend.named_weights()
+        for name, t in now.items():
             assert torch.equal(t, new[name]), name
+        # The tied input/output embeddings are still one tensor (make_tiny_model ties them).
+        assert now["lm_head.weight"].data_ptr() == now["model.embed_tokens.weight"].data_ptr()
     finally:
         await backend.close()
 
