@@ -104,7 +104,13 @@ def move_optimizer_state(
                 continue
             # (Plain tensors only: an FSDP DTensor moves its local shard with ``to``.)
             pin = target.type == "cpu" and torch.cuda.is_available() and type(t) is torch.Tensor
-            state[key] = t.to(target, non_blocking=pin) if not pin else _pinned_copy(t)
+            if pin:
+                state[key] = _pinned_copy(t)
+            else:  # back to the GPU: asynchronous from pinned memory (synchronised below)
+                asynchronous = (
+                    torch.cuda.is_available() and t.device.type == "cpu" and t.is_pinned()
+                )
+                state[key] = t.to(target, non_blocking=asynchronous)
             came_from[(i, key)] = t.device
             moved += t.numel() * t.element_size()
     if moved and torch.cuda.is_available():
