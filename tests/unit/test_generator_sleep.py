@@ -168,3 +168,13 @@ def test_optimizer_offload_moves_nothing_on_cpu_and_keeps_the_state():
     assert move_optimizer_state(opt, None, where) == (0, {})
     for k, v in opt.state[model.weight].items():
         assert torch.equal(v, before[k])
+
+
+async def test_vllm_sleep_without_a_gpu_is_an_error_not_a_no_op():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from forge.generation.vllm_backend import VLLMBackend
+
+    cfg = GeneratorConfig(model="/m", backend="vllm", engine_kwargs={"enable_sleep_mode": True})
+    with pytest.raises(RuntimeError, match="vLLM sleep mode .* needs a GPU"):
+        await VLLMBackend(cfg).sleep(2)
