@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import warnings
 
 import psutil
 import pytest
@@ -129,7 +130,9 @@ async def test_a_failed_update_while_asleep_keeps_it_asleep_until_a_good_one(mod
 
 def _live_tensor_bytes() -> int:
     gc.collect()
-    return tensor_bytes(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
+    with warnings.catch_warnings():  # (isinstance on some torch objects warns of deprecation)
+        warnings.simplefilter("ignore")
+        return tensor_bytes(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
 
 async def test_memory_after_sleep_wake_cycles_does_not_grow(model_dir):
@@ -139,10 +142,12 @@ async def test_memory_after_sleep_wake_cycles_does_not_grow(model_dir):
         live, rss = [], []
         for cycle in range(1, 7):
             await _generate(backend)
+            new = _shifted(backend, 0.001 * cycle)  # (the trainer's next version)
             await backend.sleep(2)
             s = backend.stats()
             assert (s["kv_cache_bytes"], s["weight_bytes"]) == (0, 0), (cycle, s)
-            await backend.update_weights(_shifted(backend, 0.001 * cycle), cycle, "in_flight")
+            await backend.update_weights(new, cycle, "in_flight")
+            del new
             await backend.wake()
             live.append(_live_tensor_bytes())
             rss.append(process.memory_info().rss)
@@ -151,8 +156,9 @@ async def test_memory_after_sleep_wake_cycles_does_not_grow(model_dir):
         # Tensors: exactly what the first cycle left (a KV cache or weight copy kept per
         # cycle would add megabytes).
         assert max(live[1:]) - live[0] < 0.01 * weights, live
-        # Host RSS: allocator noise allowed, not one model copy per cycle (5 more cycles).
-        assert rss[-1] - rss[0] < 2 * weights, [r // 2**20 for r in rss]
+        # Host RSS: allocator noise allowed (measured: +13 MiB over 5 cycles), not a model copy
+        # kept per cycle (+57 MiB over 5 cycles).
+        assert rss[-1] - rss[0] < 3 * weights, [r // 2**20 for r in rss]
     finally:
         await backend.close()
 
