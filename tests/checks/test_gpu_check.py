@@ -20,12 +20,9 @@ MISSING_ON_A_BARE_GPU_MACHINE = ("cloudpickle", "uvloop", "rich", "math_verify",
                                  "gguf", "controller")  # fmt: skip
 
 BLOCKER = f"""
-import importlib.abc, sys
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {MISSING_ON_A_BARE_GPU_MACHINE!r}:
-            raise ImportError(f"{{name}} is not installed on a bare GPU machine")
-sys.meta_path.insert(0, _Block())
+import sys
+for name in {MISSING_ON_A_BARE_GPU_MACHINE!r}:
+    sys.modules[name] = None  # import fails, importlib.util.find_spec says None: not installed
 """
 
 
