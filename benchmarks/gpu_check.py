@@ -167,7 +167,7 @@ class TrainerSide:
         loss.backward()
         self.optimizer.step()
         return {
-            "loss": float(loss),
+            "loss": float(loss.detach()),
             "tokens": float(mask.sum()),
             **mismatch(lp.detach(), gen, mask),
         }
@@ -297,7 +297,7 @@ def summarize(mode: str, rows: list[dict], model_mb: float) -> dict:
     peaks = {k: max(r[k] for r in rows) for k in rows[0] if k.endswith("_peak_mb")}
     after = [r["after_cycle_allocated_mb"] for r in rows]
     growth = max(after[1:], default=after[0]) - after[0]
-    return {"mode": mode, **{k: round(v, 4) for k, v in mean.items()}, **peaks,
+    return {"mode": mode, **{k: float(f"{v:.6g}") for k, v in mean.items()}, **peaks,
             "memory_growth_after_first_cycle_mb": round(growth, 2),
             "memory_returns": growth <= max(0.01 * model_mb, 1.0)}  # fmt: skip
 
