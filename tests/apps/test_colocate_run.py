@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import REPO, forge_run, run_metrics, script_env, tiny_grpo_config
 
 PHASES = ("generate", "asleep", "train", "awake")
-STEPS = 8
+STEPS = 6
 
 
 def _steps(run) -> list[dict]:
