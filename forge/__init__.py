@@ -75,6 +75,8 @@ _EXPORTS: dict[str, str] = {
     "seed_defaults": "forge.run.run_config",
     "RunConfig": "forge.run.run_config",
     "RolloutRunConfig": "forge.run.run_config",
+    "Colocation": "forge.run.colocate",
+    "PlacementConfig": "forge.run.placement",
     "PipelineConfig": "forge.run.pipeline",
     "Stage": "forge.run.pipeline",
     "base_model": "forge.run.pipeline",

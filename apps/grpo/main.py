@@ -14,7 +14,9 @@ Every part a user brings is a slot (``forge.slots``): the data source, reward fu
 (which may return dicts of named components), their aggregation, the group filter, the
 advantage estimator, the loss and KL estimator, the environment and its tools; all are
 resolved when the config loads, before any process starts. Rollouts run continuously
-(``RolloutManager``) at most ``max_policy_age`` versions ahead of the trainer. This file is the
+(``RolloutManager``) at most ``max_policy_age`` versions ahead of the trainer; with
+``placement.colocate`` the generator and trainer take turns on one device instead
+(``forge.run.colocate``: the generator sleeps while the trainer steps). This file is the
 loop; scoring, weight sync, batches, metrics, checkpoints and restarts are ``forge``'s.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from forge import (
     ActorMetrics,
     Checkpointer,
+    Colocation,
     Critic,
     DatasetActor,
     EnvActor,
@@ -80,11 +83,13 @@ async def spawn(cfg: Config, roles) -> dict:
              "reference", "critic")  # fmt: skip
     parts = await asyncio.gather(
         DatasetActor.options(env=env).as_actor(cfg.data),
-        Generator.options(num_replicas=n.generator, env=env).as_service(cfg.generator),
+        Generator.options(num_replicas=n.generator, env=env, **cfg.gpu_options("generator"))
+        .as_service(cfg.generator),
         maybe(cfg.rewards, lambda: RewardActor.options(num_replicas=n.rewards, env=env)
               .as_service(cfg.reward_fns())),
         ReplayBuffer.options(env=env).as_actor(buffer_cfg),
-        Trainer.options(procs=cfg.trainer_procs, env=env).as_actor(cfg.trainer),
+        Trainer.options(procs=cfg.trainer_procs, env=env, **cfg.gpu_options("trainer"))
+        .as_actor(cfg.trainer),
         maybe(n.env, lambda: EnvActor.options(num_replicas=n.env, env=env).as_service(cfg.env.fn)),
         maybe(cfg.reward_model, lambda: RewardModel.options(num_replicas=n.reward_model, env=env)
               .as_service(cfg.reward_model)),
@@ -119,6 +124,9 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     if cfg.eval.at_start and not resume:
         await evaluate(version)
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
+    colo = Colocation.of(cfg.placement, s["trainer"], s["generator"], log)  # None: not colocated
+    if colo is not None:
+        await colo.start()  # the optimizer state to host while the first rollouts run
     manager.version = version
     manager.start()
     bar = progress(range(version, cfg.steps), "grpo")
@@ -130,9 +138,11 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
                 await s["trainer"].set_loss.call(phase.loss)
                 scorer.switch(phase.rollout, manager)
                 log.add(M.PHASE, [float(phase.index)])
-            m, waited, took = await _train(cfg, s, version, manager, critic)
+            m, waited, took = await _train(cfg, s, version, manager, critic, colo)
             t, version = time.perf_counter(), version + 1
             await sync.push(version)  # off the trainer's path when rollouts may be a version old
+            if colo is not None:
+                await colo.to_generate()  # the generator (asleep) has the new weights: wake it
             row = step_row(m, waited, took, time.perf_counter() - t)
             row = log.step(version, {**row, **await flush.step_fields()})
             bar.set_postfix(reward=f"{row.get(M.REWARD, 0):.3f}", loss=f"{m['loss']:.4f}")
@@ -172,7 +182,7 @@ def rollouts(cfg: Config, s: dict, log: MetricLog) -> tuple:
     return scorer, manager
 
 
-async def _train(cfg: Config, s: dict, version: int, manager, critic) -> tuple[dict, float, float]:
+async def _train(cfg: Config, s: dict, version: int, manager, critic, colo) -> tuple:
     """One step's batch (whole, or streamed as it arrives) and update; returns (metrics,
     seconds waiting for episodes, seconds training)."""
     t0 = time.perf_counter()
@@ -184,7 +194,8 @@ async def _train(cfg: Config, s: dict, version: int, manager, critic) -> tuple[d
         )  # fmt: skip
     else:
         m, waited = await train_next(s["buffer"], s["trainer"], version, manager,
-                                     timeout_s=cfg.batch_timeout_s, critic=critic)  # fmt: skip
+                                     timeout_s=cfg.batch_timeout_s, critic=critic,
+                                     before_train=colo.to_train if colo else None)  # fmt: skip
     return m, waited, max(time.perf_counter() - t0 - waited, 1e-9)
 
 

@@ -31,6 +31,13 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
   The first ``generate`` calls after it load any newer version pushed meanwhile (the app's
   ``update_weights`` fanout skipped the restarting replica), and the replica logs the version
   stamped on its first completions.
+- ``sleep(level=2) -> dict`` / ``wake() -> dict``: time-sliced colocation
+  (``placement.colocate``, driven by ``forge.run.colocate``, fanned out to every replica):
+  ``sleep`` holds new requests, lets running ones finish and frees the KV cache (level 2:
+  the weights too; the next ``update_weights`` brings new ones); ``wake`` serves the held
+  requests again (a no-op on an awake replica, e.g. one restarted meanwhile). Both return
+  ``memory()`` afterwards. ``memory() -> dict``: this process's host RSS and GPU memory
+  (``forge.observability.memory``).
 - ``get_version() -> int``; ``stats() -> dict`` (batch sizes, counts, lanes);
   ``state_dict_checksum() -> str`` and ``get_param(name) -> Tensor`` for weight-sync checks.
 
@@ -57,6 +64,7 @@ from forge.generation.backend import (
 )
 from forge.generation.factory import build_generator_backend
 from forge.generation.prompts import Prompt, make_sampling_params
+from forge.observability.memory import memory_snapshot
 from forge.types import Completion
 from forge.weights import WeightHandle, build_transport, lease_shm_file, pull_handle
 from forge.weights.pull import latest_pushed_version, requested_version
@@ -256,6 +264,25 @@ class Generator(ForgeActor):
             if version > before:
                 self._recovered_version = version
         return self._backend().version
+
+    # ---- sleep (placement.colocate) ---------------------------------------------------
+
+    @endpoint
+    async def sleep(self, level: int = 2) -> dict[str, float]:
+        """Free the KV cache (and at level 2 the weights) until ``wake``; see the module."""
+        await self._backend().sleep(level)
+        return memory_snapshot()
+
+    @endpoint
+    async def wake(self) -> dict[str, float]:
+        """Serve again after ``sleep``; a no-op when awake."""
+        await self._backend().wake()
+        return memory_snapshot()
+
+    @endpoint
+    async def memory(self) -> dict[str, float]:
+        """This process's memory (MiB): host RSS, and GPU allocated/reserved/peak."""
+        return memory_snapshot()
 
     @endpoint
     async def get_version(self) -> int:

@@ -50,6 +50,11 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
     current weights, no grad; for checks and trainer/reference comparisons.
 ``state_dict() -> dict``
     The full HF-named weights on rank 0 (``{}`` on other ranks under FSDP).
+``offload_optimizer() -> int`` / ``reload_optimizer() -> int``
+    Time-sliced colocation (``forge.run.colocate``): move the optimizer state off the GPU to
+    host memory while the generator runs, and back before the next step; each returns the
+    bytes moved (0 on CPU, where the state already is in host memory). ``memory() -> dict``:
+    this rank's host RSS and GPU memory (``forge.observability.memory``).
 ``close()``
     Drop every pushed weight version (frees ``/dev/shm``). Call before shutting the actor
     down: actor processes exit without running Python finalizers.
@@ -67,6 +72,12 @@ import torch
 from controller import current_rank, current_size, endpoint, files, threads
 from forge.actors.base import ForgeActor, use_deterministic_kernels
 from forge.losses import LossConfig
+from forge.observability.memory import (
+    apply_memory_fraction,
+    memory_snapshot,
+    move_optimizer_state,
+    release_cached_memory,
+)
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
@@ -112,13 +123,18 @@ class Trainer(ForgeActor):
         self.cfg = _coerce_config(config)
         self.core = None
         self.store: WeightStore | None = None
+        self._offloaded: dict = {}  # optimizer state moved to host: (param id, key) -> device
 
     @endpoint
     def setup(self) -> None:
         use_deterministic_kernels()
         device = resolve_device(self.cfg.device)
         if device.startswith("cuda"):
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            # One GPU of its own per rank (disjoint placement: CUDA_VISIBLE_DEVICES), else
+            # every GPU visible and rank r on GPU r.
+            rank = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(rank if torch.cuda.device_count() > 1 else 0)
+        apply_memory_fraction(self.cfg.memory_fraction, "trainer")
         parallel.init_distributed(_world(), device)
         from forge.training.hf_trainer import TrainerCore
 
@@ -155,6 +171,27 @@ class Trainer(ForgeActor):
         raise TypeError(
             f"train_step takes a TrainBatch or a list of them (one per rank), got {type(batch).__name__}"
         )
+
+    @endpoint
+    def offload_optimizer(self) -> int:
+        """Move the optimizer state to host memory (colocation) and free the gradients (the
+        next ``train_step`` sets them anew); bytes moved."""
+        self.core.optimizer.zero_grad(set_to_none=True)
+        moved, self._offloaded = move_optimizer_state(self.core.optimizer, "cpu")
+        release_cached_memory()
+        return moved
+
+    @endpoint
+    def reload_optimizer(self) -> int:
+        """Move what ``offload_optimizer`` moved back to its device; bytes moved."""
+        moved, _ = move_optimizer_state(self.core.optimizer, None, self._offloaded)
+        self._offloaded = {}
+        return moved
+
+    @endpoint
+    def memory(self) -> dict[str, float]:
+        """This rank's memory (MiB): host RSS, and GPU allocated/reserved/peak."""
+        return memory_snapshot()
 
     @endpoint
     def train_step(self, batch: TrainBatch | Sequence[TrainBatch]) -> dict[str, float]:

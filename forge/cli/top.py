@@ -200,6 +200,11 @@ def _progress(rl: dict[str, Any]) -> Table:
     train = rl.get("train") or {}
     if train:
         grid.add_row("train", "  ".join(_train_item(k, v) for k, v in train.items()))
+    memory = rl.get("memory") or {}  # time-sliced colocation: MiB at each phase end
+    if memory:
+        grid.add_row("memory", "  ".join(
+            f"{role} " + " ".join(f"{phase} {v:.0f}M" for phase, v in phases.items())
+            for role, phases in sorted(memory.items())))  # fmt: skip
     return grid
 
 

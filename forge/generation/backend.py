@@ -85,6 +85,10 @@ class GeneratorConfig:
     """hf backend, LoRA policy: how pushed adapters are applied (``merged`` into the
     weights, ``unmerged`` beside them, ``multi``: several adapters served at once;
     ``forge.training.lora``)."""
+    memory_fraction: float = 0.0
+    """Share of the GPU's memory this replica may use (a run's ``placement.generator_memory``
+    sets it; 0: no cap). vllm: its ``gpu_memory_utilization``; hf: its process's torch
+    memory fraction (weights and KV cache). Needs a GPU."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -126,10 +130,28 @@ class GeneratorConfig:
                 f"GeneratorConfig.lora_mode {self.lora_mode!r} is unknown; choose one of "
                 f"{(*LORA_MODES, 'multi')}"
             )
+        self._check_memory_fraction()
         if self.update_mode not in UPDATE_MODES:
             raise ValueError(
                 f"GeneratorConfig.update_mode {self.update_mode!r} is not a mode; "
                 f"choose one of {UPDATE_MODES}"
+            )
+
+    def _check_memory_fraction(self) -> None:
+        f = self.memory_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
+            raise ValueError(f"GeneratorConfig.memory_fraction must be in [0, 1), got {f!r}")
+        if not f:
+            return
+        if self.backend == "hf" and torch.device(self.device).type != "cuda":
+            raise ValueError(
+                f"GeneratorConfig.memory_fraction={f} caps GPU memory, but the hf generator "
+                f"runs on device {self.device!r}; set device: cuda or remove it"
+            )
+        if "gpu_memory_utilization" in self.engine_kwargs:
+            raise ValueError(
+                "GeneratorConfig.memory_fraction and engine_kwargs.gpu_memory_utilization "
+                "state the same fact; keep one (placement.generator_memory sets the first)"
             )
 
 
@@ -202,6 +224,17 @@ class GeneratorBackend:
     def stats(self) -> dict[str, Any]:
         """Counters for tests and metrics (batch sizes, requests, tokens, updates)."""
         return {}
+
+    async def sleep(self, level: int) -> None:
+        """Time-sliced colocation (``placement.colocate``): let running requests finish, hold
+        new ones until ``wake``, and free the KV cache (``level`` 1) and the weights too
+        (``level`` 2; the next weight update materialises them again)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sleep")
+
+    async def wake(self) -> None:
+        """Serve again after ``sleep`` (weights, then KV cache); a no-op when awake. A
+        ``RuntimeError`` after a level-2 sleep that no successful weight update followed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sleep")
 
     async def close(self) -> None:
         """Stop serving and release the model."""

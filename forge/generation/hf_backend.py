@@ -34,6 +34,11 @@ the current lane's cache before touching the weights. A conversation's turns rea
 replica (and so its cache) when called inside ``async with generator.session():``.
 ``stats()`` counts ``prefix_hits``/``prefix_misses``/``prefix_reused_tokens``/``prefill_tokens``
 over the replica's life and reports ``prefix_cached_tokens`` kept now.
+
+Sleep (``placement.colocate``, ``forge.generation.sleep``): ``sleep(level)`` holds new
+requests, lets running ones finish, drops the kept KV and (level 2) the weights; a weight
+update while asleep gives the model storage again and fills it; ``wake()`` serves the held
+requests. ``stats()`` reports ``kv_cache_bytes`` and ``weight_bytes`` held now.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ from controller import threads
 from forge.generation.backend import GeneratorBackend, GeneratorConfig
 from forge.generation.hf_engine import HFEngine
 from forge.generation.prompts import Prompt
+from forge.generation.sleep import drop_weights, materialize_weights
+from forge.observability.memory import apply_memory_fraction, release_cached_memory, tensor_bytes
 from forge.types import Completion, SamplingParams
 from forge.weights.adapter import unpack_adapter
 
@@ -98,11 +105,14 @@ class HFBackend(GeneratorBackend):
         self._step_lock = asyncio.Lock()  # held while a step runs or weights change
         self._update_lock = asyncio.Lock()  # one weight update at a time
         self._paused = False
+        self._asleep = False  # placement.colocate: requests wait in the inbox until wake()
+        self._dropped = None  # a level-2 sleep's DroppedWeights until an update refills them
+        self._needs_weights = False  # materialised storage not yet filled by an update
         self._task: asyncio.Task | None = None
         self._stats = dict.fromkeys(
             ("steps", "requests", "completions", "tokens", "max_batch_rows"), 0
         )
-        self._stats.update(weight_updates=0, in_flight_updates=0, max_lanes=0)
+        self._stats.update(weight_updates=0, in_flight_updates=0, max_lanes=0, sleeps=0, wakes=0)
         self._prefix_counters: Counter = Counter()  # shared by every lane's engine
         self._lora = None  # a forge.training.lora.LoraApplier once an adapter is pushed
         self._slots = None  # lora_mode multi: forge.generation.multi_lora.LoraSlots
@@ -111,6 +121,7 @@ class HFBackend(GeneratorBackend):
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
+        apply_memory_fraction(self.config.memory_fraction, "generator")
         model, self.tokenizer = await asyncio.to_thread(self._load)
         self._lanes = [self._new_lane(model, version=0)]
         self._drained.set()
@@ -211,14 +222,14 @@ class HFBackend(GeneratorBackend):
                 busy.__exit__(None, None, None)
 
     def _has_work(self) -> bool:
-        queued = bool(self._inbox) and not self._paused
+        queued = bool(self._inbox) and not self._paused and not self._asleep
         return queued or any(lane.engine.has_work() for lane in self._lanes)
 
     def _admit(self) -> None:
         """Move inbox requests to the current lane while they fit in ``max_batch_size``."""
         lane = self._lanes[-1]
         busy = sum(lane.rows for lane in self._lanes)
-        while self._inbox and not self._paused:
+        while self._inbox and not self._paused and not self._asleep:
             req = self._inbox[0]
             if busy > 0 and busy + req.params.n > self.config.max_batch_size:
                 break
@@ -366,6 +377,7 @@ class HFBackend(GeneratorBackend):
                 try:
                     await self._drained.wait()
                     async with self._step_lock:
+                        self._materialize()
                         state_dict = await self._full_weights(state_dict)
                         await self._swap_in_place(state_dict, version, lease)
                 finally:
@@ -373,6 +385,7 @@ class HFBackend(GeneratorBackend):
                     self._wake.set()
             else:
                 async with self._step_lock:
+                    self._materialize()
                     state_dict = await self._full_weights(state_dict)
                     current = self._lanes[-1]
                     if current.futures or current.engine.has_work():
@@ -387,6 +400,7 @@ class HFBackend(GeneratorBackend):
                     else:
                         await self._swap_in_place(state_dict, version, lease)
             self.version = version
+            self._needs_weights = False
             self._stats["weight_updates"] += 1
 
     async def _full_weights(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -396,6 +410,11 @@ class HFBackend(GeneratorBackend):
         adapter = unpack_adapter(state_dict)
         if adapter is None:
             return state_dict
+        if self._needs_weights:
+            raise ValueError(
+                "a LoRA adapter is applied to the base weights, which a level-2 sleep freed; "
+                "sleep at level 1 (placement.sleep_level: 1) to keep them"
+            )
         if self._slots is not None:
             raise ValueError(
                 "this generator serves many adapters (lora_mode: multi): load each with "
@@ -418,6 +437,7 @@ class HFBackend(GeneratorBackend):
         """Idle replica (the common case between RL steps): pull straight into the model's
         tensors under the step lock (no decode step runs meanwhile): one copy, no staging."""
         async with self._update_lock, self._step_lock:
+            self._materialize()
             current = self._lanes[-1]
             idle = not (current.futures or current.engine.has_work())
             # (A model computing with shared read-only views cannot be copied into.)
@@ -427,6 +447,7 @@ class HFBackend(GeneratorBackend):
                 await asyncio.to_thread(pull, dict(model.state_dict()))
                 current.engine.version = version
                 self.version = version
+                self._needs_weights = False
                 self._stats["weight_updates"] += 1
                 return
         state_dict = await asyncio.to_thread(pull, None)
@@ -450,7 +471,50 @@ class HFBackend(GeneratorBackend):
         current.engine.version = version
 
     def named_weights(self) -> dict[str, torch.Tensor]:
+        if self._dropped is not None:  # asleep at level 2: what an update must bring (meta)
+            return {name: torch.empty(shape, dtype=dtype, device="meta")
+                    for name, (shape, dtype, _) in self._dropped.specs.items()}  # fmt: skip
         return dict(self._lanes[-1].engine.model.state_dict())
+
+    # ---- sleep (placement.colocate) -----------------------------------------------------
+
+    async def sleep(self, level: int) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (KV cache) or 2 (also weights), got {level!r}")
+        async with self._update_lock:
+            self._asleep = True  # admit nothing more; running requests finish first
+            await self._drained.wait()
+            async with self._step_lock:
+                current = self._lanes[-1]
+                for lane in self._lanes[:-1]:  # older versions' lanes are idle once drained
+                    lane.release()
+                self._lanes = [current]
+                current.engine.clear_prefix_cache()  # the KV kept for next turns
+                if level == 2 and self._dropped is None:
+                    self._dropped = drop_weights(current.engine.model)
+                    current.release()  # (shared read-only views: the file may go now)
+                self._stats["sleeps"] += 1
+        await asyncio.to_thread(release_cached_memory)
+
+    async def wake(self) -> None:
+        async with self._update_lock:
+            if not self._asleep:
+                return
+            if self._dropped is not None or self._needs_weights:
+                raise RuntimeError(
+                    "wake(): this generator slept at level 2 (its weights were freed) and no "
+                    "weight update has loaded new ones since; update_weights first (a push "
+                    "while asleep materialises them), or sleep at level 1"
+                )
+            self._asleep = False
+            self._stats["wakes"] += 1
+        self._wake.set()
+
+    def _materialize(self) -> None:
+        """Before a weight update (under the step lock): storage for dropped weights."""
+        if self._dropped is not None:
+            materialize_weights(self._lanes[-1].engine.model, self._dropped)
+            self._dropped, self._needs_weights = None, True
 
     def stats(self) -> dict[str, Any]:
         counters = self._prefix_counters
@@ -470,6 +534,11 @@ class HFBackend(GeneratorBackend):
         return {
             **self._stats,
             **prefix,
+            "asleep": self._asleep,
+            "kv_cache_bytes": sum(lane.engine.kv_cache_bytes() for lane in self._lanes),
+            "weight_bytes": tensor_bytes(self._lanes[-1].engine.model.state_dict().values())
+            if self._lanes
+            else 0,
             "version": self.version,
             "lanes": len(self._lanes),
             # Versions computed with in place from shared files (no copy), oldest lane first.

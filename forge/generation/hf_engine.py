@@ -60,6 +60,7 @@ from forge.generation.prefix_cache import PrefixCache, PrefixHit
 from forge.generation.prompts import Prompt, encode_prompt
 from forge.generation.sampling import counter_uniform, sample_next
 from forge.models.logprobs import position_ids_from_mask
+from forge.observability.memory import tensor_bytes
 from forge.types import Completion, SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, sample) pairs apart
@@ -159,6 +160,16 @@ class HFEngine:
     def clear_prefix_cache(self) -> None:
         """Drop all kept KV (call before changing the weights in place)."""
         self._prefix.reset(self._version)
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of KV held now: the running batch's cache (with its spare positions) and
+        the kept prefixes."""
+        tensors = list(self._prefix.tensors())
+        if self._running is not None:
+            for layer in self._running.cache.layers:
+                tensors += [layer.keys, layer.values, getattr(layer, "_buf_k", None),
+                            getattr(layer, "_buf_v", None)]  # fmt: skip
+        return tensor_bytes(tensors)
 
     def prefix_cache_stats(self) -> dict[str, int]:
         """Entries and tokens kept now, and LRU evictions so far."""

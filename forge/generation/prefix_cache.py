@@ -84,6 +84,13 @@ class PrefixCache:
             self.tokens -= len(old)
             self.evictions += 1
 
+    def tensors(self):
+        """Every kept key/value tensor (for memory accounting)."""
+        for kv in self._entries.values():
+            for k, v in kv:
+                yield k
+                yield v
+
     def discard(self, key: tuple[int, ...]) -> None:
         if self._entries.pop(key, None) is not None:
             self.tokens -= len(key)

@@ -121,6 +121,8 @@ class VLLMBackend(GeneratorBackend):
         self._lock = asyncio.Lock()  # held while the engine steps or reloads
         self._update_lock = asyncio.Lock()
         self._paused = False
+        self._asleep = 0  # placement.colocate: the level vLLM sleeps at (0: awake)
+        self._weights_awake = True  # after a level-2 sleep: woken by the next weight load
         self._task: asyncio.Task | None = None
         self._stats = dict.fromkeys(
             (
@@ -163,6 +165,7 @@ class VLLMBackend(GeneratorBackend):
             "max_num_seqs": cfg.max_batch_size,
             "logprobs_mode": "processed_logprobs",
             "enforce_eager": True,
+            **({"gpu_memory_utilization": cfg.memory_fraction} if cfg.memory_fraction else {}),
             **cfg.engine_kwargs,
         }
         llm = LLM(model=cfg.model, **kwargs)
@@ -196,7 +199,7 @@ class VLLMBackend(GeneratorBackend):
 
     async def _serve(self) -> None:
         while True:
-            if not (self._running or (self._inbox and not self._paused)):
+            if not (self._running or (self._inbox and not self._paused and not self._asleep)):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -224,7 +227,7 @@ class VLLMBackend(GeneratorBackend):
     def _admit(self) -> None:
         engine = self._llm.llm_engine
         rows = sum(r[3] for r in self._running.values())
-        while self._inbox and not self._paused:
+        while self._inbox and not self._paused and not self._asleep:
             prompt, params, future = self._inbox.popleft()
             if future.done():
                 continue
@@ -318,6 +321,9 @@ class VLLMBackend(GeneratorBackend):
         """Load the weights (caller holds ``self._lock``: no engine step runs meanwhile)."""
         running = bool(self._running)
         t = time.perf_counter()
+        if not self._weights_awake:  # asleep at level 2: the weights' memory first
+            await self._run(lambda: self._llm.wake_up(tags=["weights"]))
+            self._weights_awake = True
         await self._run(self._reload, state_dict, version, running)
         self.version = version
         self._stats["last_update_pause_s"] = time.perf_counter() - t
@@ -377,6 +383,37 @@ class VLLMBackend(GeneratorBackend):
         self._lora = request
         self._retire_adapters()
 
+    async def sleep(self, level: int) -> None:
+        """vLLM's sleep mode (``engine_kwargs.enable_sleep_mode``, set by
+        ``placement.colocate``): level 1 offloads the weights to host memory and frees the KV
+        cache; level 2 discards both (the next push loads weights). Needs a GPU."""
+        _require_sleep_mode(self.config)
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        async with self._update_lock:
+            self._asleep = level  # admit nothing more; running requests finish first
+            await self._drained.wait()
+            async with self._lock:
+                await self._run(lambda: self._llm.sleep(level=level))
+                self._weights_awake = level == 1  # (level 1 brings them back on wake)
+
+    async def wake(self) -> None:
+        """Weights (if a level-2 sleep left none and no push loaded some: an error), then
+        the KV cache; then serve the held requests."""
+        async with self._update_lock:
+            if not self._asleep:
+                return
+            if not self._weights_awake:
+                raise RuntimeError(
+                    "wake(): this vLLM generator slept at level 2 (weights discarded) and no "
+                    "weight update has loaded new ones since; update_weights first"
+                )
+            async with self._lock:
+                tags = ["kv_cache"] if self._asleep == 2 else None
+                await self._run(lambda: self._llm.wake_up(tags=tags))
+            self._asleep = 0
+        self._wake.set()
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         def grab(worker):
             model = worker.model_runner.get_model()
@@ -388,10 +425,22 @@ class VLLMBackend(GeneratorBackend):
         return {
             **self._stats,
             "version": self.version,
+            "asleep": bool(self._asleep),
             "running_rows": sum(r[3] for r in self._running.values()),
             "adapters_loaded": len(self._lora_dirs),
             "queued": len(self._inbox),
         }
+
+
+def _require_sleep_mode(config: GeneratorConfig) -> None:
+    """vLLM sleep needs a GPU and an engine started with sleep mode; never a silent no-op."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("vLLM sleep mode (placement.colocate) needs a GPU; none is visible")
+    if not config.engine_kwargs.get("enable_sleep_mode"):
+        raise RuntimeError(
+            "vLLM sleep needs engine_kwargs.enable_sleep_mode: true (placement.colocate "
+            "sets it in a run config)"
+        )
 
 
 def to_vllm(params: SamplingParams):

@@ -12,7 +12,11 @@ feeds it every step's metrics), published under ``extra["rl"]``::
      "busy": {"trainer": 0.41, "generator": 0.88, ...},
      "buffer": {"size": 96, "policy_age_mean": 0.5, "policy_age_max": 1, "evicted_stale": 3},
      "train": {"train/loss": ..., "train/tokens_per_s": ..., "time/step_s": ...},
+     "memory": {"generator": {"generate": 812.0, "asleep": 96.0, ...}, "trainer": {...}},
      "eval": {"step": 0, "eval/heldout_accuracy": 0.375}, "updated_at": t}
+
+``memory`` (time-sliced colocation, ``forge.run.colocate``): MiB per role and phase end, GPU
+allocated where a GPU is used, else host RSS.
 
 Publishing costs a dict copy per step: no process is asked for anything extra.
 """
@@ -97,6 +101,7 @@ class StepStatus:
             "busy": {},
             "buffer": {},
             "train": {},
+            "memory": {},
             "eval": None,
             "alerts": [],
         }
@@ -126,6 +131,7 @@ class StepStatus:
             },
             "buffer": {name: nums[k] for k, name in _BUFFER_KEYS.items() if k in nums},
             "train": {k: nums[k] for k in _TRAIN_KEYS if k in nums},
+            "memory": _memory(nums),
         }
         for key, values in groups.items():
             if values:
@@ -161,3 +167,15 @@ class StepStatus:
         # Every nested value is replaced, never mutated, so a shallow copy is a safe snapshot.
         self.fields["updated_at"] = time.time()
         set_status_field("rl", dict(self.fields))
+
+
+def _memory(nums: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """``memory/<role>/<phase>/<kind>_mb`` -> ``{role: {phase: MiB}}``: GPU allocated where
+    a GPU is used, else host RSS."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("rss_mb", "gpu_allocated_mb"):  # the GPU figure wins where there is one
+        for key, v in nums.items():
+            parts = key.split("/")
+            if len(parts) == 4 and parts[0] == "memory" and parts[3] == kind:
+                out.setdefault(parts[1], {})[parts[2]] = v
+    return out

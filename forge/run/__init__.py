@@ -9,6 +9,7 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 ``Checkpointer``         checkpoints for ``forge run --resume``
 ``Supervisor``, ``Roles`` restarts from the last checkpoint when a watched actor dies
 ``WeightSync``           push a version, load it on the generators (beside training)
+``Colocation``           one device time-sliced: the generator sleeps while the trainer steps
 ``ActorMetrics``         actors' metrics flushed off the critical path
 ``train_next``           wait for a batch (bounded), then a training step (PPO: critic)
 ``train_streamed``       trajectory streaming: train on episodes as they arrive
@@ -20,11 +21,13 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 from forge.run.actors import actor_env
 from forge.run.batches import next_batch, train_next, train_streamed
 from forge.run.checkpoint import Checkpointer
+from forge.run.colocate import Colocation
 from forge.run.config import EvalConfig, ReplicasConfig, RLConfig
 from forge.run.critic import GAECritic, check_ppo, train_step
 from forge.run.evaluate import Evaluator, evaluate_policy
 from forge.run.flush import ActorMetrics
 from forge.run.metrics import MetricLog, progress, step_row
+from forge.run.placement import PlacementConfig
 from forge.run.policy import PolicyConfig, retarget
 from forge.run.run_config import RolloutRunConfig, RunConfig
 from forge.run.supervise import Roles, Supervisor, TrainerDiedError, check_restarts
@@ -33,10 +36,12 @@ from forge.run.weights import WeightSync
 __all__ = [
     "ActorMetrics",
     "Checkpointer",
+    "Colocation",
     "EvalConfig",
     "Evaluator",
     "GAECritic",
     "MetricLog",
+    "PlacementConfig",
     "PolicyConfig",
     "RLConfig",
     "ReplicasConfig",

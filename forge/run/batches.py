@@ -34,13 +34,17 @@ async def next_batch(buffer, version: int, manager, timeout_s: float):
 
 
 async def train_next(
-    buffer, trainer, version: int, manager, *, timeout_s: float, critic=None
+    buffer, trainer, version: int, manager, *, timeout_s: float, critic=None, before_train=None
 ) -> tuple[dict, float]:
     """Wait for a batch, then one training step on it (with a ``forge.run.critic.GAECritic``:
-    PPO's values and critic update too). Returns (metrics, seconds spent waiting)."""
+    PPO's values and critic update too). ``before_train``: awaited once the batch is there
+    (time-sliced colocation puts the generator to sleep). Returns (metrics, seconds spent
+    waiting)."""
     t = time.perf_counter()
     batch = await next_batch(buffer, version, manager, timeout_s)
     waited = time.perf_counter() - t
+    if before_train is not None:
+        await before_train()
     return await train_step(trainer, batch, critic), waited
 
 

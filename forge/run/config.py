@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from forge.models.reward_model import RewardModelConfig
 from forge.plugins import PluginSpec
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
 from forge.run.critic import check_ppo
+from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus, gpu_count
 from forge.run.run_config import (
     DETERMINISTIC,
     RENAMED,
@@ -66,6 +67,9 @@ class RLConfig(RolloutRunConfig):
     """Rollouts run at most this many policy versions ahead of training (0: on-policy)."""
     trainer_procs: int = 1
     """Trainer processes (data parallel; ``trainer.parallelism`` says how they share)."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """GPU sharing between the generator and the trainer: memory shares, time-sliced
+    colocation (``forge.run.placement``, docs/gpus.md)."""
     reference: ReferenceConfig | None = None
     """The reference policy of a KL term (``None``: no reference)."""
     env: EnvConfig | None = None
@@ -93,6 +97,7 @@ class RLConfig(RolloutRunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # data, rewards, policy, LoRA, weights, sampling
+        self._place()
         self._check_broadcast()
         check_ppo(self.critic, self.trainer.loss.type)
         self._check_credit()
@@ -122,6 +127,57 @@ class RLConfig(RolloutRunConfig):
 
     def _env(self) -> EnvConfig | None:
         return self.env
+
+    def _place(self) -> None:
+        """``placement:`` checked against the GPUs visible here; its memory shares then flow
+        to the generator and trainer configs (``forge.run.placement``)."""
+        p, gen, trainer = self.placement, self.generator, self.trainer
+        gen_gpu = gen.backend == "vllm" or gen.device.startswith("cuda")
+        trainer_gpu = trainer.device == "cuda" or (trainer.device == "auto" and gpu_count() > 0)
+        check_placement(p, generator_gpu=gen_gpu, trainer_gpu=trainer_gpu,
+                        generators=self.replicas.generator, trainer_procs=self.trainer_procs,
+                        max_policy_age=self.max_policy_age, stream=self.stream,
+                        visible=gpu_count() if gen_gpu or trainer_gpu else 0)  # fmt: skip
+        if p.colocate and p.sleep_level == 2 and trainer.lora is not None:
+            raise ValueError(
+                "placement.sleep_level 2 frees the generator's weights while it sleeps, but a "
+                "LoRA policy pushes only its adapter (applied to the base the generator "
+                "keeps); set placement.sleep_level: 1"
+            )
+        if p.shared and gen_gpu and trainer.weights.type == "broadcast":
+            raise ValueError(
+                f"placement {p.mode} puts the generator and trainer on one GPU, where NCCL "
+                "cannot broadcast between them (one rank per device); use weights type shm"
+            )
+        for role, share in (("generator", p.generator_memory), ("trainer", p.trainer_memory)):
+            cfg = getattr(self, role)
+            if share and cfg.memory_fraction and cfg.memory_fraction != share:
+                raise ValueError(
+                    f"{role}.memory_fraction={cfg.memory_fraction} and placement.{role}_memory="
+                    f"{share} state one fact twice; keep placement.{role}_memory"
+                )
+            cfg.memory_fraction = share or cfg.memory_fraction
+        gen._check_memory_fraction()  # (e.g. against engine_kwargs.gpu_memory_utilization)
+        if p.colocate and gen.backend == "vllm":
+            if gen.engine_kwargs.get("enable_sleep_mode") is False:
+                raise ValueError("placement.colocate needs vLLM's sleep mode; remove "
+                                 "generator.engine_kwargs.enable_sleep_mode: false")  # fmt: skip
+            gen.engine_kwargs = {**gen.engine_kwargs, "enable_sleep_mode": True}
+
+    def gpu_options(self, role: str) -> dict[str, Any]:
+        """Extra ``Actor.options`` for ``role`` (``generator`` or ``trainer``): under disjoint
+        placement, with enough GPUs visible, a GPU role's processes get GPUs of their own (the
+        GPU provisioner, ``with_gpus``); otherwise they see every GPU (generator on GPU 0,
+        trainer rank r on GPU r). Nothing on a machine without GPUs."""
+        gpu = {"generator_gpu": self.generator.backend == "vllm" or self.generator.device != "cpu",
+               "trainer_gpu": self.trainer.device != "cpu"}  # fmt: skip
+        own = disjoint_gpus(**gpu, generators=self.replicas.generator,
+                            trainer_procs=self.trainer_procs, visible=gpu_count())  # fmt: skip
+        if self.placement.shared or not gpu[f"{role}_gpu"] or not own:
+            return {}
+        from controller import env
+
+        return {} if env.backend() == "monarch" else {"with_gpus": True}
 
     def _check_credit(self) -> None:
         """Credit over turns needs turns (an env), a loss that takes per-token advantages,
