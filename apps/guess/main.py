@@ -4,15 +4,16 @@ Run:
     forge run --config apps/guess/cpu.yaml
 
     make_tiny_model ──▶ SFT on random guesses ──▶ GRPO: episodes in GuessNumber ──▶ success
-                        (the format, not the strategy)   (higher / lower, <= 6 turns)
+                        (the format, not the strategy)   (higher / lower, <= 4 turns)
 
 A short SFT on games where the assistant guesses at random teaches only the answer format;
-GRPO must then discover the strategy from the environment's reward (1 for finding the number,
-less 0.05 per extra turn). Every episode is token-in/token-out: the generator continues the
+GRPO must then discover the strategy from the environment's reward (1 for finding the number
+in 1..8, less ``turn_cost`` = 0.1 per extra turn in ``cpu.yaml``; the feedback restates the
+range still allowed). Every episode is token-in/token-out: the generator continues the
 conversation's exact token ids, the environment's answers are appended as chat-template
 tokens, and the loss counts only the tokens the policy sampled. The last line reads
 ``success_rate=<after> baseline=<after SFT> optimal=<binary search> mean_turns=<x>
-minutes=<z>`` on the 16 held-out games (every number once, greedy).
+minutes=<z>`` on the 8 held-out games (every number once, greedy).
 """
 
 from __future__ import annotations

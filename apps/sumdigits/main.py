@@ -1,14 +1,14 @@
 """The toy CPU demo: sum the digits of N with a 0.33M-parameter model built here, SFT, then GRPO.
 
 The fast test configuration (the README's main job is the real model, ``apps/arith``). Run
-(about 2 minutes on 2 cores):
+(about 4 minutes on 2 cores: 3.75 on a quiet machine, docs/benchmarks.md):
     forge run --config apps/sumdigits/cpu.yaml          # GRPO
     forge run --config apps/sumdigits/ppo.yaml          # PPO with a critic, same budget
 
     make_tiny_model ──▶ SFT (apps/sft) ──model dir──▶ GRPO (apps/grpo) ──▶ held-out accuracy
                                                         eval before ──┘└── eval after
 
-The two stages are apps named in the YAML (``sft.app``, ``grpo.app``), run in order by
+The two stages are apps named in the YAML (``sft.app``, ``rl.app``), run in order by
 ``forge.run.pipeline.sft_then_rl``.
 
 Nothing is downloaded: the tokenizer and model are built locally, the data is generated

