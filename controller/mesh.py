@@ -299,12 +299,12 @@ class ActorMesh:
         sub._default_timeout = seconds
         return sub
 
-    def __getattr__(self, name: str) -> Endpoint:
+    def __getattr__(self, name: str) -> Endpoint[..., Any]:
         if name.startswith("__"):
             raise AttributeError(name)
         return self.endpoint(name)
 
-    def endpoint(self, name: str) -> Endpoint:
+    def endpoint(self, name: str) -> Endpoint[..., Any]:
         """The endpoint called ``name`` (also reachable as ``mesh.<name>``)."""
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointProperty):
