@@ -90,7 +90,7 @@ def trainer_flops(batch, prompt_len: int, groups: int, non_embedding: int) -> fl
 
 def time_trainer(model_dir: str, batch, autocast: str | None, repeats: int) -> float:
     from forge.training.config import TrainerConfig
-    from forge.training.hf_trainer import TrainerCore
+    from forge.training.trainer_core import TrainerCore
 
     core = TrainerCore(TrainerConfig(model=model_dir, device="cpu", autocast=autocast))
     core.train_step(batch)  # warm-up

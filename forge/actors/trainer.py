@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 
 from controller import current_rank, current_size, endpoint, files, threads
-from forge.actors.base import ForgeActor, use_deterministic_kernels
+from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
 from forge.losses import LossConfig
 from forge.training import checkpoint, parallel
 from forge.training.config import TrainerConfig, resolve_device
@@ -79,18 +79,6 @@ __all__ = ["Trainer"]
 def _world() -> int:
     """Processes in this actor's mesh (1 when called outside an actor)."""
     return math.prod(current_size().values()) if current_size() else 1
-
-
-def _coerce_config(config: TrainerConfig | dict) -> TrainerConfig:
-    if isinstance(config, TrainerConfig):
-        return config
-    if isinstance(config, dict):
-        from forge.config.schema import config_from_dict
-
-        return config_from_dict(TrainerConfig, config, source="Trainer(config)")
-    raise TypeError(
-        f"Trainer takes a TrainerConfig (or a dict of its fields), got {type(config).__name__}"
-    )
 
 
 class Trainer(ForgeActor):
@@ -109,7 +97,7 @@ class Trainer(ForgeActor):
     _busy_name = "trainer"
 
     def __init__(self, config: TrainerConfig | dict) -> None:
-        self.cfg = _coerce_config(config)
+        self.cfg = actor_config(TrainerConfig, config, "Trainer")
         self.core = None
         self.store: WeightStore | None = None
 
@@ -120,7 +108,7 @@ class Trainer(ForgeActor):
         if device.startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         parallel.init_distributed(_world(), device)
-        from forge.training.hf_trainer import TrainerCore
+        from forge.training.trainer_core import TrainerCore
 
         self.core = TrainerCore(self.cfg)
         if self.core.rank == 0:
