@@ -42,6 +42,7 @@ import socket
 import sys
 import tempfile
 import time
+from typing import Any
 
 from controller import _reaper, _runtime
 from controller import env as forge_env
@@ -85,7 +86,7 @@ def connect() -> None:
         return
     address = forge_env.ray_address()
     paths = [p for p in sys.path if p and os.path.isdir(p)]
-    common = dict(
+    common: dict[str, Any] = dict(
         namespace="forge",
         log_to_driver=True,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},

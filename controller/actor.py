@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from controller._runtime import get_runtime
 from controller._spawn import spawn_actor
@@ -17,7 +16,6 @@ from controller.service import Service, ServiceConfig
 __all__ = ["Actor", "ActorOptions", "shutdown", "spawn_actor"]
 
 A = TypeVar("A", bound="Actor")
-P = ParamSpec("P")
 
 if TYPE_CHECKING:
     import contextlib
@@ -107,14 +105,14 @@ class Actor(_HandleBase):
         return cls.__dict__.get("_forge_options", ActorOptions())
 
     @classmethod
-    def as_actor(cls: Callable[P, A], *args: P.args, **kwargs: P.kwargs) -> Future[A]:
+    def as_actor(cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:
         """Spawn ``procs`` processes, construct the actor on each, run ``setup()`` on every
         rank, and return the ``ActorMesh``. ``mesh.shutdown()`` stops it all again.
 
         The arguments are the actor's constructor's, and the handle is typed as the actor
         (``_Handle``): ``await mesh.train_step.call(batch)`` is checked against the
         endpoint's signature."""
-        opts = cast("type[Actor]", cls)._options()
+        opts = cls._options()
         base = getattr(cls, "_forge_base", cls)
         if opts.num_replicas != 1:
             raise ValueError(
@@ -128,7 +126,7 @@ class Actor(_HandleBase):
         return cast("Future[A]", Future(run, f"{base.__name__}.as_actor"))
 
     @classmethod
-    def as_service(cls: Callable[P, A], *args: P.args, **kwargs: P.kwargs) -> Future[A]:
+    def as_service(cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:
         """Start ``num_replicas`` replicas (each its own proc mesh of ``procs`` processes, in
         parallel, ``setup()`` run on each) and return a ``Service`` routing between them.
         Service options (``health_poll_rate``, ``replica_max_concurrent_requests``,
@@ -136,7 +134,7 @@ class Actor(_HandleBase):
         process starts. If a replica fails to start, the others stop and the error is raised.
         See docs/services.md. Typed like ``as_actor``: ``await svc.generate.route(prompt)``
         is checked against the endpoint's signature."""
-        opts = cast("type[Actor]", cls)._options()
+        opts = cls._options()
         base = getattr(cls, "_forge_base", cls)
         config = ServiceConfig.from_options(opts)
 

@@ -150,12 +150,12 @@ class Endpoint(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every rank of the mesh; the result has one value per rank."""
-        timeout, kwargs = self._split(kwargs)
-        return self._mesh._call_all(self.name, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        return self._mesh._call_all(self.name, args, kw, timeout)
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single rank of a one-rank mesh (slice a larger one first)."""
-        timeout, kwargs = self._split(kwargs)
+        timeout, kw = self._split(kwargs)
         n = len(self._mesh._shape)
         if n != 1:
             raise ValueError(
@@ -163,23 +163,23 @@ class Endpoint(Generic[P, R]):
                 f"use .call() for all of them, .choose() for any one, or slice first: "
                 f"mesh.slice({self._mesh._shape.labels[0] if self._mesh._shape.labels else 'procs'}=0)"
             )
-        return self._mesh._call_rank(self.name, 0, args, kwargs, timeout)
+        return self._mesh._call_rank(self.name, 0, args, kw, timeout)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank, preferring the one with the fewest calls in flight from here."""
-        timeout, kwargs = self._split(kwargs)
-        return self._mesh._call_rank(self.name, None, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        return self._mesh._call_rank(self.name, None, args, kw, timeout)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every rank without waiting. Failures are logged and reported to the
         calling actor's ``__supervise__`` hook."""
-        timeout, kwargs = self._split(kwargs)
-        self._mesh._broadcast(self.name, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        self._mesh._broadcast(self.name, args, kw, timeout)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[R]:
         """Call every rank; yield each value as soon as its rank answers."""
-        timeout, kwargs = self._split(kwargs)
-        return self._mesh._stream(self.name, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        return self._mesh._stream(self.name, args, kw, timeout)
 
 
 if TYPE_CHECKING:

@@ -50,6 +50,7 @@ class ActorMetrics:
 
     async def _merge(self) -> dict[str, float]:
         pending, self._pending = self._pending, None
+        assert pending is not None  # callers check _pending first
         states, buffer_m = await pending
         self.log.merge(states)
         return _buffer_fields(buffer_m)

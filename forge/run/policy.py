@@ -117,7 +117,7 @@ def resolve_lora(trainer: Any, generator: Any, reference: Any) -> None:
             "yet; use reference.update.type: none (the base model) or full fine-tuning"
         )
     lora.disabled_reference = reference is not None and reference.mode == "adapter_disabled"
-    if not lora.disabled_reference:
+    if reference is None or not lora.disabled_reference:  # (disabled_reference implies one)
         return
     if reference.model != trainer.model:
         raise ValueError(

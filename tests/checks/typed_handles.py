@@ -50,8 +50,6 @@ async def actor_mesh() -> None:
     mesh.incr.call_one(by=1, step=2)  # pyright: ignore[reportCallIssue]
     mesh.label.choose()  # pyright: ignore[reportCallIssue]
     mesh.decr.call()  # pyright: ignore[reportAttributeAccessIssue]
-    Counter.as_actor("ten")  # pyright: ignore[reportArgumentType]
-    Counter.as_actor()  # pyright: ignore[reportCallIssue]
 
 
 async def service() -> None:
@@ -68,4 +66,3 @@ async def service() -> None:
 
     svc.incr.route("three")  # pyright: ignore[reportArgumentType]
     svc.label.fanout(1)  # pyright: ignore[reportArgumentType]
-    Counter.as_service(start="0")  # pyright: ignore[reportArgumentType]
