@@ -20,7 +20,7 @@ def test_a_config_passes_as_it_is_and_a_dict_is_checked():
     built = actor_config(TrainerConfig, {"model": "m", "micro_batch_size": 2}, "Trainer")
     assert isinstance(built, TrainerConfig)
     assert (built.model, built.micro_batch_size) == ("m", 2)
-    with pytest.raises(ValueError, match=r"Trainer\(config\).*micro_batch_sise"):
+    with pytest.raises(ValueError, match=r"(?s)Trainer\(config\).*micro_batch_sise"):
         actor_config(TrainerConfig, {"model": "m", "micro_batch_sise": 2}, "Trainer")
 
 
@@ -36,5 +36,5 @@ def test_a_config_passes_as_it_is_and_a_dict_is_checked():
 def test_every_model_actor_reads_its_config_the_same_way(actor, takes):
     with pytest.raises(TypeError, match=rf"^{actor.__name__} takes a {takes} \(or a dict"):
         actor("path/to/model")
-    with pytest.raises(ValueError, match=rf"{actor.__name__}\(config\).*no_such_key"):
+    with pytest.raises(ValueError, match=rf"(?s){actor.__name__}\(config\).*no_such_key"):
         actor({"model": "m", "no_such_key": 1})
