@@ -189,7 +189,7 @@ class TrainerConfig:
     must equal the generator's, since logprobs are of ``logits / temperature``.
     ``old_logprobs``: the denominator of the policy ratio and numerator of TIS weights;
     ``generator`` uses the generator's logprobs, ``current`` the trainer's own logprobs at
-    the weights before this step's update (see ``forge.training.hf_trainer``). ``loss.tis_cap``
+    the weights before this step's update (see ``forge.training.trainer_core``). ``loss.tis_cap``
     needs ``current``: with ``generator`` every TIS weight is 1, so that pair is an error.
     ``length_buckets``: micro-batches hold rows of similar length (sorted), so less compute
     goes to padding; with ``micro_batch_size`` unset, one trainer rank splits the batch
