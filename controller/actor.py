@@ -32,7 +32,11 @@ if TYPE_CHECKING:
         checked and navigable (``controller/endpoint.py``). The handle's own methods are
         declared here: an ``ActorMesh``'s (``controller/mesh.py``), and a ``Service``'s
         (``controller/service.py``, ``controller/_routing.py``). At run time ``Actor``
-        derives from ``object`` alone; inside the actor these names do not exist.
+        derives from ``object`` alone; inside the actor these names do not exist, and an
+        actor attribute of the same name confuses the checker (rename it). ``Service.metrics``
+        is left out: actors have ``metrics`` endpoints (``ReplayBuffer``). The constructor's
+        arguments to ``as_actor`` are not checked (a classmethod cannot take them as a
+        ``ParamSpec`` of ``cls``).
         """
 
         # -- an actor mesh (as_actor) ----------------------------------------------------
