@@ -42,7 +42,6 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any
 
 from controller import _reaper, _runtime
 from controller import env as forge_env
@@ -86,7 +85,7 @@ def connect() -> None:
         return
     address = forge_env.ray_address()
     paths = [p for p in sys.path if p and os.path.isdir(p)]
-    common: dict[str, Any] = dict(
+    common = dict(
         namespace="forge",
         log_to_driver=True,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
