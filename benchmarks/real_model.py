@@ -92,7 +92,7 @@ def time_trainer(
     model_dir: str, batch, autocast: str | None, repeats: int, attn: str = "eager"
 ) -> float:
     from forge.training.config import TrainerConfig
-    from forge.training.hf_trainer import TrainerCore
+    from forge.training.trainer_core import TrainerCore
 
     cfg = TrainerConfig(model=model_dir, device="cpu", autocast=autocast, attn_implementation=attn)
     core = TrainerCore(cfg)
@@ -110,7 +110,7 @@ def profile_trainer(model_dir: str) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from forge.training.config import TrainerConfig
-    from forge.training.hf_trainer import TrainerCore
+    from forge.training.trainer_core import TrainerCore
 
     batch, _, _ = sample_batch(model_dir)
     core = TrainerCore(TrainerConfig(model=model_dir, device="cpu", autocast="bfloat16"))

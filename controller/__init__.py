@@ -18,6 +18,10 @@ Everything a program needs is importable from here::
     one = await counter.slice(procs=0).incr.call_one()
     await shutdown()
 
+Handles are typed as their actor class: a type checker reads ``counter.incr`` as a
+``BoundEndpoint[(by: int = 1), int]``, checks each adverb's arguments against ``incr``'s and
+types ``call_one``'s result as ``int`` (``controller/endpoint.py``).
+
 This package never imports ``forge`` or ``torch`` at module level.
 """
 

@@ -49,7 +49,7 @@ class Routing:
         )
         self._lock = threading.RLock()
         self._stopped = False
-        self._requests = dict.fromkeys(REQUEST_COUNTS, 0)
+        self._requests: dict[str, int] = dict.fromkeys(REQUEST_COUNTS, 0)
         self._endpoints: dict[str, ServiceEndpoint] = {}  # made once per name (hot path)
 
     # -- what a subclass decides ---------------------------------------------------------
@@ -232,7 +232,7 @@ class Routing:
             r.in_flight -= 1
             r.total += 1
             r.ok += 1
-            r.latencies.append(time.monotonic() - t0)
+            r.latencies.append(time.monotonic() - t0)  # pyright: ignore[reportOperatorIssue]  # sent: t0 set
         return value
 
     async def _route(self, ep: str, args, kwargs, sid: str | None) -> Any:

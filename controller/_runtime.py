@@ -23,6 +23,7 @@ import stat
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from controller import _serialization as ser
 from controller import _wire, env, loops
@@ -165,11 +166,11 @@ class Client:
             raise err from None
         return self.proto
 
-    def request(self, kind: int, body: bytes) -> asyncio.Future:
+    def request(self, kind: int, body: bytes) -> Any:  # an asyncio.Future with a .cid
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[cid] = fut
-        self.proto.send(kind, cid, body)
+        self.proto.send(kind, cid, body)  # pyright: ignore[reportOptionalMemberAccess]  # after channel()
         fut.cid = cid  # type: ignore[attr-defined]
         return fut
 
@@ -235,13 +236,15 @@ class Client:
 class Runtime:
     """Everything this process knows about the session."""
 
+    home_server: Any  # the session home's server, once started (controller/_home.py)
+
     def __init__(self):
         self.session = _new_session()
         self.lock = threading.RLock()
         self._clients: dict[asyncio.AbstractEventLoop, dict[str, Client]] = {}
         self._bg_loop: asyncio.AbstractEventLoop | None = None
         self._bg_thread: threading.Thread | None = None
-        self.local_procs: dict[str, object] = {}  # address -> _local.LocalProc owned here
+        self.local_procs: dict[str, Any] = {}  # address -> _local.LocalProc (or a backend's)
         self.proc_meshes: list = []  # ProcMeshes owned by this process, in spawn order
         self.services: list = []  # services created by this process
         self.status_fields: dict = {}  # app fields for status snapshots (controller/status.py)

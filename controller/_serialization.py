@@ -23,6 +23,7 @@ import sys
 import threading
 import uuid
 import weakref
+from typing import Any
 
 import cloudpickle
 
@@ -55,7 +56,7 @@ class _Segment:
     @classmethod
     def create(cls, size: int) -> _Segment | None:
         """A new segment, or None if /dev/shm has no room (the caller sends in-band)."""
-        path = os.path.join(SHM_DIR, f"{_shm_prefix}-{uuid.uuid4().hex}")
+        path = os.path.join(SHM_DIR, f"{_shm_prefix}-{uuid.uuid4().hex}")  # pyright: ignore[reportCallIssue, reportArgumentType]  # callers check SHM_DIR
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             # fallocate, not ftruncate: a full tmpfs must fail here, not SIGBUS on first touch.
@@ -307,7 +308,7 @@ def dumps(obj, use_shm: bool = True) -> tuple[bytes, list]:
     return buf.getvalue(), [seg.path for seg in p.segments]
 
 
-def loads(data) -> object:
+def loads(data) -> Any:
     return pickle.loads(data)
 
 

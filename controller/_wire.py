@@ -26,6 +26,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("controller")
 
@@ -70,13 +71,13 @@ class FrameProtocol(asyncio.Protocol):
         self._buf = bytearray()
         self._state = "init"
         self._nonce = os.urandom(_NONCE)
-        self.transport: asyncio.Transport | None = None
-        self._large: tuple | None = None  # (kind, cid, body, bytes got) of a large frame
+        self.transport: Any = None  # the asyncio transport, once connection_made ran
+        self._large: Any = None  # (kind, cid, body, bytes got) of a large frame, or None
         self.ready: asyncio.Future = asyncio.get_event_loop().create_future()
         self.closed = False
 
     # -- handshake -------------------------------------------------------------------------
-    def connection_made(self, transport):
+    def connection_made(self, transport: Any) -> None:
         self.transport = transport
         _keepalive(transport.get_extra_info("socket"))
         if self._server:
@@ -155,7 +156,7 @@ class FrameProtocol(asyncio.Protocol):
             self._timer = None
         if self._gated:
             self._gated = False
-            self._gate.pending -= 1
+            self._gate.pending -= 1  # pyright: ignore[reportOptionalMemberAccess]  # gated: a gate
 
     def _open(self) -> bool:
         self._state = "open"
@@ -271,8 +272,8 @@ def _keepalive(sock) -> None:
         logger.debug("TCP keepalive not set: %s", e)
 
 
-def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """``unix:/path`` or ``tcp:host:port`` -> (family, target)."""
+def parse_address(address: str) -> tuple[str, Any]:
+    """``unix:/path`` or ``tcp:host:port`` -> (family, target): a path, or ``(host, port)``."""
     family, _, rest = address.partition(":")
     if family == "unix":
         return family, rest

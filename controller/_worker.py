@@ -158,15 +158,15 @@ class Worker:
         except BaseException as e:  # noqa: BLE001
             self._reply(proto, _wire.ERR, cid, e)
             return
-        fn = prop.fn
+        fn = prop.fn  # pyright: ignore[reportOptionalMemberAccess]  # an endpoint (checked above)
         key = (id(proto), cid)
-        if prop.is_async:
+        if prop.is_async:  # pyright: ignore[reportOptionalMemberAccess]
             # Run the endpoint eagerly up to its first suspension (most calls finish without
             # one). Saves a loop iteration.
             ctx = contextvars.copy_context()
             coro = self._run_async(proto, cid, key, inst, fn, args, kwargs)
             if EAGER_TASKS:  # 3.12+: a Task started eagerly, so asyncio.timeout/wait_for work
-                task = asyncio.Task(coro, loop=self.loop, context=ctx, eager_start=True)
+                task = asyncio.Task(coro, loop=self.loop, context=ctx, eager_start=True)  # pyright: ignore[reportCallIssue]  # 3.12+
                 if not task.done():
                     self.tasks[key] = task
                 return
@@ -176,7 +176,7 @@ class Worker:
                 first = ctx.run(coro.send, None)
             except StopIteration:
                 return
-            self.tasks[key] = self.loop.create_task(_resume(coro, first), context=ctx)
+            self.tasks[key] = self.loop.create_task(_resume(coro, first), context=ctx)  # pyright: ignore[reportCallIssue]  # context= is 3.11+: fails on 3.10
         else:
             ctx = contextvars.copy_context()
             ctx.run(_context.current_actor.set, inst)

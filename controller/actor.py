@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from controller._runtime import get_runtime
 from controller._spawn import spawn_actor
@@ -17,8 +17,55 @@ __all__ = ["Actor", "ActorOptions", "shutdown", "spawn_actor"]
 
 A = TypeVar("A", bound="Actor")
 
+if TYPE_CHECKING:
+    import contextlib
 
-class Actor:
+    from controller.endpoint import BoundEndpoint
+
+    H = TypeVar("H", bound="_Handle")
+
+    class _Handle:
+        """For type checkers only: what a handle adds to its actor's endpoints.
+
+        ``as_actor``/``as_service`` give handles typed as the actor class (as Monarch's
+        ``spawn(name, Class: Type[T]) -> T``), so ``handle.ep`` is the actor's endpoint,
+        checked and navigable (``controller/endpoint.py``). The handle's own methods are
+        declared here: an ``ActorMesh``'s (``controller/mesh.py``), and a ``Service``'s
+        (``controller/service.py``, ``controller/_routing.py``). At run time ``Actor``
+        derives from ``object`` alone; inside the actor these names do not exist, and an
+        actor attribute of the same name confuses the checker (rename it). ``Service.metrics``
+        is left out: actors have ``metrics`` endpoints (``ReplayBuffer``). The constructor's
+        arguments to ``as_actor`` are not checked (a classmethod cannot take them as a
+        ``ParamSpec`` of ``cls``).
+        """
+
+        # -- an actor mesh (as_actor) ----------------------------------------------------
+        def __len__(self) -> int: ...
+        @property
+        def pids(self) -> list[int]: ...
+        @property
+        def sizes(self) -> dict[str, int]: ...
+        def size(self, dim: str = "procs") -> int: ...
+        def slice(self: H, **dims: int | slice) -> H: ...
+        def with_default_timeout(self: H, seconds: float | None) -> H: ...
+
+        # -- both ------------------------------------------------------------------------
+        def endpoint(self, name: str) -> BoundEndpoint[..., Any]: ...
+        def shutdown(self) -> Future[None]: ...
+
+        # -- a service (as_service) ------------------------------------------------------
+        def session(self) -> contextlib.AbstractAsyncContextManager[str]: ...
+        def start_session(self) -> Future[str]: ...
+        def terminate_session(self, sid: str) -> Future[None]: ...
+        def scale(self, n: int) -> Future[None]: ...
+        def request_counts(self) -> dict[str, int]: ...
+
+    _HandleBase = _Handle
+else:
+    _HandleBase = object
+
+
+class Actor(_HandleBase):
     """Base class of everything that runs in an actor process.
 
     Subclass it, decorate methods with ``@endpoint``, then place it with
@@ -62,9 +109,13 @@ class Actor:
         return cls.__dict__.get("_forge_options", ActorOptions())
 
     @classmethod
-    def as_actor(cls: type[A], *args: Any, **kwargs: Any) -> Future[ActorMesh]:
+    def as_actor(cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:
         """Spawn ``procs`` processes, construct the actor on each, run ``setup()`` on every
-        rank, and return the ``ActorMesh``. ``mesh.shutdown()`` stops it all again."""
+        rank, and return the ``ActorMesh``. ``mesh.shutdown()`` stops it all again.
+
+        The arguments are the actor's constructor's, and the handle is typed as the actor
+        (``_Handle``): ``await mesh.train_step.call(batch)`` is checked against the
+        endpoint's signature."""
         opts = cls._options()
         base = getattr(cls, "_forge_base", cls)
         if opts.num_replicas != 1:
@@ -76,16 +127,17 @@ class Actor:
         async def run() -> ActorMesh:
             return await spawn_actor(base, opts, args, kwargs)
 
-        return Future(run, f"{base.__name__}.as_actor")
+        return cast("Future[A]", Future(run, f"{base.__name__}.as_actor"))
 
     @classmethod
-    def as_service(cls, *args: Any, **kwargs: Any) -> Future[Service]:
+    def as_service(cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:
         """Start ``num_replicas`` replicas (each its own proc mesh of ``procs`` processes, in
         parallel, ``setup()`` run on each) and return a ``Service`` routing between them.
         Service options (``health_poll_rate``, ``replica_max_concurrent_requests``,
         ``max_retries``, ``unavailable_timeout``, ``router``) are checked here, before any
         process starts. If a replica fails to start, the others stop and the error is raised.
-        See docs/services.md."""
+        See docs/services.md. Typed like ``as_actor``: ``await svc.generate.route(prompt)``
+        is checked against the endpoint's signature."""
         opts = cls._options()
         base = getattr(cls, "_forge_base", cls)
         config = ServiceConfig.from_options(opts)
@@ -93,7 +145,7 @@ class Actor:
         async def run() -> Service:
             return await Service._start(base, opts, config, args, kwargs)
 
-        return Future(run, f"{base.__name__}.as_service")
+        return cast("Future[A]", Future(run, f"{base.__name__}.as_service"))
 
 
 def shutdown() -> Future[None]:

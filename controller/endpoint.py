@@ -10,6 +10,14 @@ once (fire and forget).
 ``timeout=`` given to an adverb bounds the call (``CallTimeoutError``, a ``TimeoutError``)
 unless the endpoint itself declares a parameter named ``timeout``; ``ep.with_timeout(s)``
 is the explicit form.
+
+Types: ``@endpoint`` keeps the method's signature (``EndpointProperty[P, R]``: its
+parameters and its return type, awaited). A handle made by ``as_actor``/``as_service`` is
+typed as its actor class (``controller/actor.py``), so to a type checker ``handle.ep`` is a
+``BoundEndpoint[P, R]``: every adverb takes the endpoint's own arguments and gives its
+return type (``call`` -> ``Future[ValueMesh[R]]``, ``route`` -> ``Future[R]``, ...), and "go
+to definition" on ``handle.ep`` lands on the actor's method. These types change nothing
+at run time.
 """
 
 from __future__ import annotations
@@ -18,7 +26,16 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    overload,
+)
 
 from controller.future import Future
 
@@ -33,7 +50,8 @@ R = TypeVar("R")
 
 class EndpointProperty(Generic[P, R]):
     """What ``@endpoint`` turns a method into. On an instance it is the plain bound method
-    (an actor calls its own endpoints directly); on a mesh it becomes an ``Endpoint``."""
+    (an actor calls its own endpoints directly); on a mesh it becomes an ``Endpoint``. ``P``
+    and ``R`` are the method's parameters (after ``self``) and its (awaited) return type."""
 
     _forge_endpoint = True
 
@@ -44,7 +62,16 @@ class EndpointProperty(Generic[P, R]):
         self.takes_timeout = "timeout" in inspect.signature(fn).parameters
         functools.update_wrapper(self, fn)
 
-    def __get__(self, obj, objtype=None):
+    # On a handle the attribute is an ``Endpoint`` (``ActorMesh.__getattr__``) or a
+    # ``ServiceEndpoint`` (``Routing.__getattr__``); handles are typed as their actor class, so
+    # a type checker reads ``handle.ep`` through this descriptor and needs the remote view.
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> EndpointProperty[P, R]: ...
+
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> BoundEndpoint[P, R]: ...
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
         if obj is None:
             return self
         return self.fn.__get__(obj, objtype)
@@ -53,9 +80,15 @@ class EndpointProperty(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
 
-def endpoint(
-    fn: Callable[Concatenate[Any, P], Awaitable[R]] | Callable[Concatenate[Any, P], R],
-) -> EndpointProperty[P, R]:
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> EndpointProperty[P, R]: ...
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R]) -> EndpointProperty[P, R]: ...
+
+
+def endpoint(fn: Callable[..., Any]) -> EndpointProperty[Any, Any]:
     """Mark an actor method as callable from other processes.
 
     ``async def`` endpoints run as tasks on the actor's event loop (concurrently, started in
@@ -117,12 +150,12 @@ class Endpoint(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every rank of the mesh; the result has one value per rank."""
-        timeout, kwargs = self._split(kwargs)
-        return self._mesh._call_all(self.name, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        return self._mesh._call_all(self.name, args, kw, timeout)
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single rank of a one-rank mesh (slice a larger one first)."""
-        timeout, kwargs = self._split(kwargs)
+        timeout, kw = self._split(kwargs)
         n = len(self._mesh._shape)
         if n != 1:
             raise ValueError(
@@ -130,20 +163,60 @@ class Endpoint(Generic[P, R]):
                 f"use .call() for all of them, .choose() for any one, or slice first: "
                 f"mesh.slice({self._mesh._shape.labels[0] if self._mesh._shape.labels else 'procs'}=0)"
             )
-        return self._mesh._call_rank(self.name, 0, args, kwargs, timeout)
+        return self._mesh._call_rank(self.name, 0, args, kw, timeout)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank, preferring the one with the fewest calls in flight from here."""
-        timeout, kwargs = self._split(kwargs)
-        return self._mesh._call_rank(self.name, None, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        return self._mesh._call_rank(self.name, None, args, kw, timeout)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every rank without waiting. Failures are logged and reported to the
         calling actor's ``__supervise__`` hook."""
-        timeout, kwargs = self._split(kwargs)
-        self._mesh._broadcast(self.name, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        self._mesh._broadcast(self.name, args, kw, timeout)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[R]:
         """Call every rank; yield each value as soon as its rank answers."""
-        timeout, kwargs = self._split(kwargs)
-        return self._mesh._stream(self.name, args, kwargs, timeout)
+        timeout, kw = self._split(kwargs)
+        return self._mesh._stream(self.name, args, kw, timeout)
+
+
+if TYPE_CHECKING:
+
+    class BoundEndpoint(Endpoint[P, R]):
+        """For type checkers only: ``handle.ep`` on a handle typed as its actor class.
+
+        At run time it is an ``Endpoint`` (an actor mesh's), a ``ServiceEndpoint`` (a
+        service's: ``controller/_routing.py``) or, inside the actor itself, the plain bound
+        method. A type checker cannot tell these apart, so this type offers every adverb of
+        both with the endpoint's own parameters: the mesh's (``call``, ``call_one``,
+        ``choose``, ``broadcast``, ``stream``, above) and the service's (``route``,
+        ``fanout``, ``fanout_by_replica``, below); the wrong family for the handle fails at
+        run time (a service's ``call`` is a ``TypeError`` naming ``route``; a mesh has no
+        ``route``). ``timeout=`` given to an adverb is not an endpoint parameter to the
+        checker: ``ep.with_timeout(s).call(...)`` is the typed form of the same bound.
+        """
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+            """Inside the actor: the method itself (its result, or its coroutine)."""
+
+        def with_timeout(self, seconds: float | None) -> BoundEndpoint[P, R]: ...
+
+        @overload
+        def route(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]: ...
+
+        @overload
+        def route(self, *args: Any, sess_id: str | None, **kwargs: Any) -> Future[R]: ...
+
+        def route(self, *args: Any, **kwargs: Any) -> Future[R]:
+            """A service: one healthy replica answers (``ServiceEndpoint.route``)."""
+            ...
+
+        def fanout(self, *args: P.args, **kwargs: P.kwargs) -> Future[list[R]]:
+            """A service: every healthy replica answers (``ServiceEndpoint.fanout``)."""
+            ...
+
+        def fanout_by_replica(self, *args: P.args, **kwargs: P.kwargs) -> Future[dict[int, R]]:
+            """A service: ``{replica index: value}`` (``ServiceEndpoint.fanout_by_replica``)."""
+            ...

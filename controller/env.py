@@ -92,6 +92,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "BACKENDS",
@@ -223,7 +224,7 @@ def deterministic() -> bool:
     return os.environ.get("FORGE_DETERMINISTIC", "") == "1"
 
 
-def _positive(name: str, default: str, kind=float):
+def _positive(name: str, default: str, kind=float) -> Any:  # a `kind` > 0
     raw = os.environ.get(name, "").strip() or default
     try:
         value = kind(raw)

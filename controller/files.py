@@ -80,6 +80,7 @@ async def stage(path: str) -> str:
     if not remote():  # no home, or we are the controller itself
         raise FileNotFoundError(path)
     h = home()
+    assert h is not None  # remote(): the session has a home
     key = hashlib.sha1(f"{h._infos[0].address}:{path}".encode()).hexdigest()[:16]
     dest = os.path.join(staging_root(), key, os.path.basename(path.rstrip("/")) or "root")
     if os.path.exists(dest):
@@ -138,6 +139,7 @@ async def upload(local: str, path: str) -> None:
         await asyncio.get_running_loop().run_in_executor(None, _copy_local, local, path)
         return
     h = home()
+    assert h is not None  # remote(): the session has a home
     sem = asyncio.Semaphore(IN_FLIGHT)
 
     async def one(src: str, tmp: str, offset: int) -> None:

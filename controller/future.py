@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 from controller._runtime import get_runtime
@@ -30,7 +30,7 @@ class Future(Generic[T]):
         self._what = what
         self._outcome: tuple[bool, Any] | None = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, T]:
         if self._cf is not None:
             return (yield from asyncio.wrap_future(self._cf).__await__())
         if self._task is not None:

@@ -45,7 +45,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
     """``asyncio.run(main)`` on :func:`new_event_loop`: the entry point for Forge programs."""
     if hasattr(asyncio, "Runner"):  # Python >= 3.11
-        with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:
+        with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:  # pyright: ignore[reportAttributeAccessIssue]  # 3.11+
             return runner.run(main)
     if uvloop_enabled():  # Python 3.10: through the policy (this process's loops from now on)
         import uvloop

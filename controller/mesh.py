@@ -76,10 +76,10 @@ def _supervise(owner, loop, failure: MeshFailure) -> None:
 class ProcMesh:
     """A set of actor processes with named dimensions (``procs``, ``hosts``, ``gpus``)."""
 
-    def __init__(self, name: str, shape: Shape, procs: list[LocalProc]):
+    def __init__(self, name: str, shape: Shape, procs: list[Any]):
         self.name = name
         self._shape = shape
-        self._procs = procs
+        self._procs = procs  # LocalProc, or a backend's proc that behaves alike
         self._infos = [ProcInfo(p.address, p.pid) for p in procs]
         self._stopped = False
         self._owner = _context.current_actor.get()
@@ -112,7 +112,7 @@ class ProcMesh:
         """Call ``cb(failure)`` (from a watcher thread) when a process dies unexpectedly."""
         self._death_callbacks.append(cb)
 
-    def _on_proc_exit(self, proc: LocalProc) -> None:
+    def _on_proc_exit(self, proc: Any) -> None:
         get_runtime().fail_calls(proc.address)  # a lost host's sockets may never close
         if proc.stopping or self._stopped:
             return
@@ -240,7 +240,7 @@ class ActorMesh:
 
     def __init__(self, actor_name, display, cls, infos, shape, mesh_name):
         self._actor_name = actor_name
-        self._display = display
+        self._display: str = display
         self._cls = cls
         self._infos: list[ProcInfo] = infos
         self._shape: Shape = shape
@@ -299,12 +299,12 @@ class ActorMesh:
         sub._default_timeout = seconds
         return sub
 
-    def __getattr__(self, name: str) -> Endpoint:
+    def __getattr__(self, name: str) -> Endpoint[..., Any]:
         if name.startswith("__"):
             raise AttributeError(name)
         return self.endpoint(name)
 
-    def endpoint(self, name: str) -> Endpoint:
+    def endpoint(self, name: str) -> Endpoint[..., Any]:
         """The endpoint called ``name`` (also reachable as ``mesh.<name>``)."""
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointProperty):

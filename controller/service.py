@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from controller import _wire
 from controller._routing import Routing, ServiceEndpoint
@@ -43,7 +43,7 @@ from controller._spawn import spawn_actor
 from controller.endpoint import EndpointProperty
 from controller.errors import ActorDiedError
 from controller.future import Future
-from controller.mesh import ActorMesh
+from controller.mesh import ActorMesh, ProcMesh
 
 __all__ = ["Service", "ServiceConfig", "ServiceEndpoint"]
 logger = logging.getLogger("controller")
@@ -106,7 +106,7 @@ class Service(Routing):
             await asyncio.gather(*(_stop_mesh(m) for m in ok))
             raise errors[0]
         for r, mesh in zip(new, results):
-            self._attach(r, mesh)
+            self._attach(r, mesh)  # pyright: ignore[reportArgumentType]  # no errors: all meshes
         return new
 
     async def _spawn_mesh(self, index: int, recover: bool) -> ActorMesh:
@@ -132,7 +132,7 @@ class Service(Routing):
                 r.last_recovery_s = time.monotonic() - r.down_since
                 r.down_since = None
             self._publish()
-        pm = mesh._proc_mesh
+        pm = cast(ProcMesh, mesh._proc_mesh)  # as_actor's meshes own their proc mesh
         pm._owner = self  # deaths are ours to handle: no "UNHANDLED FAILURE" noise
         pm.add_death_callback(lambda f: self._replica_died(r, gen, f.message))
 

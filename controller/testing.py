@@ -206,7 +206,7 @@ class FakeActorMesh(ActorMesh):
         self._ranks = _Ranks(insts, name)
         self._key = _register(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (_find_fake, (self._key,))
 
     def __repr__(self) -> str:
@@ -217,7 +217,7 @@ class FakeActorMesh(ActorMesh):
         """The actor instance of every rank of this mesh (or slice), in rank order."""
         return [self._ranks.instances[r] for r in self._shape.ranks]
 
-    def _init_slice(self, sub: ActorMesh) -> None:
+    def _init_slice(self, sub: Any) -> None:  # a FakeActorMesh
         super()._init_slice(sub)
         sub._ranks = self._ranks
         sub._key = _register(sub)
@@ -300,7 +300,7 @@ class FakeReplica(Replica):
     def __init__(self, svc: FakeService, index: int, mesh: FakeActorMesh):
         super().__init__(index, svc.config.replica_max_concurrent_requests)
         self._svc = svc
-        self.mesh = mesh
+        self.mesh: FakeActorMesh = mesh  # pyright: ignore[reportIncompatibleVariableOverride]  # never None
         self.state = HEALTHY
         self.gen = 1
         self.down = False  # killed: stays out of rotation until restart()
@@ -400,6 +400,6 @@ class FakeService(Routing):
                 for r in self.replicas:
                     r.wanted, r.state = False, STOPPED
             for r in self.replicas:
-                await r.mesh.shutdown()
+                await r.mesh.shutdown()  # pyright: ignore[reportOptionalMemberAccess]  # fakes: set
 
         return Future(run, f"{self.name}.shutdown")

@@ -114,14 +114,14 @@ class ThreadBudget:
                 if os.fstat(fd).st_size < SLOTS * _SLOT_BYTES:
                     os.ftruncate(fd, SLOTS * _SLOT_BYTES)
                 self._mm = mmap.mmap(fd, SLOTS * _SLOT_BYTES)
-                self._slot = self._claim(fd)
+                self._slot = self._claim(fd, self._mm)
             finally:
                 os.close(fd)
         return self._mm
 
-    def _claim(self, fd: int) -> int:
+    def _claim(self, fd: int, mm: mmap.mmap) -> int:
         """A free slot (empty, or its pid is gone), taken under an exclusive flock."""
-        mm, me = self._mm, os.getpid()
+        me = os.getpid()
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             for i in range(SLOTS):
@@ -138,7 +138,7 @@ class ThreadBudget:
 
     def _set_busy(self, busy: bool) -> None:
         mm = self._table()
-        off = self._slot * 16 + 8
+        off = self._slot * 16 + 8  # pyright: ignore[reportOptionalOperand]  # _table() set it
         mm[off : off + 8] = (1 if busy else 0).to_bytes(8, "little")
 
     def busy_pids(self) -> list[int]:

@@ -172,5 +172,97 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from forge.actors.generator import Generator  # noqa: F401
+# Every lazy name, for type checkers and editors (PEP 562's ``__getattr__`` is opaque to
+# them): ``from forge import Trainer`` then resolves, and "go to definition" works.
+# tests/unit/test_public_api.py checks this block names exactly ``_EXPORTS``, each from its
+# module.
+if TYPE_CHECKING:  # pragma: no cover - never runs
+    from forge.actors import (
+        Critic,
+        CriticConfig,
+        DatasetActor,
+        EnvActor,
+        Generator,
+        GeneratorConfig,
+        ReferenceConfig,
+        ReferenceModel,
+        ReplayBuffer,
+        ReplayBufferConfig,
+        RewardActor,
+        RewardModel,
+        RewardModelConfig,
+        Trainer,
+        TrainerConfig,
+    )
+    from forge.config import dump_config, load_config
+    from forge.data import HFSource, JsonlSource
+    from forge.data.sft import sft_batch
+    from forge.envs import Environment, HistoryWindow, StepResult, Tool, tool
+    from forge.envs.tool_specs import ToolSpec
+    from forge.evaluation import EvalSet, evaluate_set, pass_at_k
+    from forge.generation.hf_engine import HFEngine
+    from forge.integrations.openenv import OpenEnvClient
+    from forge.integrations.reasoning_gym import ReasoningGymReward, ReasoningGymSource
+    from forge.integrations.textarena import TextArenaEnv, TextArenaSeeds
+    from forge.integrations.verifiers import VerifiersEnv, VerifiersSource
+    from forge.losses import LossConfig, build_loss, grpo_advantages
+    from forge.models import ensure_tiny_model, load_model, load_tokenizer, make_tiny_model
+    from forge.models.gguf import resolve_model
+    from forge.observability import Reduce, record_metric
+    from forge.observability.names import M
+    from forge.plugins import PluginSpec, Slot, Spec, import_string
+    from forge.replay import collate_episodes
+    from forge.rewards import evaluate_rewards, extract_final_answer
+    from forge.rollout import RolloutManager, group_episodes
+    from forge.rollout.episodes import EnvConfig, EpisodeScorer, build_tools
+    from forge.rollout.scoring import GroupScorer, RolloutConfig
+    from forge.run import (
+        ActorMetrics,
+        Checkpointer,
+        EvalConfig,
+        Evaluator,
+        GAECritic,
+        MetricLog,
+        PolicyConfig,
+        ReplicasConfig,
+        RLConfig,
+        Roles,
+        Supervisor,
+        TrainerDiedError,
+        WeightSync,
+        actor_env,
+        evaluate_policy,
+        next_batch,
+        progress,
+        retarget,
+        step_row,
+        train_next,
+        train_step,
+        train_streamed,
+    )
+    from forge.run.config import make_deterministic
+    from forge.run.pipeline import (
+        PipelineConfig,
+        Stage,
+        base_model,
+        run_stage,
+        sft_then_rl,
+        summary,
+    )
+    from forge.run.policy import policy_defaults
+    from forge.slots import (
+        ADVANTAGE,
+        CREDIT,
+        DATA_SOURCE,
+        ENVIRONMENT,
+        GROUP_FILTER,
+        KL,
+        LOSS,
+        REFERENCE_UPDATE,
+        REWARD,
+        REWARD_AGGREGATOR,
+    )
+    from forge.training.config import OptimizerConfig, ScheduleConfig
+    from forge.training.phases import PhaseConfig, PhaseTracker
+    from forge.types import Completion, Episode, SamplingParams, TrainBatch
+    from forge.weights.config import WeightTransportConfig

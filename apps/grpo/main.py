@@ -68,8 +68,25 @@ class Config(RLConfig):
     replicas, checkpoints) is all it needs."""
 
 
-async def spawn(cfg: Config, roles) -> dict:
-    """The run's actors and services (``None`` for a part the config leaves out)."""
+@dataclass
+class Handles:
+    """The run's actors and services, typed by their actor classes (so ``h.trainer.train_step
+    .call(batch)`` is checked); ``None`` for a part the config leaves out. ``generator``,
+    ``rewards``, ``envs``, ``reward_model`` and ``reference`` are services."""
+
+    data: DatasetActor
+    generator: Generator
+    rewards: RewardActor | None
+    buffer: ReplayBuffer
+    trainer: Trainer
+    envs: EnvActor | None
+    reward_model: RewardModel | None
+    reference: ReferenceModel | None
+    critic: Critic | None
+
+
+async def spawn(cfg: Config, roles: Roles) -> Handles:
+    """Start the run's actors and services, in parallel."""
     env, n = actor_env(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
     buffer_cfg = ReplayBufferConfig(
         batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs, dp_size=cfg.trainer_procs,
@@ -79,9 +96,7 @@ async def spawn(cfg: Config, roles) -> dict:
     def maybe(needed, make):
         return make() if needed else asyncio.sleep(0)
 
-    names = ("data", "generator", "rewards", "buffer", "trainer", "envs", "reward_model",
-             "reference", "critic")  # fmt: skip
-    parts = await asyncio.gather(
+    parts: list = await asyncio.gather(  # in the order of Handles' fields
         DatasetActor.options(env=env).as_actor(cfg.data),
         Generator.options(num_replicas=n.generator, env=env, **cfg.gpu_options("generator"))
         .as_service(cfg.generator),
@@ -96,10 +111,10 @@ async def spawn(cfg: Config, roles) -> dict:
         maybe(ref := cfg.reference_service, lambda: ReferenceModel.options(env=env).as_service(ref)),
         maybe(cfg.critic, lambda: Critic.options(env=env).as_actor(cfg.critic)),
     )  # fmt: skip
-    s = dict(zip(names, parts))
-    for role in ("trainer", "buffer", "data"):  # what a checkpoint restores
-        roles.watch(s[role], role)
-    return s
+    h = Handles(*parts)
+    for role, handle in (("trainer", h.trainer), ("buffer", h.buffer), ("data", h.data)):
+        roles.watch(handle, role)  # what a checkpoint restores
+    return h
 
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:
@@ -107,24 +122,21 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     <run_dir>/model}`` (the final policy, an HF directory)."""
     s = await spawn(cfg, roles or Roles())
     log = MetricLog(run_dir, cfg.metrics, cfg.steps)
-    ckpt, state = (
-        Checkpointer(run_dir, cfg.checkpoint_every),
-        (s["trainer"], s["buffer"], s["data"]),
-    )
+    ckpt, state = Checkpointer(run_dir, cfg.checkpoint_every), (s.trainer, s.buffer, s.data)
     version = await ckpt.restore(*state) if resume else 0
     scorer, manager = rollouts(cfg, s, log)
-    sync = WeightSync(s["trainer"], s["generator"], s["reference"], log=log,
+    sync = WeightSync(s.trainer, s.generator, s.reference, log=log,
                       on_served=manager.advance, overlap=cfg.max_policy_age > 0)  # fmt: skip
     if version:
         await sync.resume(version)
-    flush = ActorMetrics(log, s["trainer"], s["generator"], s["buffer"])
-    critic = GAECritic(s["critic"], cfg.critic, cfg.whiten_advantages) if cfg.critic else None
-    evaluate = Evaluator.of_run(cfg, scorer, s["generator"], await s["data"].heldout.call_one(),
+    flush = ActorMetrics(log, s.trainer, s.generator, s.buffer)
+    critic = GAECritic(s.critic, cfg.critic, cfg.whiten_advantages) if cfg.critic else None
+    evaluate = Evaluator.of_run(cfg, scorer, s.generator, await s.data.heldout.call_one(),
                                 log, before=sync.wait)  # fmt: skip
     if cfg.eval.at_start and not resume:
         await evaluate(version)
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
-    colo = Colocation.of(cfg.placement, s["trainer"], s["generator"], log)  # None: not colocated
+    colo = Colocation.of(cfg.placement, s.trainer, s.generator, log)  # None: not colocated
     if colo is not None:
         await colo.start()  # the optimizer state to host while the first rollouts run
     manager.version = version
@@ -135,7 +147,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
             phase = phases.current(version) if version == start else phases.changes(version)
             if phase is not None:  # a scheduled switch of loss / KL / rollout settings
                 bar.write(f"[grpo] step {version}: {phase.describe()}")
-                await s["trainer"].set_loss.call(phase.loss)
+                await s.trainer.set_loss.call(phase.loss)
                 scorer.switch(phase.rollout, manager)
                 log.add(M.PHASE, [float(phase.index)])
             m, waited, took = await _train(cfg, s, version, manager, critic, colo)
@@ -160,40 +172,39 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     await flush.finish(version)
     if cfg.eval.at_end and version not in evaluate.scores:
         await evaluate(version)
-    await s["trainer"].export_hf.call(str(run_dir / "model"))  # the final policy, every run
+    await s.trainer.export_hf.call(str(run_dir / "model"))  # the final policy, every run
     log.close()
     return {"history": log.history, "eval": evaluate.scores, "version": version,
             "model": run_dir / "model"}  # fmt: skip
 
 
-def rollouts(cfg: Config, s: dict, log: MetricLog) -> tuple:
+def rollouts(cfg: Config, s: Handles, log: MetricLog) -> tuple:
     """The group producer (completions scored by rewards, or episodes in an environment)
     and the rollout manager that runs it into the replay buffer."""
-    scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, s["data"], s["generator"],
-                         s["rewards"], log=log, reference=s["reference"],
-                         reward_model=s["reward_model"])  # fmt: skip
+    scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, s.data, s.generator, s.rewards,
+                         log=log, reference=s.reference, reward_model=s.reward_model)  # fmt: skip
     if cfg.env is not None:
         bootstrap = cfg.critic is not None and cfg.critic.bootstrap_truncated
-        scorer = EpisodeScorer(
-            scorer, cfg.env, s["envs"], load_tokenizer(cfg.policy.model), bootstrap
-        )
-    manager = RolloutManager(scorer.produce, s["buffer"].add.call_one,
+        scorer = EpisodeScorer(scorer, cfg.env, s.envs, load_tokenizer(cfg.policy.model), bootstrap)
+    manager = RolloutManager(scorer.produce, s.buffer.add.call_one,
                              **scorer.manager_kwargs(cfg.max_policy_age))  # fmt: skip
     return scorer, manager
 
 
-async def _train(cfg: Config, s: dict, version: int, manager, critic, colo) -> tuple:
+async def _train(
+    cfg: Config, s: Handles, version: int, manager, critic, colo
+) -> tuple[dict, float, float]:
     """One step's batch (whole, or streamed as it arrives) and update; returns (metrics,
     seconds waiting for episodes, seconds training)."""
     t0 = time.perf_counter()
     if cfg.stream:  # train on the step's first groups while the rest generate
         r = cfg.rollout
         m, waited = await train_streamed(
-            s["buffer"], s["trainer"], version, manager, episodes=r.episodes_per_step,
+            s.buffer, s.trainer, version, manager, episodes=r.episodes_per_step,
             chunk=r.group_size * max(1, r.prompts_per_step // 4), timeout_s=cfg.batch_timeout_s,
         )  # fmt: skip
     else:
-        m, waited = await train_next(s["buffer"], s["trainer"], version, manager,
+        m, waited = await train_next(s.buffer, s.trainer, version, manager,
                                      timeout_s=cfg.batch_timeout_s, critic=critic,
                                      before_train=colo.to_train if colo else None)  # fmt: skip
     return m, waited, max(time.perf_counter() - t0 - waited, 1e-9)

@@ -25,7 +25,7 @@ class Worker(Actor):
     """Sums tensors and reports where it runs."""
 
     def __init__(self, scale: float):
-        self.scale = scale
+        self.factor = scale  # (not `scale`: a service handle's method, to a type checker)
         self.calls = 0
 
     @endpoint
@@ -35,7 +35,7 @@ class Worker(Actor):
 
     @endpoint
     async def weighted_sum(self, t: torch.Tensor) -> float:
-        return float(t.sum()) * self.scale
+        return float(t.sum()) * self.factor
 
     @endpoint
     async def slow(self, seconds: float) -> int:

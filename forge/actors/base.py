@@ -1,4 +1,5 @@
-"""``ForgeActor``: what every Forge component shares — per-step metrics and busy time.
+"""``ForgeActor``: what every Forge component shares — per-step metrics and busy time (and
+``actor_config``, how an actor reads the config it is constructed with).
 
 Actors call ``record_metric`` wherever they are; the controller's training loop gathers the
 partial states each step with ``flush_metrics`` (``call``/``fanout``) and reduces them across
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import TypeVar
 
 from controller import Actor, endpoint
 from controller import env as controller_env
 from forge.observability import Reduce, get_collector, record_metric
+
+C = TypeVar("C")
 
 
 def use_deterministic_kernels() -> None:
@@ -25,6 +29,22 @@ def use_deterministic_kernels() -> None:
         import torch
 
         torch.use_deterministic_algorithms(True)
+
+
+def actor_config(config_cls: type[C], config: object, actor: str) -> C:
+    """An actor's config argument as a ``config_cls``: as given, or built from a dict of its
+    fields (``forge.config.config_from_dict``: an unknown key or a wrong type is an error
+    naming the key). Anything else is a ``TypeError`` naming the actor and what it takes."""
+    if isinstance(config, config_cls):
+        return config
+    if isinstance(config, dict):
+        from forge.config.schema import config_from_dict
+
+        return config_from_dict(config_cls, config, source=f"{actor}(config)")
+    raise TypeError(
+        f"{actor} takes a {config_cls.__name__} (or a dict of its fields), got "
+        f"{type(config).__name__}"
+    )
 
 
 class ForgeActor(Actor):

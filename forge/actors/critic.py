@@ -42,24 +42,12 @@ import os
 import torch
 
 from controller import current_size, endpoint, threads
-from forge.actors.base import ForgeActor, use_deterministic_kernels
+from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
 from forge.training.config import resolve_device
 from forge.training.critic import CriticConfig
 from forge.types import TrainBatch
 
 __all__ = ["Critic"]
-
-
-def _coerce_config(config: CriticConfig | dict) -> CriticConfig:
-    if isinstance(config, CriticConfig):
-        return config
-    if isinstance(config, dict):
-        from forge.config.schema import config_from_dict
-
-        return config_from_dict(CriticConfig, config, source="Critic(config)")
-    raise TypeError(
-        f"Critic takes a CriticConfig (or a dict of its fields), got {type(config).__name__}"
-    )
 
 
 def _check_batch(batch: object, endpoint_name: str) -> TrainBatch:
@@ -74,7 +62,7 @@ class Critic(ForgeActor):
     _busy_name = "critic"
 
     def __init__(self, config: CriticConfig | dict) -> None:
-        self.cfg = _coerce_config(config)
+        self.cfg = actor_config(CriticConfig, config, "Critic")
         self.core = None
 
     @endpoint

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 import torch
 
 from controller import endpoint, files, threads
-from forge.actors.base import ForgeActor, use_deterministic_kernels
+from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
 from forge.training.config import ReferenceConfig
 from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle
@@ -64,16 +64,7 @@ class ReferenceModel(ForgeActor):
     """The reference policy; see the module docstring for its endpoints."""
 
     def __init__(self, config: ReferenceConfig | dict) -> None:
-        if isinstance(config, dict):
-            from forge.config.schema import config_from_dict
-
-            config = config_from_dict(ReferenceConfig, config, source="ReferenceModel(config)")
-        if not isinstance(config, ReferenceConfig):
-            raise TypeError(
-                f"ReferenceModel takes a ReferenceConfig (or a dict of its fields), got "
-                f"{type(config).__name__}"
-            )
-        self.cfg = config
+        self.cfg = actor_config(ReferenceConfig, config, "ReferenceModel")
         self.core = None
 
     @endpoint

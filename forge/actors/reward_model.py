@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor
+from forge.actors.base import ForgeActor, actor_config
 from forge.models.reward_model import RewardModelConfig
 from forge.observability import Reduce, record_metric
 from forge.rewards import RewardResult
@@ -45,16 +45,7 @@ class RewardModel(ForgeActor):
     _busy_name = "reward_model"
 
     def __init__(self, config: RewardModelConfig | dict) -> None:
-        if isinstance(config, dict):
-            from forge.config.schema import config_from_dict
-
-            config = config_from_dict(RewardModelConfig, config, source="RewardModel(config)")
-        if not isinstance(config, RewardModelConfig):
-            raise TypeError(
-                f"RewardModel takes a RewardModelConfig (or a dict of its fields), got "
-                f"{type(config).__name__}"
-            )
-        self.cfg = config
+        self.cfg = actor_config(RewardModelConfig, config, "RewardModel")
         self.core = None
 
     @endpoint

@@ -70,7 +70,7 @@ from pathlib import Path
 import torch
 
 from controller import current_rank, current_size, endpoint, files, threads
-from forge.actors.base import ForgeActor, use_deterministic_kernels
+from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
 from forge.losses import LossConfig
 from forge.observability.memory import (
     apply_memory_fraction,
@@ -92,18 +92,6 @@ def _world() -> int:
     return math.prod(current_size().values()) if current_size() else 1
 
 
-def _coerce_config(config: TrainerConfig | dict) -> TrainerConfig:
-    if isinstance(config, TrainerConfig):
-        return config
-    if isinstance(config, dict):
-        from forge.config.schema import config_from_dict
-
-        return config_from_dict(TrainerConfig, config, source="Trainer(config)")
-    raise TypeError(
-        f"Trainer takes a TrainerConfig (or a dict of its fields), got {type(config).__name__}"
-    )
-
-
 class Trainer(ForgeActor):
     """The policy trainer, one process per data-parallel rank; the module docstring details
     each endpoint. Every rank takes part in every call, so callers use ``call``:
@@ -120,7 +108,7 @@ class Trainer(ForgeActor):
     _busy_name = "trainer"
 
     def __init__(self, config: TrainerConfig | dict) -> None:
-        self.cfg = _coerce_config(config)
+        self.cfg = actor_config(TrainerConfig, config, "Trainer")
         self.core = None
         self.store: WeightStore | None = None
         self._offloaded: dict = {}  # optimizer state moved to host: (param id, key) -> device
@@ -136,7 +124,7 @@ class Trainer(ForgeActor):
             torch.cuda.set_device(rank if torch.cuda.device_count() > 1 else 0)
         apply_memory_fraction(self.cfg.memory_fraction, "trainer")
         parallel.init_distributed(_world(), device)
-        from forge.training.hf_trainer import TrainerCore
+        from forge.training.trainer_core import TrainerCore
 
         self.core = TrainerCore(self.cfg)
         if self.core.rank == 0:

@@ -13,14 +13,19 @@ A rollout loop that crashed surfaces here (``manager.check()``); no usable batch
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from forge.observability.names import M
 from forge.run.critic import train_step
 
+if TYPE_CHECKING:
+    from forge.actors.replay_buffer import ReplayBuffer
+    from forge.actors.trainer import Trainer
+
 __all__ = ["next_batch", "train_next", "train_streamed"]
 
 
-async def next_batch(buffer, version: int, manager, timeout_s: float):
+async def next_batch(buffer: ReplayBuffer, version: int, manager, timeout_s: float):
     """Wait for the buffer to hold a batch usable at ``version`` (the buffer answers as
     soon as it is complete, or after 0.5 s with ``None``)."""
     deadline = time.monotonic() + timeout_s
@@ -34,7 +39,14 @@ async def next_batch(buffer, version: int, manager, timeout_s: float):
 
 
 async def train_next(
-    buffer, trainer, version: int, manager, *, timeout_s: float, critic=None, before_train=None
+    buffer: ReplayBuffer,
+    trainer: Trainer,
+    version: int,
+    manager,
+    *,
+    timeout_s: float,
+    critic=None,
+    before_train=None,
 ) -> tuple[dict, float]:
     """Wait for a batch, then one training step on it (with a ``forge.run.critic.GAECritic``:
     PPO's values and critic update too). ``before_train``: awaited once the batch is there
@@ -49,7 +61,14 @@ async def train_next(
 
 
 async def train_streamed(
-    buffer, trainer, version: int, manager, *, episodes: int, chunk: int, timeout_s: float
+    buffer: ReplayBuffer,
+    trainer: Trainer,
+    version: int,
+    manager,
+    *,
+    episodes: int,
+    chunk: int,
+    timeout_s: float,
 ) -> tuple[dict, float]:
     """Trajectory streaming: hand the trainer the step's ``episodes`` as they arrive, at
     least ``chunk`` at a time, then step once. Returns (metrics, seconds spent waiting)."""
@@ -71,7 +90,7 @@ async def train_streamed(
     return (await trainer.apply_accumulated.call()).item(procs=0), waited
 
 
-async def _starved(buffer, version: int, manager, timeout_s: float) -> None:
+async def _starved(buffer: ReplayBuffer, version: int, manager, timeout_s: float) -> None:
     """Raise the error for a training loop that got no usable batch in ``timeout_s``."""
     m = await buffer.metrics.call_one()
     raise TimeoutError(

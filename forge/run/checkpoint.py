@@ -18,7 +18,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from forge.actors.dataset import DatasetActor
+    from forge.actors.replay_buffer import ReplayBuffer
+    from forge.actors.trainer import Trainer
 
 __all__ = ["Checkpointer", "plain"]
 
@@ -60,7 +65,9 @@ class Checkpointer:
         self.root = Path(run_dir).absolute() / "checkpoints"  # sent to actors elsewhere
         self.every = every
 
-    async def maybe_save(self, step: int, trainer, buffer, data) -> Path | None:
+    async def maybe_save(
+        self, step: int, trainer: Trainer, buffer: ReplayBuffer, data: DatasetActor
+    ) -> Path | None:
         if not self.every or step % self.every:
             return None
         final = self.root / f"step_{step:06d}"
@@ -97,7 +104,7 @@ class Checkpointer:
             return None
         return int(json.loads(marker.read_text())["step"])
 
-    async def restore(self, trainer, buffer, data) -> int:
+    async def restore(self, trainer: Trainer, buffer: ReplayBuffer, data: DatasetActor) -> int:
         """Load the latest checkpoint into the actors; returns its step (0 if none)."""
         path = self.latest()
         if path is None:

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge.losses.value import ppo_advantages_for_batch, turn_gae_advantages, whiten_together
 from forge.training.critic import CriticConfig
 from forge.types import TrainBatch
+
+if TYPE_CHECKING:
+    from forge.actors.critic import Critic
+    from forge.actors.trainer import Trainer
 
 __all__ = ["PPO_LOSSES", "GAECritic", "check_ppo", "train_step"]
 
@@ -42,7 +46,7 @@ class GAECritic:
     """A running critic actor (``forge.actors.Critic``) with its config: GAE advantages for
     a batch, then the critic's update."""
 
-    actor: Any
+    actor: Critic
     cfg: CriticConfig
     whiten: bool = True  # normalise GAE advantages per batch
 
@@ -90,7 +94,9 @@ class GAECritic:
         return {f"critic/{k}": v for k, v in m.items()}
 
 
-async def train_step(trainer, batch, critic: GAECritic | None = None) -> dict:
+async def train_step(
+    trainer: Trainer, batch: list[TrainBatch], critic: GAECritic | None = None
+) -> dict:
     """One training step on ``batch`` (a list of per-rank batches); with a critic (PPO):
     values -> GAE -> the policy and critic updates side by side."""
     if critic is None:

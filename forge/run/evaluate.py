@@ -34,7 +34,7 @@ async def evaluate_policy(
     completions = await greedy_completions(generator.generate.route, heldout, max_tokens)
     if keep is not None:
         keep[:] = completions
-    return {M.HELDOUT_ACCURACY: accuracy_of(heldout, completions, reward_fn)}
+    return {M.HELDOUT_ACCURACY: accuracy_of(heldout, completions, reward_fn)}  # pyright: ignore[reportArgumentType]  # None only with an env
 
 
 class Evaluator:

@@ -9,8 +9,14 @@ flush returned (busy fractions, the replay buffer's metrics) while a new flush r
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from forge.observability.names import M
+
+if TYPE_CHECKING:
+    from forge.actors.generator import Generator
+    from forge.actors.replay_buffer import ReplayBuffer
+    from forge.actors.trainer import Trainer
 
 __all__ = ["ActorMetrics"]
 
@@ -19,7 +25,7 @@ class ActorMetrics:
     """Flushes the metric states of the trainer, the generator replicas and the replay
     buffer into a ``MetricLog`` one step late, so no step waits for them."""
 
-    def __init__(self, log, trainer, generator, buffer) -> None:
+    def __init__(self, log, trainer: Trainer, generator: Generator, buffer: ReplayBuffer) -> None:
         self.log, self.trainer, self.generator, self.buffer = log, trainer, generator, buffer
         self._pending: asyncio.Future | None = None
 
@@ -44,6 +50,7 @@ class ActorMetrics:
 
     async def _merge(self) -> dict[str, float]:
         pending, self._pending = self._pending, None
+        assert pending is not None  # callers check _pending first
         states, buffer_m = await pending
         self.log.merge(states)
         return _buffer_fields(buffer_m)

@@ -13,9 +13,9 @@ from forge.training.config import (
     ScheduleConfig,
     TrainerConfig,
 )
-from forge.training.hf_trainer import TrainerCore, loss_denominator
 from forge.training.reference import ReferenceCore
 from forge.training.schedule import build_scheduler, lr_multiplier
+from forge.training.trainer_core import TrainerCore, loss_denominator
 
 __all__ = [
     "LoraConfig",

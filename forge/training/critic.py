@@ -15,7 +15,7 @@ and positions after padding hold 0, exactly where ``forge.models.token_logprobs`
 ``forge.losses.value.clipped_value_loss`` over the batch's counted tokens, in micro-batches of
 ``micro_batch_size`` rows whose losses are scaled by their share of the loss denominator, so
 the accumulated gradient equals the one-big-batch gradient (as in
-``forge.training.hf_trainer``). One process: the critic is not data parallel.
+``forge.training.trainer_core``). One process: the critic is not data parallel.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from forge.training.config import (
     _positive,
     resolve_device,
 )
-from forge.training.hf_trainer import loss_denominator
 from forge.training.lora import load_base_model
 from forge.training.schedule import build_optimizer, build_scheduler
+from forge.training.trainer_core import loss_denominator
 from forge.types import TrainBatch
 
 __all__ = ["CRITIC_FILE", "CriticConfig", "CriticCore", "ValueModel"]

@@ -7,7 +7,7 @@ import torch
 
 from forge.models.logprobs import head_logits
 from forge.training.config import TrainerConfig
-from forge.training.hf_trainer import TrainerCore, mismatch_metrics
+from forge.training.trainer_core import TrainerCore, mismatch_metrics
 from tests.training.conftest import make_batch
 
 

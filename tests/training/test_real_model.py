@@ -20,7 +20,7 @@ from forge.models import load_model, load_tokenizer
 from forge.models.gguf import SHIPPED, resolve_model
 from forge.replay import collate_episodes
 from forge.training.config import TrainerConfig
-from forge.training.hf_trainer import TrainerCore, mismatch_metrics
+from forge.training.trainer_core import TrainerCore, mismatch_metrics
 from forge.types import Episode, SamplingParams
 
 pytestmark = [

@@ -125,7 +125,7 @@ def test_micro_batches_give_the_gradient_of_one_big_batch(tiny_model, loss):
 
 
 def test_length_buckets_split_where_padding_saved_exceeds_the_cost():
-    from forge.training.hf_trainer import _length_cuts, _micro_rows
+    from forge.training.trainer_core import _length_cuts, _micro_rows
 
     assert _length_cuts([64] * 32, 96) == []  # nothing to save
     assert _length_cuts([10] * 8 + [64] * 8, 96) == [8]  # saves 8 x 54 = 432 > 96

@@ -27,7 +27,7 @@ from forge.losses import (
 )
 from forge.losses.credit import gigpo_credit, turn_returns_credit
 from forge.losses.value import clipped_value_loss, whiten
-from forge.training.hf_trainer import loss_denominator
+from forge.training.trainer_core import loss_denominator
 
 CONFIGS = {
     "grpo_k3_token_mean": LossConfig(type="grpo", kl_coef=0.1),
