@@ -240,7 +240,7 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
         train_step,
         train_streamed,
     )
-    from forge.run.config import make_deterministic
+    from forge.run.colocate import Colocation
     from forge.run.pipeline import (
         PipelineConfig,
         Stage,
@@ -249,7 +249,14 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
         sft_then_rl,
         summary,
     )
+    from forge.run.placement import PlacementConfig
     from forge.run.policy import policy_defaults
+    from forge.run.run_config import (
+        RolloutRunConfig,
+        RunConfig,
+        make_deterministic,
+        seed_defaults,
+    )
     from forge.slots import (
         ADVANTAGE,
         CREDIT,

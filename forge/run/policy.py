@@ -127,7 +127,7 @@ def resolve_lora(trainer: Any, generator: Any, reference: Any) -> tuple[Any, Any
             "yet; use reference.update.type: none (the base model) or full fine-tuning"
         )
     disabled = reference is not None and reference.mode == "adapter_disabled"
-    if disabled and reference.model != trainer.model:
+    if reference is not None and disabled and reference.model != trainer.model:
         raise ValueError(
             f"reference.model={reference.model!r} is not the policy's base model "
             f"{trainer.model!r}, so it cannot be the trainer's model with the adapter "

@@ -298,6 +298,7 @@ def make_deterministic(cfg: Any) -> list[str]:
         new = rule(old)
         if new != old:  # a nested section is replaced, not changed: callers may hold it
             if holder:
+                assert obj is not None  # (hasattr above)
                 setattr(cfg, holder, dataclasses.replace(obj, **{name: new}))
             else:
                 setattr(cfg, name, new)
