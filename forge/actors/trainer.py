@@ -83,6 +83,7 @@ from forge.training.config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
 from forge.weights import WeightHandle, WeightStore, build_transport
 from forge.weights.relay import remember_latest
+from forge.weights.store import cast_floating
 
 __all__ = ["Trainer"]
 
@@ -236,7 +237,7 @@ class Trainer(ForgeActor):
         state_dict = self.core.push_state_dict()
         if self.store is None:
             return None
-        handle = self.store.push(state_dict, int(version))
+        handle = self.store.push(cast_floating(state_dict, self.cfg.weights.dtype), int(version))
         prefix = getattr(self.store.transport, "prefix", None)
         if prefix is not None and handle.source:  # for a replica restarted on another host
             remember_latest(prefix, handle)

@@ -57,6 +57,11 @@ class WeightTransportConfig:
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """broadcast: ``auto`` (``nccl`` where CUDA is available, else ``gloo``), ``nccl`` or
     ``gloo``."""
+    dtype: Literal["", "bfloat16", "float16", "float32"] = ""
+    """Pusher: floating-point tensors are pushed in this type (``""``: as the trainer holds
+    them). ``bfloat16`` where every puller computes in bf16 halves the bytes of each push, and
+    pullers whose model is bf16 then compute with the pushed bytes in place (``share``); the
+    values they hold are the same, since they round to bf16 either way."""
 
     def __post_init__(self) -> None:
         entry = TRANSPORTS.get(self.type)

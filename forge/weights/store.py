@@ -27,6 +27,7 @@ __all__ = [
     "WeightStore",
     "WeightTransport",
     "WeightVersionError",
+    "cast_floating",
     "checked_destination",
     "copy_into",
     "dtype_from_name",
@@ -237,3 +238,22 @@ class WeightStore:
         for version in self.versions():
             self.drop(version)
         self.transport.close()
+
+
+def cast_floating(state_dict: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """``state_dict`` with its floating-point tensors in ``dtype`` (``""``: unchanged). Tensors
+    that share storage (tied weights) stay shared, so a transport still writes them once."""
+    if not dtype:
+        return state_dict
+    target = getattr(torch, dtype)
+    cast: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, t in state_dict.items():
+        if not t.is_floating_point() or t.dtype == target:
+            out[name] = t
+            continue
+        key = (t.device, t.data_ptr(), tuple(t.shape), t.stride())
+        if key not in cast:
+            cast[key] = t.detach().to(target)
+        out[name] = cast[key]
+    return out

@@ -369,3 +369,32 @@ def test_plan_buckets_by_dtype_and_size():
         (torch.bfloat16, ("b",)),
     ]
     assert plan[0].numels == [4, 4]
+
+
+def test_a_bf16_push_halves_the_bytes_and_keeps_ties_ints_and_bf16_values(prefix):
+    from forge.weights.store import cast_floating
+
+    sd = mixed_state_dict()
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]  # tied
+    assert cast_floating(sd, "") is sd
+    cast = cast_floating(sd, "bfloat16")
+    assert cast["lm_head.weight"] is cast["model.embed_tokens.weight"]
+    for name, t in sd.items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t
+        assert cast[name].dtype == want.dtype and torch.equal(cast[name], want), name
+    transport = SharedMemoryTransport(prefix)
+    full, half = transport.push(sd, version=1), transport.push(cast, version=2)
+    assert half.manifest["lm_head.weight"] == half.manifest["model.embed_tokens.weight"]
+    big = "model.embed_tokens.weight"
+    assert half.manifest[big].nbytes * 2 == full.manifest[big].nbytes
+    assert_same(transport.pull(2), cast)  # a bf16 model loads exactly what it would round to
+    transport.close()
+
+
+def test_the_weights_dtype_knob_is_checked_at_load():
+    from forge.config import config_from_dict
+    from forge.weights import WeightTransportConfig
+
+    assert config_from_dict(WeightTransportConfig, {"dtype": "bfloat16"}).dtype == "bfloat16"
+    with pytest.raises((ValueError, TypeError), match="bf16.*bfloat16"):
+        config_from_dict(WeightTransportConfig, {"dtype": "bf16"})
