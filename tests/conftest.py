@@ -15,7 +15,7 @@ folder                 what its tests do                                        
                        multi-rank trainers), in sub-folders named as in
                        ``integration/``
 ``multihost/``         simulated hosts in network namespaces (root, ``ip netns``)   slow
-``vllm/``              the vLLM generator (``scripts/test_vllm.sh``, its own venv)  vllm
+``vllm/``              the vLLM generator (``scripts/test_vllm.sh``, its own venv)  slow
 =====================  ===========================================================  =========
 
 The ``slow``, ``multihost`` and ``vllm`` marks are added here by folder, so
@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 FOLDER_MARKS = {
     "e2e": ("slow",),
     "multihost": ("slow", "multihost"),
-    "vllm": ("vllm",),
+    "vllm": ("slow", "vllm"),  # skipped in the main environment: no vllm there
 }
 
 
