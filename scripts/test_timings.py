@@ -22,11 +22,11 @@ NESTED = {"integration", "e2e"}
 
 def folder_of(classname: str) -> str:
     """``tests.integration.controller.test_calls`` -> ``integration/controller``."""
-    parts = classname.split(".")
+    parts = [p for p in classname.split(".") if p]
     if parts and parts[0] == "tests":
         parts = parts[1:]
     if not parts:
-        return "?"
+        return "(outside a test: collection, session)"
     if parts[0] in NESTED and len(parts) > 2:
         return f"{parts[0]}/{parts[1]}"
     return parts[0]

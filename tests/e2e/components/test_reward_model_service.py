@@ -10,7 +10,7 @@ from forge.actors.reward_model import RewardModel
 from forge.models.reward_model import RewardModelConfig, RewardModelCore, make_tiny_reward_model
 from forge.observability import merge_states
 from forge.rewards import RewardResult
-from tests.integration.components.test_reward_model_service import ITEMS, PAIRS
+from tests.unit.test_reward_model_actor import ITEMS, PAIRS
 
 
 @pytest.fixture(scope="module")

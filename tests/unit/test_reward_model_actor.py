@@ -1,4 +1,5 @@
-"""The RewardModel actor as a service of real processes, checked against the in-process core."""
+"""The RewardModel actor's constructor, in process (the actor as a service of real processes:
+tests/e2e/components/test_reward_model_service.py)."""
 
 from __future__ import annotations
 
