@@ -20,8 +20,10 @@ folder                 what its tests do                                        
 
 The ``slow``, ``multihost`` and ``vllm`` marks are added here by folder, so
 ``pytest -m "not slow"`` (the fast tier) and ``pytest -m slow`` select by where a test lives;
-a test that becomes slow moves to ``e2e/``. (One exception: the Ray case of the ``backend``
-fixture, ``integration/controller/conftest_backends.py``, is slow wherever it runs.)
+a test that becomes slow moves to ``e2e/``. Ray on this host is slow tier: its backend's suite
+is ``e2e/controller/test_ray_backend.py``, and the Ray case of the ``backend`` fixture
+(``integration/controller/conftest_backends.py``, the service suites) carries the slow mark
+itself, the one mark not given by folder.
 """
 
 from __future__ import annotations

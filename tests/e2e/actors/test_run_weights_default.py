@@ -17,8 +17,8 @@ from forge.actors.trainer import Trainer
 from forge.generation.backend import GeneratorConfig
 from forge.training import OptimizerConfig, ReferenceConfig, TrainerConfig
 from forge.weights import WeightTransportConfig, build_transport
+from tests.episodes import make_batch
 from tests.helpers import wait_dead
-from tests.integration.training.conftest import make_batch
 
 
 async def _restarted(svc, victim: int) -> None:

@@ -1,5 +1,5 @@
 """SFT then GRPO on TextArena TicTacToe games through ``forge run`` (the environment's own
-tests: tests/integration/envs/test_textarena.py)."""
+tests: tests/unit/test_textarena.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from forge.integrations.textarena import TextArenaEnv  # noqa: E402
 from forge.models import make_tiny_model  # noqa: E402
 from tests.helpers import forge_run, script_env  # noqa: E402
-from tests.integration.envs.test_textarena import LOWEST, PIPELINE
+from tests.unit.test_textarena import LOWEST, PIPELINE
 
 
 @pytest.mark.timeout(300)

@@ -15,7 +15,7 @@ async def test_two_rank_ddp_lora_matches_one_rank(tiny_model):
     from forge.actors.trainer import Trainer
     from forge.replay import collate_episodes
     from forge.weights import pull_handle
-    from tests.integration.training.conftest import make_episodes
+    from tests.episodes import make_episodes
 
     opt = OptimizerConfig(lr=0.1, eps=1.0, max_grad_norm=None)  # compares like gradients
     eps0, eps1 = make_episodes(tiny_model, n=3), make_episodes(tiny_model, n=2, offset=3)

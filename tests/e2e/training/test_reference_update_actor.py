@@ -15,7 +15,7 @@ from forge.actors.reference_model import ReferenceModel
 from forge.actors.trainer import Trainer
 from forge.losses import LossConfig
 from forge.training import OptimizerConfig, ReferenceConfig, ReferenceCore, TrainerConfig
-from tests.integration.training.conftest import make_batch
+from tests.episodes import make_batch
 from tests.integration.training.test_reference_update_actor import _response
 
 

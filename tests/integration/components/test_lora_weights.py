@@ -22,7 +22,7 @@ from forge.training import OptimizerConfig, TrainerConfig, TrainerCore  # noqa: 
 from forge.training.config import LoraConfig  # noqa: E402
 from forge.types import SamplingParams  # noqa: E402
 from forge.weights import ADAPTER_KEY, unpack_adapter  # noqa: E402
-from tests.integration.training.conftest import make_batch  # noqa: E402
+from tests.episodes import make_batch  # noqa: E402
 
 PROMPT = "Sum the digits of 4821."
 

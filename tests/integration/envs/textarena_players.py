@@ -1,4 +1,4 @@
-"""Scripted textarena opponents for tests/integration/envs/test_textarena.py (import strings)."""
+"""Scripted textarena opponents for tests/unit/test_textarena.py (import strings)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from controller import ActorError
 from forge.actors.critic import Critic
 from forge.losses.value import ppo_advantages_for_batch
 from forge.training.critic import CriticConfig
-from tests.integration.training.conftest import make_batch
+from tests.episodes import make_batch
 
 
 async def test_values_train_step_save_load_round_trip(tiny_model, tmp_path):

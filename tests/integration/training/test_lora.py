@@ -14,7 +14,7 @@ from forge.models import load_tokenizer  # noqa: E402
 from forge.training import OptimizerConfig, TrainerConfig, TrainerCore  # noqa: E402
 from forge.training.config import LoraConfig  # noqa: E402
 from forge.weights import unpack_adapter  # noqa: E402
-from tests.integration.training.conftest import make_batch  # noqa: E402
+from tests.episodes import make_batch  # noqa: E402
 
 ITEMS = [
     {"prompt": "Sum the digits of 4821.", "answer": "15"},

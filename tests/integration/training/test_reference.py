@@ -11,7 +11,7 @@ from forge.losses import LossConfig
 from forge.replay import collate_episodes
 from forge.training import ReferenceConfig, ReferenceCore, TrainerConfig, TrainerCore
 from forge.types import Episode
-from tests.integration.training.conftest import make_batch, make_episodes
+from tests.episodes import make_batch, make_episodes
 
 
 def test_reference_logprobs_equal_the_trainers_at_the_same_weights(tiny_model):

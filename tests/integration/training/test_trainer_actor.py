@@ -12,7 +12,7 @@ from forge.actors.trainer import Trainer
 from forge.replay import collate_episodes
 from forge.training import OptimizerConfig, TrainerConfig
 from forge.weights import pull_handle
-from tests.integration.training.conftest import make_batch, make_episodes
+from tests.episodes import make_batch, make_episodes
 
 
 def _shm_files(prefix: str) -> list[str]:

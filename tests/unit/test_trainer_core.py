@@ -17,7 +17,7 @@ from forge.training import (
     loss_denominator,
     lr_multiplier,
 )
-from tests.integration.training.conftest import make_batch, make_episodes
+from tests.episodes import make_batch, make_episodes
 
 
 def _core(model: str, **kw) -> TrainerCore:

@@ -8,7 +8,7 @@ import pytest
 
 from forge.training import OptimizerConfig, TrainerConfig, TrainerCore
 from forge.training.phases import PhaseTracker
-from tests.integration.training.conftest import make_batch
+from tests.episodes import make_batch
 
 
 def test_set_loss_changes_kl_coef_and_type_and_keeps_the_optimizer(tiny_model):

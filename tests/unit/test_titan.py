@@ -10,7 +10,7 @@ import torch
 from forge.models import load_model, make_tiny_model
 from forge.training import OptimizerConfig, TrainerConfig, TrainerCore
 from forge.training.titan import import_titan
-from tests.integration.training.conftest import make_batch
+from tests.episodes import make_batch
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from forge.models.logprobs import head_logits
 from forge.training.config import TrainerConfig
 from forge.training.hf_trainer import TrainerCore, mismatch_metrics
-from tests.integration.training.conftest import make_batch
+from tests.episodes import make_batch
 
 
 def test_bad_autocast_settings_are_named(tiny_model):
