@@ -1,5 +1,5 @@
 """The RewardModel actor as a service of two replicas, checked against the in-process core
-(10-18 s; its error cases are tests/integration/components/test_reward_model_service.py)."""
+(10-18 s; the constructor's checks are tests/unit/test_reward_model_actor.py)."""
 
 from __future__ import annotations
 
