@@ -8,12 +8,12 @@ folder                 what its tests do                                        
                        weight, deploy recipes)
 ``integration/``       real processes, one component at a time, seconds each;       fast
                        sub-folders follow the packages (``controller/``, ``actors/``,
-                       ``training/``, ``components/``, ``serve/``, ``envs/``) plus
+                       ``training/``, ``components/``, ``envs/``) plus
                        ``hostile/`` (attacks on a running Forge)
 ``e2e/``               whole programs (``apps/``: ``forge run``, notebooks, chaos)   slow
                        and anything else over ~10 s (real models, the Tinker SDK,
-                       multi-rank trainers), in sub-folders named as in
-                       ``integration/``
+                       multi-rank trainers), in sub-folders named after the
+                       packages, as in ``integration/`` (and ``serve/``)
 ``multihost/``         simulated hosts in network namespaces (root, ``ip netns``)   slow
 ``vllm/``              the vLLM generator (``scripts/test_vllm.sh``, its own venv)  slow
 =====================  ===========================================================  =========
@@ -24,6 +24,10 @@ a test that becomes slow moves to ``e2e/``. Ray on this host is slow tier: its b
 is ``e2e/controller/test_ray_backend.py``, and the Ray case of the ``backend`` fixture
 (``integration/controller/conftest_backends.py``, the service suites) carries the slow mark
 itself, the one mark not given by folder.
+
+Shared helpers sit beside this file: ``helpers.py`` (processes, scripts, ``forge run``),
+``episodes.py`` (fake episodes from the tiny tokenizer), ``serve_process.py`` (a ``forge
+serve`` process).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 from tests.helpers import script_env
-from tests.integration.serve.server import serve_process
+from tests.serve_process import serve_process
 
 KEY = "tml-cookbook-test-key-0123456789"
 PYTHON = os.environ.get("TINKER_COOKBOOK_PYTHON", "")

@@ -20,7 +20,7 @@ import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 from tests.helpers import REPO, script_env  # noqa: E402
-from tests.integration.serve.server import serve_process  # noqa: E402
+from tests.serve_process import serve_process  # noqa: E402
 
 KEY = "tml-forge-test-key-0123456789ab"
 

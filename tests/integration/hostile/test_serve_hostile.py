@@ -22,7 +22,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from tests.helpers import REPO, script_env, wait_dead  # noqa: E402
-from tests.integration.serve.server import serve_process, stop_server  # noqa: E402
+from tests.serve_process import serve_process, stop_server  # noqa: E402
 
 KEY = "tml-hostile-key-0123456789abcdefgh"
 H = {"X-API-Key": KEY}
