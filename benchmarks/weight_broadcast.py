@@ -15,7 +15,7 @@ versions:
 - **shm, sharing**: the default on CPU (replicas compute with the file in place).
 
 Every replica is checked to serve the last version at the end (the bytes themselves are
-checked by ``tests/components/test_weight_broadcast.py``). The last line is
+checked by ``tests/integration/components/test_weight_broadcast.py``). The last line is
 machine-readable: ``broadcast_vs_copying=<ratio>``.
 """
 

@@ -1,44 +1,67 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: the fast tests, then the slow ones (real models,
-# end-to-end runs) as a separate step. Extra arguments go to both of those pytest runs.
+# Set up, then run the test tiers (tests/conftest.py says which folder is which): the fast
+# tier (`-m "not slow"`: unit, checks, integration), then the slow one (`-m slow`: e2e,
+# multihost) as a separate step, then the vLLM tier. Extra arguments go to both of those
+# pytest runs. At the end (also when a step fails) it prints and writes a timings table, one
+# row per test folder and per step, to $FORGE_TEST_TIMINGS (default test-timings.md).
 #
 # Every optional part that runs on a CPU is installed, so its tests run rather than skip:
 # ray and monarch (the service suite also runs on Ray and on Monarch proc meshes), the titan
-# trainer backend, the tensorboard and wandb metric backends, PEFT (LoRA), the tinker SDK (forge serve's tests), and the ecosystem
-# environments' packages (reasoning-gym, verifiers, textarena, openenv-core). The vLLM generator tests run
-# last, from a virtual environment of their own (scripts/test_vllm.sh); FORGE_CI_VLLM=0 leaves
-# them out.
+# trainer backend, the tensorboard and wandb metric backends, PEFT (LoRA), the tinker SDK
+# (forge serve's tests), and the ecosystem environments' packages (reasoning-gym, verifiers,
+# textarena, openenv-core). The vLLM tests (tests/vllm/) run last, from a virtual environment
+# of their own (scripts/test_vllm.sh); FORGE_CI_VLLM=0 leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TIMINGS=${FORGE_TEST_TIMINGS:-test-timings.md}
+REPORTS=$(mktemp -d)
+STEPS=()
+
+timings() {
+  "$PY" scripts/test_timings.py "${STEPS[@]}" "$REPORTS"/*.xml | tee "$TIMINGS" || true
+  rm -rf "$REPORTS"
+}
+trap timings EXIT
+
 start=$SECONDS
 FORGE_EXTRAS=${FORGE_EXTRAS:-dev,ray,monarch,titan,tensorboard,wandb,envs,lora,serve} bash scripts/setup.sh
 echo "[test] setup took $((SECONDS - start)) s"
+STEPS+=(--step "setup=$((SECONDS - start))")
 
-echo "[test] fast tests"
+echo "[test] fast tier"
 start=$SECONDS
-"$PY" -m pytest -q -m "not slow" "$@"
-echo "[test] fast tests took $((SECONDS - start)) s"
+set +e
+"$PY" -m pytest -q -m "not slow" --junitxml="$REPORTS/fast.xml" "$@"
+rc=$?
+set -e
+echo "[test] fast tier took $((SECONDS - start)) s"
+STEPS+=(--step "fast tier=$((SECONDS - start))")
+if [[ $rc -ne 0 ]]; then
+  exit $rc
+fi
 
-echo "[test] slow tests"
+echo "[test] slow tier"
 start=$SECONDS
 # tinker-cookbook's recipe runs from a venv of its own (it pins another transformers).
 TINKER_COOKBOOK_PYTHON=$(bash scripts/cookbook_venv.sh) || echo "[test] no cookbook venv: its test skips"
 export TINKER_COOKBOOK_PYTHON
 set +e
-"$PY" -m pytest -q -m slow "$@"
+"$PY" -m pytest -q -m slow --junitxml="$REPORTS/slow.xml" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then  # pytest: no slow tests collected
   echo "[test] no slow tests"
   rc=0
 fi
-echo "[test] slow tests took $((SECONDS - start)) s"
+echo "[test] slow tier took $((SECONDS - start)) s"
+STEPS+=(--step "slow tier=$((SECONDS - start))")
 
 if [[ "${FORGE_CI_VLLM:-1}" != 0 ]]; then
-  echo "[test] vllm tests"
+  echo "[test] vllm tier"
   start=$SECONDS
-  bash scripts/test_vllm.sh || rc=$?
-  echo "[test] vllm tests took $((SECONDS - start)) s"
+  bash scripts/test_vllm.sh --junitxml="$REPORTS/vllm.xml" || rc=$?
+  echo "[test] vllm tier took $((SECONDS - start)) s"
+  STEPS+=(--step "vllm tier=$((SECONDS - start))")
 fi
 exit $rc

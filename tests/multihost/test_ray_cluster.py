@@ -26,7 +26,7 @@ from tests.multihost import cluster as ray_cluster  # noqa: E402
 from tests.multihost import netns  # noqa: E402
 from tests.multihost.conftest import _lock  # noqa: E402
 
-pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 HOSTS = 3
 
@@ -143,7 +143,7 @@ def _summary(log: str) -> dict[str, float]:
 SERVICES = """
 import asyncio, json, os, signal, time
 from controller import shutdown
-from tests.runtime.service_actors import Caller, Echo
+from tests.integration.controller.service_actors import Caller, Echo
 
 async def main():
     svc = await Echo.options(num_replicas=3).as_service()
@@ -313,7 +313,7 @@ def test_cpu_demo_learns_on_three_hosts(hosts, tmp_path):
     log = (tmp_path / "run.log").read_text()
     assert rc == 0, log[-4000:]
     s = _summary(log)
-    # the thresholds of tests/apps/test_sumdigits_app.py (its spread: docs/benchmarks.md)
+    # the thresholds of tests/e2e/apps/test_sumdigits_app.py (its spread: docs/benchmarks.md)
     assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10 and s["heldout_accuracy"] >= 0.85, s
     assert where["Generator"] == {h.ns for h in hosts.hosts}, where
     assert len(where["RewardActor"]) == 2 and "" not in where["Trainer"], where
@@ -410,7 +410,7 @@ def test_the_trainer_host_dying_stops_the_run_which_resumes(hosts, tmp_path):
 LINK_DOWN = """
 import asyncio, json, subprocess, time
 from controller import shutdown
-from tests.runtime.service_actors import Echo
+from tests.integration.controller.service_actors import Echo
 
 async def main():
     svc = await Echo.options(num_replicas=3).as_service()
@@ -454,7 +454,7 @@ ONE_REPLICA = """
 import asyncio, json, time
 from controller import shutdown
 from tests.multihost import netns
-from tests.runtime.service_actors import Echo
+from tests.integration.controller.service_actors import Echo
 
 async def main():
     svc = await Echo.options(num_replicas=1).as_service()  # the default options
@@ -513,7 +513,7 @@ def test_wrong_ray_token_is_refused(hosts, tmp_path):
 
 CONTROLLER = """
 import asyncio
-from tests.runtime.service_actors import Echo
+from tests.integration.controller.service_actors import Echo
 
 async def main():
     svc = await Echo.options(num_replicas=3).as_service()

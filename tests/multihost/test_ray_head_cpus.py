@@ -28,7 +28,7 @@ from tests.multihost.test_ray_cluster import (  # noqa: E402
     _steps,
 )
 
-pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 HOSTS = 2
 
@@ -58,7 +58,7 @@ import asyncio, json
 import ray
 from controller import _ray, shutdown
 from tests.multihost.actors import Where
-from tests.runtime.service_actors import Echo
+from tests.integration.controller.service_actors import Echo
 
 async def main():
     _ray.connect()

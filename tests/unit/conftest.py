@@ -4,9 +4,9 @@ included), every way of starting one raises ``ProcessStartRefused`` instead.
 Refused: ``subprocess.Popen`` (so ``subprocess.run``, ``os.popen`` and asyncio subprocesses
 too), ``multiprocessing`` / ``torch.multiprocessing`` ``Process.start`` (every start method),
 ``os.fork``/``os.forkpty`` (so ``pty.fork`` and ``os.spawn*``), ``os.posix_spawn[p]`` and
-``os.system``. A test that needs a real process belongs in ``tests/runtime/`` (the
-controller), ``tests/components/`` (one component across processes), ``tests/checks/``
-(a tool or a fresh interpreter over the repository) or ``tests/apps/`` (whole programs).
+``os.system``. A test that needs a real process belongs in ``tests/integration/`` (real
+processes, seconds each), ``tests/checks/`` (a tool or a fresh interpreter over the
+repository) or ``tests/e2e/`` (whole programs, anything slow): see ``tests/conftest.py``.
 
 The guard is a set of hook wrappers rather than an autouse fixture so that it also covers
 fixtures of module and session scope, which pytest sets up before any function fixture.
@@ -23,8 +23,7 @@ import pytest
 
 WHERE = (
     "tests/unit/ starts no process: use an in-process fake (controller.testing) or move "
-    "the test to tests/runtime/, tests/components/, tests/checks/ or tests/apps/ "
-    "(see tests/unit/conftest.py)"
+    "the test to tests/integration/, tests/checks/ or tests/e2e/ (see tests/conftest.py)"
 )
 
 
@@ -54,6 +53,13 @@ def refusing_processes():
             if hasattr(os, name):
                 mp.setattr(os, name, _refuse(f"os.{name}()"))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _stop_everything():
+    """Overrides tests/conftest.py's: a unit test spawned nothing, so there is nothing to stop
+    (and no event loop to make for it)."""
+    yield
 
 
 @pytest.hookimpl(wrapper=True)

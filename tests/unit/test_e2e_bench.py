@@ -1,6 +1,6 @@
 """benchmarks.e2e's pure parts: TRL's best thread count per repetition, CPU utilisation from
 process-tree samples, and the report's machine-readable last lines (sampling a real process
-tree: tests/components/test_process_tree_cpu.py)."""
+tree: tests/integration/components/test_process_tree_cpu.py)."""
 
 from __future__ import annotations
 

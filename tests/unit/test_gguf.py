@@ -1,6 +1,6 @@
 """GGUF files and shipped models as ``policy.model``: what resolves, and the errors that name
 the fix, raised when the config loads (before anything spawns). The real conversion runs in
-tests/training/test_real_model.py."""
+tests/e2e/training/test_real_model.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """forge.observability: per-process partial states, cross-process merge, backends (wandb,
-which runs its own ``wandb-core`` process: tests/components/test_wandb_backend.py)."""
+which runs its own ``wandb-core`` process: tests/integration/components/test_wandb_backend.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-REFUSED = r"in a unit test: tests/unit/ starts no process.*tests/runtime/, tests/components/"
+REFUSED = r"in a unit test: tests/unit/ starts no process.*tests/integration/, tests/checks/"
 
 
 def test_subprocess_is_refused():

@@ -37,7 +37,7 @@ def test_extract_final_answer(response, expected):
 
 
 # ---------------------------------------------------------------- MathReward's scoring
-# MathReward itself scores in a child process: tests/components/test_math_reward.py. Here the
+# MathReward itself scores in a child process: tests/integration/components/test_math_reward.py. Here the
 # function that process runs, in this one.
 
 

@@ -1,5 +1,5 @@
 """The Python sandbox checks its limits before it starts anything (what it runs:
-tests/components/test_sandbox.py)."""
+tests/integration/components/test_sandbox.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Service routing, sessions, failover and fanout, on ``controller.testing.FakeService``
 (the real routing core and routers, in-process) and on a ``ServiceRef`` over fake replicas.
 Process behaviour (deaths by signal, restarts, health checks) is tested in
-tests/runtime/test_services*.py."""
+tests/integration/controller/test_services*.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from controller import (
 from controller._service_ref import ServiceRef, write_table
 from controller._service_types import HEALTHY, RECOVERING, ServiceConfig
 from controller.testing import FakeService
-from tests.runtime.service_actors import Echo
+from tests.integration.controller.service_actors import Echo
 
 
 class Tagged(Actor):

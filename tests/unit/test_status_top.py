@@ -1,5 +1,5 @@
 """The status file behind ``forge top``: atomic writes, final states, the RL fields and the
-rendered frame (the command line, ``forge top --once``: tests/apps/test_top_once.py)."""
+rendered frame (the command line, ``forge top --once``: tests/e2e/apps/test_top_once.py)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_step_status_picks_the_rl_fields():
 
 
 def status_snapshot(**over) -> dict:
-    """A running GRPO run's ``status.json`` (tests/apps/test_top_once.py uses it too)."""
+    """A running GRPO run's ``status.json`` (tests/e2e/apps/test_top_once.py uses it too)."""
     now = time.time()
     snap = {
         "format": 1,

@@ -1,6 +1,6 @@
 """The host thread budget (controller.threads) in one process: the whole share alone, and
 the switch that turns it off (shares across real processes:
-tests/components/test_thread_budget.py)."""
+tests/integration/components/test_thread_budget.py)."""
 
 from __future__ import annotations
 

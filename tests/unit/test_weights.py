@@ -1,6 +1,6 @@
 """Versioned weights in one process: shm and safetensors transports, the store's retention
 and errors, tied weights, leases, bucket planning. Across real processes (another reader,
-concurrent readers, a 2-process gloo broadcast): tests/components/test_weights_processes.py,
+concurrent readers, a 2-process gloo broadcast): tests/integration/components/test_weights_processes.py,
 which imports ``mixed_state_dict`` and ``assert_same`` from here."""
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""The multi-turn demo end to end: SFT on random in-range guesses, then GRPO in the game."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+
+from tests.helpers import REPO, forge_run, script_env
+
+
+@pytest.mark.timeout(1200)  # the whole demo: ~4 minutes on 2 cores (the default is 300 s)
+def test_guess_demo_learns(tmp_path):
+    run = tmp_path / "run"
+    out = forge_run(
+        ["--config", str(REPO / "apps/guess/cpu.yaml"), "--run-dir", str(run), "rl.eval.every=0"],
+        timeout=1200,
+        env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("success_rate=")][-1]
+    s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
+    assert s["optimal"] == 1.0
+    # Measured (this command, 2026-11-24): greedy success on the 8 held-out games went
+    # 0.875 -> 0.875, 1.0 or 0.875 at seeds 0-2, and to 0.75 in one CI run: one game is the
+    # whole gain there, and runs are not bit-reproducible (asynchronous rollouts). So the
+    # greedy check allows one lost game, and learning is checked by the sampled success of
+    # the training episodes (64 a step): first 20 steps against the last 20 went 0.717 ->
+    # 0.828, 0.751 -> 0.827 and 0.795 -> 0.892 at seeds 0-2 (gains 0.076-0.111).
+    assert s["success_rate"] >= s["baseline"] - 1 / 8, s
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert len(steps) == 120
+    sampled = [r["rollout/reward/success"] for r in steps if "rollout/reward/success" in r]
+    first, last = statistics.mean(sampled[:20]), statistics.mean(sampled[-20:])
+    assert last >= first + 0.04, (first, last)
+    assert {"env/turns", "rollout/reward/success", "env/sampled_tokens"} <= set(steps[-1])
+    assert max(r["train/logprob_gap"] for r in steps[:1]) < 1e-4  # generator == trainer

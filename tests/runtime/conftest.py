@@ -1,9 +1,0 @@
-import pytest
-
-from controller import shutdown
-
-
-@pytest.fixture(autouse=True)
-async def _stop_everything():
-    yield
-    await shutdown()
