@@ -176,7 +176,11 @@ class Worker:
                 first = ctx.run(coro.send, None)
             except StopIteration:
                 return
-            self.tasks[key] = self.loop.create_task(_resume(coro, first), context=ctx)  # pyright: ignore[reportCallIssue]  # context= is 3.11+: fails on 3.10
+            resume = _resume(coro, first)
+            if sys.version_info >= (3, 11):
+                self.tasks[key] = self.loop.create_task(resume, context=ctx)
+            else:  # 3.10 has no context=: a task copies the context it is created in
+                self.tasks[key] = ctx.run(self.loop.create_task, resume)
         else:
             ctx = contextvars.copy_context()
             ctx.run(_context.current_actor.set, inst)
