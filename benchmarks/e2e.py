@@ -321,10 +321,26 @@ def cpu_grpo_config(
     return GRPOConfig(**{**fields, **extra})
 
 
+def trl_clock(marks: list[float], lengths: list[float]) -> type:
+    """A TRL ``TrainerCallback`` class that appends ``perf_counter()`` to ``marks`` at the end
+    of every step and each logged ``completions/mean_length`` to ``lengths``."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, _args, state, control, **kw):
+            marks.append(time.perf_counter())
+
+        def on_log(self, _args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+    return Clock
+
+
 def run_trl(model: Path, setup: Setup, out_dir: Path, seed: int, threads: int, args) -> dict:
     try:
         from datasets import Dataset
-        from transformers import PrinterCallback, TrainerCallback
+        from transformers import PrinterCallback
         from trl import GRPOTrainer
     except ImportError as e:
         raise ImportError("the TRL comparison needs: pip install 'trl==1.16.*'") from e
@@ -337,15 +353,7 @@ def run_trl(model: Path, setup: Setup, out_dir: Path, seed: int, threads: int, a
     rows = [source.sample() for _ in range(setup.prompts * (total + 1))]
     marks: list[float] = []
     lengths: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, _args, state, control, **kw):
-            marks.append(time.perf_counter())
-
-        def on_log(self, _args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                lengths.append(logs["completions/mean_length"])
-
+    Clock = trl_clock(marks, lengths)
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import ProcessTreeCpu
-from benchmarks.e2e import cpu_grpo_config, step_clock, window
+from benchmarks.e2e import cpu_grpo_config, step_clock, trl_clock, window
 from controller import loops
 
 MAIN_YAML = Path(__file__).resolve().parents[1] / "apps" / "arith" / "smollm2.yaml"
@@ -132,7 +132,7 @@ async def run_forge(model: str, setup: Setup, steps: int, run_dir: Path) -> dict
 def run_trl(model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback
     from trl import GRPOTrainer
 
     from apps.arith.task import correct
@@ -142,15 +142,7 @@ def run_trl(model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool) -> 
 
     marks: list[float] = []
     lengths: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, _args, state, control, **kw):
-            marks.append(time.perf_counter())
-
-        def on_log(self, _args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                lengths.append(logs["completions/mean_length"])
-
+    Clock = trl_clock(marks, lengths)
     torch.set_num_threads(2)
     args = cpu_grpo_config(
         out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
