@@ -155,3 +155,17 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
             proc.communicate()
     return {"returncode": proc.returncode, "out": out, "err": err, "gens": gens,
             "victim": victim, "trained_at_kill": trained}  # fmt: skip
+
+
+async def replica_restarted(svc, victim: int, timeout: float = 30) -> None:
+    """Wait until the service's first replica is healthy again in a process other than
+    ``victim`` (the pid a test killed); fails with the replica's metrics after ``timeout``."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = svc.metrics()[0]
+        if m["state"] == "healthy" and m["pids"][0] != victim:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"replica 0 not restarted within {timeout} s: {svc.metrics()[0]}")

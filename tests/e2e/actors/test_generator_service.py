@@ -3,10 +3,8 @@ latest pushed version (never stale or initial weights)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 import uuid
 
 import torch
@@ -16,6 +14,7 @@ from forge.actors.generator import Generator
 from forge.generation.backend import GeneratorConfig, state_dict_checksum
 from forge.models import load_model
 from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
+from tests.helpers import replica_restarted
 
 
 async def test_killed_replica_recovers_with_the_latest_version(tiny_model_dir):
@@ -37,13 +36,7 @@ async def test_killed_replica_recovers_with_the_latest_version(tiny_model_dir):
         # requests keep being served by the healthy replica meanwhile
         (c,) = await svc.generate.route("12 ", n=1, max_tokens=3)
         assert c.generator_version == 1
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            m = svc.metrics()[0]
-            if m["state"] == "healthy" and m["pids"][0] != victim:
-                break
-            await asyncio.sleep(0.1)
-        assert m["state"] == "healthy" and m["pids"][0] != victim
+        await replica_restarted(svc, victim)
         assert await svc.get_version.fanout() == [1, 1]
         want = state_dict_checksum(pushed)
         assert await svc.state_dict_checksum.fanout() == [want, want]
