@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from forge.observability import read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "apps/sumdigits/cpu.yaml"
 SFT_LR, RL_LR = 1.0e-3, 1.0e-4  # the demo's (apps/sumdigits/cpu.yaml)
@@ -99,7 +101,7 @@ class PeakMemory:
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(path)
 
 
 def run_variant(name: str, preset: str, seed: int, extra: list[str], a) -> dict:

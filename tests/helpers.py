@@ -119,12 +119,9 @@ def actor_processes(root_pid: int, prefix: str = "") -> dict[int, str]:
 
 def run_metrics(run: Path) -> list[dict]:
     """The rows of a GRPO run directory's ``metrics.jsonl`` (none before it exists)."""
-    import json
+    from forge.observability import read_jsonl
 
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:

@@ -18,12 +18,12 @@ minutes=<z>`` on the 8 held-out games (every number once, greedy).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from apps.guess.task import optimal_success_rate
 from forge import M, sft_then_rl
 from forge import PipelineConfig as Config
+from forge.observability import read_jsonl
 
 __all__ = ["Config", "run"]
 
@@ -45,6 +45,6 @@ async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
 
 
 def _last_mean_turns(path: Path) -> float:
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = read_jsonl(path)
     turns = [r[M.MEAN_TURNS] for r in rows if M.MEAN_TURNS in r]
     return turns[-1] if turns else float("nan")

@@ -16,6 +16,7 @@ from forge.observability.backends import (
     TensorBoardBackend,
     WandbBackend,
     build_backends,
+    read_jsonl,
 )
 from forge.observability.metrics import (
     MaxState,
@@ -47,6 +48,7 @@ __all__ = [
     "SumState",
     "TensorBoardBackend",
     "WandbBackend",
+    "read_jsonl",
     "build_backends",
     "get_collector",
     "merge_states",

@@ -76,6 +76,22 @@ class JsonlBackend(MetricBackend):
             self._file = None
 
 
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict]:
+    """The complete records of a JSON-lines file that a live run may be appending to.
+
+    A line longer than the writer's buffer reaches the file in several writes, so a reader
+    can see its first part only: a last line without its newline is left for the next read.
+    A missing file has no records.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 class TensorBoardBackend(MetricBackend):
     """Scalars in ``run_dir/tensorboard`` via ``torch.utils.tensorboard``."""
 

@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from forge.observability.backends import read_jsonl
+
 __all__ = ["EpisodeSamples", "episode_record", "read_episodes", "show_episodes"]
 
 FILE = "episodes.jsonl"
@@ -82,7 +84,7 @@ def read_episodes(run_dir: str | Path) -> list[dict]:
     root = Path(run_dir)
     for path in (root / FILE, root / "rl" / FILE, root):
         if path.is_file():
-            return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            return read_jsonl(path)
     raise FileNotFoundError(
         f"no {FILE} in {root} or {root / 'rl'}: is it a run directory of an RL run "
         "(rollout.log_episodes > 0)?"

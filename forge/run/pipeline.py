@@ -13,13 +13,13 @@ downloaded: a demo's base model is built locally (``preset``, ``seed``) and cach
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from forge.env import get_cache_dir
+from forge.observability.backends import read_jsonl
 from forge.observability.names import M
 from forge.observability.plot import plot_curves
 from forge.run.policy import retarget
@@ -181,9 +181,7 @@ def summary(result: dict, env: bool) -> str:
 
 def _rows(path: Path) -> list[dict]:
     """The RL stage's metric rows (those logged before a resume among them)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def _column(rows: list[dict], name: str) -> dict[int, float]:

@@ -23,6 +23,7 @@ from forge.observability import (
     build_backends,
     get_collector,
     merge_states,
+    read_jsonl,
     record_metric,
     reset_collector,
     timer,
@@ -183,6 +184,17 @@ def test_jsonl_backend_appends_parseable_lines(tmp_path):
     assert all(before <= r["time"] <= time.time() for r in records)
     with pytest.raises(ValueError, match="is closed"):
         again.log(3, {"loss": 0.0})
+
+
+def test_read_jsonl_leaves_a_line_still_being_written(tmp_path):
+    # A record longer than the writer's buffer reaches the file in several writes.
+    path = tmp_path / "metrics.jsonl"
+    assert read_jsonl(path) == []
+    whole = json.dumps({"step": 0, "k": "x" * 10_000}) + "\n"
+    path.write_text(whole + '{"step": 1, "k": "xx')
+    assert [r["step"] for r in read_jsonl(path)] == [0]
+    path.write_text(whole + '{"step": 1}\n')
+    assert [r["step"] for r in read_jsonl(path)] == [0, 1]
 
 
 def test_build_backends(tmp_path, capsys):
