@@ -84,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "sft_then_rl": "forge.run.pipeline",
     "summary": "forge.run.pipeline",
     "M": "forge.observability.names",
+    "read_jsonl": "forge.observability.backends",
     # rollouts: groups, episodes, environments
     "RolloutManager": "forge.rollout",
     "RolloutConfig": "forge.rollout.scoring",
@@ -209,6 +210,7 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
     from forge.models import ensure_tiny_model, load_model, load_tokenizer, make_tiny_model
     from forge.models.gguf import resolve_model
     from forge.observability import Reduce, record_metric
+    from forge.observability.backends import read_jsonl
     from forge.observability.names import M
     from forge.plugins import PluginSpec, Slot, Spec, import_string
     from forge.replay import collate_episodes

@@ -21,9 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from apps.guess.task import optimal_success_rate
-from forge import M, sft_then_rl
+from forge import M, read_jsonl, sft_then_rl
 from forge import PipelineConfig as Config
-from forge.observability import read_jsonl
 
 __all__ = ["Config", "run"]
 
