@@ -64,7 +64,7 @@ from forge import (
 
 @dataclass
 class Config(RLConfig):
-    """The GRPO run: ``forge.run.config.RLConfig`` (policy, roles, rollout, evaluation,
+    """The GRPO run: ``forge.run.rl_config.RLConfig`` (policy, roles, rollout, evaluation,
     replicas, checkpoints) is all it needs."""
 
 

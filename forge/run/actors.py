@@ -12,7 +12,7 @@ def actor_env(threads: int, deterministic: bool = False) -> dict[str, str]:
     budget (``controller.threads``) hands cores to whichever components are computing, one
     thread at rest. ``threads=N``: a fixed N threads per process, budget off.
     ``deterministic``: fixed threads (``threads`` must be > 0), torch's deterministic kernels
-    (``forge.actors.base.use_deterministic_kernels``) and a fixed hash seed in every actor process."""
+    (``forge.actors.forge_actor.use_deterministic_kernels``) and a fixed hash seed in every actor process."""
     if threads < 0:
         raise ValueError(f"threads_per_actor must be >= 0 (0: thread budget), got {threads}")
     if deterministic and not threads:

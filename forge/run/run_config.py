@@ -26,8 +26,8 @@ from forge.plugins import Spec
 from forge.rollout.scoring import RolloutConfig
 from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
 from forge.slots import DATA_SOURCE, REWARD
-from forge.training.config import TrainerConfig
-from forge.weights.config import WeightTransportConfig
+from forge.training.trainer_config import TrainerConfig
+from forge.weights.transport_config import WeightTransportConfig
 
 __all__ = [
     "EvalConfig",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from forge.serve.config import ServeConfig
+from forge.serve.serve_config import ServeConfig
 
 logger = logging.getLogger("forge.serve")
 
@@ -129,7 +129,7 @@ def _protocol(header_timeout_s: float):
 def main(config: str | None, host: str, port: int, api_key: str | None) -> int:
     """``forge serve``'s body; returns the exit code."""
     from controller import loops, shutdown
-    from forge.serve.config import load_config
+    from forge.serve.serve_config import load_config
 
     key = api_key_from(api_key)
     cfg = load_config(config)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import forge.env
-from forge.serve.config import ServeConfig, ServedBase, resolve_path
 from forge.serve.futures import Stats, UserError
+from forge.serve.serve_config import ServeConfig, ServedBase, resolve_path
 
 logger = logging.getLogger("forge.serve")
 
@@ -124,7 +124,7 @@ class ServerState:
 
     def lora_for(self, lora: dict | None, base: ServedBase):
         """Forge's ``LoraConfig`` for the API's ``lora_config`` (rank and the layer groups)."""
-        from forge.training.config import LoraConfig
+        from forge.training.trainer_config import LoraConfig
 
         lora = dict(lora or {})
         rank = int(lora.pop("rank", 32))

@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from forge.models.reward_model import RewardModelConfig
+from forge.models.reward_classifier import RewardModelConfig
 from forge.plugins import PluginSpec
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
-from forge.run.critic import check_ppo
+from forge.run.gae_critic import check_ppo
 from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus, gpu_count
 from forge.run.run_config import (
     DETERMINISTIC,
@@ -34,9 +34,9 @@ from forge.run.run_config import (
     seed_defaults,
 )
 from forge.run.supervise import check_restarts
-from forge.training.config import ReferenceConfig, check_tis
-from forge.training.critic import CriticConfig
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
+from forge.training.trainer_config import ReferenceConfig, check_tis
+from forge.training.value_model import CriticConfig
 
 __all__ = [
     "DETERMINISTIC",

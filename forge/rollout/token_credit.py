@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from statistics import pstdev
 
-from forge.envs.types import Trajectory
-from forge.losses.credit import step_groups
+from forge.envs.messages import Trajectory
+from forge.losses.turn_credit import step_groups
 from forge.observability.names import M
 from forge.rewards.vector import pad_components
 from forge.types import Episode
