@@ -3,7 +3,8 @@ advantages, laid on each episode's sampled tokens.
 
     assign_credit(group, trajs, credit_fn, aggregate, log)
 
-sets ``Episode.token_advantages`` (each turn's advantage on its sampled tokens) and logs the share of turns in step-level groups and the advantage spread per turn index.
+sets ``Episode.token_advantages`` (each turn's advantage on its sampled tokens) and logs the
+share of turns in step-level groups and the advantage spread per turn index.
 """
 
 from __future__ import annotations

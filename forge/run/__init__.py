@@ -18,7 +18,7 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 =======================  ==============================================================
 """
 
-from forge.run.actors import actor_env
+from forge.run.actors import actor_env_vars
 from forge.run.batches import next_batch, train_next, train_streamed
 from forge.run.checkpoint import Checkpointer
 from forge.run.colocate import Colocation
@@ -51,7 +51,7 @@ __all__ = [
     "Supervisor",
     "TrainerDiedError",
     "WeightSync",
-    "actor_env",
+    "actor_env_vars",
     "check_ppo",
     "check_restarts",
     "evaluate_policy",

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge.env import get_cache_dir
 from forge.observability.backends import read_jsonl
 from forge.observability.names import M
 from forge.observability.plot import plot_curves
 from forge.run.policy import retarget
+from forge.settings import get_cache_dir
 
 __all__ = ["PipelineConfig", "Stage", "run_stage", "sft_then_rl", "summary"]
 

@@ -175,9 +175,9 @@ class RLConfig(RolloutRunConfig):
                             trainer_procs=self.trainer_procs, visible=gpu_count())  # fmt: skip
         if self.placement.shared or not gpu[f"{role}_gpu"] or not own:
             return {}
-        from controller import env
+        from controller import env_vars
 
-        return {} if env.backend() == "monarch" else {"with_gpus": True}
+        return {} if env_vars.backend() == "monarch" else {"with_gpus": True}
 
     def _check_credit(self) -> None:
         """Credit over turns needs turns (an env), a loss that takes per-token advantages,

@@ -286,7 +286,7 @@ DETERMINISTIC = {  # what a deterministic run changes, and why
 def make_deterministic(cfg: Any) -> list[str]:
     """Set what ``deterministic: true`` needs (``DETERMINISTIC``) on a run config and say
     what changed on stdout; returns the changes. Actors then run with torch's deterministic
-    kernels and a fixed hash seed (``forge.run.actor_env``). The same config and seed on the
+    kernels and a fixed hash seed (``forge.run.actor_env_vars``). The same config and seed on the
     same machine then give the same metrics (times aside); it is slower."""
     changes = []
     for key, (rule, why) in DETERMINISTIC.items():

@@ -1,4 +1,6 @@
-"""File names say what a file holds: no two forge modules share a basename."""
+"""File names say what a file holds: no two forge modules share a basename, and "env" names an
+RL environment only (process environment variables live in ``forge/settings.py`` and
+``controller/env_vars.py``)."""
 
 from __future__ import annotations
 
@@ -21,3 +23,10 @@ def test_forge_module_basenames_are_unique():
         by_name[path.rsplit("/", 1)[-1]].append(path)
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert shared == {}, f"forge modules that share a basename (rename one): {shared}"
+
+
+def test_no_module_is_named_env():
+    """``env`` means an RL environment (``forge.envs``, ``EnvActor``, ``build_env``); a module
+    of process environment variables is named for them, not ``env.py``."""
+    bad = [p for pkg in ("forge", "controller") for p in _modules(pkg) if p.endswith("/env.py")]
+    assert bad == [], f"rename these (process variables are not RL environments): {bad}"
