@@ -9,6 +9,9 @@ import pytest
 from controller import ActorMesh, ValueMesh, this_host
 from tests.helpers import pid_alive, run_script
 from tests.integration.controller.actors import Caller, Counter, WithSetup
+from tests.integration.controller.conftest_backends import backend_fixture
+
+backend = backend_fixture  # the tests that take ``backend`` run on local, Ray and Monarch
 
 
 async def test_call_returns_one_value_per_rank():
@@ -158,7 +161,7 @@ async def test_setup_runs_on_every_rank():
     assert (await m.is_ready.call()).values() == [True, True]
 
 
-async def test_env_vars_reach_every_process_of_an_actor():
+async def test_env_vars_reach_every_process_of_an_actor(backend):
     m = await Counter.options(procs=2, env_vars={"MY_VAR": "y"}).as_actor()
     assert (await m.getenv.call("MY_VAR")).values() == ["y", "y"]
     await m.shutdown()
