@@ -5,6 +5,7 @@ RL environment only (process environment variables live in ``forge/settings.py``
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 from tests.helpers import REPO
 
@@ -20,7 +21,7 @@ def test_forge_module_basenames_are_unique():
     editor tab ambiguous; each module's name says what it holds instead."""
     by_name: dict[str, list[str]] = defaultdict(list)
     for path in _modules("forge"):
-        by_name[path.rsplit("/", 1)[-1]].append(path)
+        by_name[Path(path).name].append(path)
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert shared == {}, f"forge modules that share a basename (rename one): {shared}"
 
@@ -28,5 +29,5 @@ def test_forge_module_basenames_are_unique():
 def test_no_module_is_named_env():
     """``env`` means an RL environment (``forge.envs``, ``EnvActor``, ``build_env``); a module
     of process environment variables is named for them, not ``env.py``."""
-    bad = [p for pkg in ("forge", "controller") for p in _modules(pkg) if p.endswith("/env.py")]
+    bad = [p for pkg in ("forge", "controller") for p in _modules(pkg) if Path(p).name == "env.py"]
     assert bad == [], f"rename these (process variables are not RL environments): {bad}"
