@@ -32,7 +32,7 @@ PROMPTS = [f"Sum the digits of {n}." for n in (4821, 93, 7, 123456, 505, 8888, 6
 
 def _adapter_versions(model: str, rank: int, count: int) -> list[dict]:
     from forge.training import TrainerConfig, TrainerCore
-    from forge.training.config import LoraConfig
+    from forge.training.trainer_config import LoraConfig
 
     core = TrainerCore(TrainerConfig(model=model, lora=LoraConfig(rank=rank)))
     out = []

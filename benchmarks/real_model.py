@@ -91,7 +91,7 @@ def trainer_flops(batch, prompt_len: int, groups: int, non_embedding: int) -> fl
 def time_trainer(
     model_dir: str, batch, autocast: str | None, repeats: int, attn: str = "eager"
 ) -> float:
-    from forge.training.config import TrainerConfig
+    from forge.training.trainer_config import TrainerConfig
     from forge.training.trainer_core import TrainerCore
 
     cfg = TrainerConfig(model=model_dir, device="cpu", autocast=autocast, attn_implementation=attn)
@@ -109,7 +109,7 @@ def profile_trainer(model_dir: str) -> dict:
     """One bf16-autocast trainer step under ``torch.profiler``: the ops that take the time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from forge.training.config import TrainerConfig
+    from forge.training.trainer_config import TrainerConfig
     from forge.training.trainer_core import TrainerCore
 
     batch, _, _ = sample_batch(model_dir)

@@ -38,7 +38,7 @@ async def bench(model_dir: str, repeats: int) -> dict[str, list[float]]:
     from forge.actors.trainer import Trainer
     from forge.generation import GeneratorConfig
     from forge.run.weights import WeightSync
-    from forge.training.config import TrainerConfig
+    from forge.training.trainer_config import TrainerConfig
     from forge.weights import WeightTransportConfig
 
     setups = {

@@ -93,7 +93,7 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
     from forge.actors.generator import Generator
     from forge.actors.trainer import Trainer
     from forge.generation import GeneratorConfig
-    from forge.training.config import TrainerConfig
+    from forge.training.trainer_config import TrainerConfig
     from forge.weights import WeightTransportConfig
 
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from controller import env
+from controller import env_vars
 from controller.mesh import HostMesh, ProcMesh
 
 LAUNCHERS = {  # FORGE_BACKEND -> the module whose ``launch(opts, name)`` starts a mesh
@@ -25,7 +25,7 @@ LAUNCHERS = {  # FORGE_BACKEND -> the module whose ``launch(opts, name)`` starts
 
 def backend_name() -> str:
     """``FORGE_BACKEND``: ``local`` (default), ``ray`` or ``monarch``."""
-    return env.backend()
+    return env_vars.backend()
 
 
 async def spawn_procs_for(opts, name: str) -> ProcMesh:
@@ -39,7 +39,7 @@ async def launch(opts, name: str) -> ProcMesh:
     every other mesh's, with ``with_gpus``)."""
     if not opts.with_gpus:
         return await HostMesh(opts.hosts or 1).spawn_procs(
-            per_host={"procs": opts.procs}, env=dict(opts.env), name=name
+            per_host={"procs": opts.procs}, env_vars=dict(opts.env_vars), name=name
         )
     from controller._gpus import get_allocator
 
@@ -54,9 +54,9 @@ async def launch(opts, name: str) -> ProcMesh:
     try:
         pm = await HostMesh(1).spawn_procs(
             per_host={"procs": opts.procs},
-            env=dict(opts.env),
+            env_vars=dict(opts.env_vars),
             name=name,
-            rank_env=lambda r: {"CUDA_VISIBLE_DEVICES": gpus[r]},
+            rank_env_vars=lambda r: {"CUDA_VISIBLE_DEVICES": gpus[r]},
         )
     except BaseException:
         alloc.release(owner)

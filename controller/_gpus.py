@@ -13,11 +13,11 @@ import shutil
 import subprocess
 import threading
 
-from controller import env
+from controller import env_vars
 
 
 def visible_gpus() -> list[str]:
-    for raw in (env.visible_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")):
+    for raw in (env_vars.visible_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")):
         if raw is not None:
             return [d.strip() for d in raw.split(",") if d.strip() and d.strip() != "-1"]
     if shutil.which("nvidia-smi") is None:

@@ -22,7 +22,7 @@ import concurrent.futures
 import os
 import threading
 
-from controller import env
+from controller import env_vars
 from controller._runtime import get_runtime
 from controller.endpoint import endpoint
 from controller.mesh import ActorMesh, ProcInfo
@@ -156,14 +156,14 @@ async def _wire_serve(worker, ip: str, key: bytes):
 
 def home() -> ActorMesh | None:
     """A handle to the session's home, or ``None`` where there is none (one host)."""
-    address = get_runtime().session.home or env.home_address()
+    address = get_runtime().session.home or env_vars.home_address()
     if not address:
         return None
     mesh = ActorMesh(HOME_ACTOR, "Home", Home, [ProcInfo(address, 0)],
                      Shape.full({"procs": 1}), "home")  # fmt: skip
     # Every call to the home is bounded (FORGE_CALL_TIMEOUT_S): a controller host that stops
     # answering fails the caller with a CallTimeoutError naming the call, never a hang.
-    return mesh.with_default_timeout(env.call_timeout_s())
+    return mesh.with_default_timeout(env_vars.call_timeout_s())
 
 
 async def recall(key: str):

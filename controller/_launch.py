@@ -4,7 +4,7 @@ builder of a rank's environment.
 A backend (``controller._backend`` for local processes, ``_ray``, ``_monarch``) is a module with
 ``async def launch(opts: ActorOptions, name: str) -> ProcMesh``: it decides where the ranks run
 and starts one Forge worker (``python -m controller._worker``) per rank with the environment
-``rank_envs`` builds. ``controller._backend`` picks the module ``FORGE_BACKEND`` names.
+``worker_env_vars`` builds. ``controller._backend`` picks the module ``FORGE_BACKEND`` names.
 """
 
 from __future__ import annotations
@@ -29,23 +29,24 @@ def mesh_sizes(hosts: int, per_host: dict[str, int]) -> dict[str, int]:
     return ({"hosts": hosts} if hosts > 1 else {}) | dict(per_host)
 
 
-def rank_envs(
-    session_env: dict[str, str],
+def worker_env_vars(
+    session_vars: dict[str, str],
     mesh: str,
     sizes: dict[str, int],
     master: tuple[str, int],
-    env: dict[str, str],
-    rank_env: Callable[[int], dict[str, str]] | None = None,
+    env_vars: dict[str, str],
+    rank_env_vars: Callable[[int], dict[str, str]] | None = None,
 ) -> list[dict[str, str]]:
-    """The environment of each rank of ``mesh`` (shape ``sizes``): the session, Forge's place
-    (``FORGE_MESH``/``RANK``/``SIZE``/``SHAPE``), torch.distributed's (``MASTER_ADDR``/``PORT``
-    from ``master``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``), then the
-    user's ``env`` and ``rank_env(rank)`` (e.g. a rank's GPU) on top."""
+    """The environment variables of each rank of ``mesh`` (shape ``sizes``): the session,
+    Forge's place (``FORGE_MESH``/``RANK``/``SIZE``/``SHAPE``), torch.distributed's
+    (``MASTER_ADDR``/``PORT`` from ``master``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``LOCAL_WORLD_SIZE``), then the user's ``env_vars`` and ``rank_env_vars(rank)`` (e.g. a
+    rank's GPU) on top."""
     n = len(Shape.full(sizes))
     per_host = n // sizes.get("hosts", 1)
     return [
         {
-            **session_env,
+            **session_vars,
             "FORGE_MESH": mesh,
             "FORGE_RANK": str(rank),
             "FORGE_SIZE": str(n),
@@ -56,8 +57,8 @@ def rank_envs(
             "LOCAL_RANK": str(rank % per_host),
             "WORLD_SIZE": str(n),
             "LOCAL_WORLD_SIZE": str(per_host),
-            **env,
-            **(rank_env(rank) if rank_env else {}),
+            **env_vars,
+            **(rank_env_vars(rank) if rank_env_vars else {}),
         }
         for rank in range(n)
     ]

@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from controller.env import SESSION_KEY, SESSION_KEY_FD
+from controller.env_vars import SESSION_KEY, SESSION_KEY_FD
 from controller.errors import SpawnError, describe_exit
 
 logger = logging.getLogger("controller")
@@ -46,7 +46,7 @@ class LocalProc:
         rank: int,
         size: int,
         address: str,
-        env: dict[str, str],
+        env_vars: dict[str, str],
         on_exit: Callable[[LocalProc], None],
     ):
         self.mesh, self.rank, self.size, self.address = mesh, rank, size, address
@@ -59,7 +59,7 @@ class LocalProc:
         self._ready_r, ready_w = os.pipe()
         os.set_inheritable(life_r, True)
         os.set_inheritable(ready_w, True)
-        full_env = {**os.environ, **env}
+        full_env = {**os.environ, **env_vars}
         full_env["FORGE_LIFELINE_FD"] = str(life_r)
         full_env["FORGE_READY_FD"] = str(ready_w)
         fds = [life_r, ready_w]

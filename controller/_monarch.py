@@ -35,7 +35,7 @@ import sys
 import tempfile
 
 from controller import _runtime
-from controller._launch import WatchedProc, mesh_sizes, rank_envs
+from controller._launch import WatchedProc, mesh_sizes, worker_env_vars
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers
 from controller.endpoint import Future
@@ -99,15 +99,15 @@ class _Bootstrap(_MonarchActor):
         return _ip_towards(peer), free_port()
 
     @_monarch_endpoint
-    async def start(self, mesh: str, envs: list, sys_path: list, peer: str) -> tuple:
+    async def start(self, mesh: str, rank_vars: list, sys_path: list, peer: str) -> tuple:
         """Start the worker of this rank; returns (rank, address, pid, hostname)."""
         rank = _monarch_rank().rank
         for p in reversed(sys_path):  # LocalProc hands our sys.path on to the worker
             if p not in sys.path:
                 sys.path.insert(0, p)
-        env = dict(envs[rank])
-        if not os.path.isdir(env[ENV_DIR]):  # another host: a private session dir of our own
-            env[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")
+        env_vars = dict(rank_vars[rank])
+        if not os.path.isdir(env_vars[ENV_DIR]):  # another host: a private session dir of our own
+            env_vars[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
 
@@ -117,8 +117,8 @@ class _Bootstrap(_MonarchActor):
             )
 
         address = f"tcp:{_ip_towards(peer)}:0"  # port 0: the worker reports the one it got
-        env["FORGE_ADDRESS"] = address
-        self._proc = LocalProc(mesh, rank, len(envs), address, env, on_exit)
+        env_vars["FORGE_ADDRESS"] = address
+        self._proc = LocalProc(mesh, rank, len(rank_vars), address, env_vars, on_exit)
         await self._proc.wait_ready()
         return rank, self._proc.address, self._proc.pid, os.getpid(), socket.gethostname()
 
@@ -217,7 +217,7 @@ def _host_mesh_for(hosts: int):
 
 
 async def spawn_monarch(
-    hosts: int, per_host: dict[str, int], env: dict[str, str], name: str
+    hosts: int, per_host: dict[str, int], env_vars: dict[str, str], name: str
 ) -> MonarchProcMesh:
     """Start ``hosts`` x ``per_host`` Forge workers on Monarch processes."""
     global _exit_hook_installed
@@ -236,10 +236,12 @@ async def spawn_monarch(
     try:
         boot = mpm.spawn("forge_bootstrap", _Bootstrap).flatten("rank")
         master = await boot.slice(rank=0).pick_master.call_one(peer)
-        envs = rank_envs(rt.session.env(), mesh_name, sizes, tuple(master), env)
+        rank_vars = worker_env_vars(
+            rt.session.env_vars(), mesh_name, sizes, tuple(master), env_vars
+        )
         sys_path = [p for p in sys.path if p]
         try:
-            started = (await boot.start.call(mesh_name, envs, sys_path, peer)).values()
+            started = (await boot.start.call(mesh_name, rank_vars, sys_path, peer)).values()
         except Exception as e:
             raise SpawnError(f"Monarch mesh {mesh_name!r} failed to start its workers: {e}") from e
     except BaseException:
@@ -252,7 +254,9 @@ async def spawn_monarch(
             holder[0]._on_proc_exit(p)
 
     procs = [
-        MonarchProc(mesh_name, r, len(envs), addr, pid, bpid, host, boot.slice(rank=r), on_exit)
+        MonarchProc(
+            mesh_name, r, len(rank_vars), addr, pid, bpid, host, boot.slice(rank=r), on_exit
+        )
         for r, addr, pid, bpid, host in sorted(started)
     ]
     for p in procs:
@@ -289,4 +293,4 @@ async def launch(opts, name: str) -> MonarchProcMesh:
             "with_gpus=True is provisioned by the local and ray backends; on Monarch the "
             "allocator's hosts own their GPUs"
         )
-    return await spawn_monarch(opts.hosts or 1, {"procs": opts.procs}, dict(opts.env), name)
+    return await spawn_monarch(opts.hosts or 1, {"procs": opts.procs}, dict(opts.env_vars), name)

@@ -44,9 +44,9 @@ import tempfile
 import time
 
 from controller import _reaper, _runtime
-from controller import env as forge_env
+from controller import env_vars as forge_vars
 from controller._home import start_home
-from controller._launch import WatchedProc, mesh_sizes, rank_envs
+from controller._launch import WatchedProc, mesh_sizes, worker_env_vars
 from controller._local import LocalProc, free_port
 from controller._runtime import ENV_DIR, get_runtime, host_id, install_signal_handlers
 from controller.errors import SpawnError
@@ -83,7 +83,7 @@ def connect() -> None:
     """Join the cluster in ``RAY_ADDRESS``, or start a Ray instance on this host."""
     if ray.is_initialized():
         return
-    address = forge_env.ray_address()
+    address = forge_vars.ray_address()
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     common = dict(
         namespace="forge",
@@ -127,19 +127,21 @@ class _RankHost:
         """This node's IP (as Ray knows it), a free port on it, and its host name."""
         return ray.util.get_node_ip_address(), free_port(), socket.gethostname()
 
-    async def start(self, mesh: str, rank: int, size: int, env: dict, cwd: str) -> tuple:
+    async def start(self, mesh: str, rank: int, size: int, env_vars: dict, cwd: str) -> tuple:
         """Start the worker in the controller's working directory ``cwd`` where it exists
         here (relative paths then mean what they mean to the controller); returns (address,
         pid, host name, Ray node id, our own pid)."""
         if os.path.isdir(cwd):
             os.chdir(cwd)  # this process hosts this one rank only
-        env = dict(env)
+        env_vars = dict(env_vars)
         private = None
-        if not os.path.isdir(env[ENV_DIR]):  # another host: a private session dir of our own
-            private = env[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-{host_id()}-")
+        if not os.path.isdir(env_vars[ENV_DIR]):  # another host: a private session dir of ours
+            private = env_vars[ENV_DIR] = tempfile.mkdtemp(
+                prefix=f"forge-{os.getpid()}-{host_id()}-"
+            )
         gpus = ray.get_gpu_ids()
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            env_vars["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
 
@@ -150,8 +152,8 @@ class _RankHost:
                 lambda: self._done.done() or self._done.set_result(p.returncode)
             )
 
-        env["FORGE_ADDRESS"] = f"tcp:{ray.util.get_node_ip_address()}:0"  # port: the worker's
-        self._proc = LocalProc(mesh, rank, size, env["FORGE_ADDRESS"], env, on_exit)
+        env_vars["FORGE_ADDRESS"] = f"tcp:{ray.util.get_node_ip_address()}:0"  # port: worker's
+        self._proc = LocalProc(mesh, rank, size, env_vars["FORGE_ADDRESS"], env_vars, on_exit)
         await self._proc.wait_ready()
         node_id = ray.get_runtime_context().get_node_id()
         return self._proc.address, self._proc.pid, socket.gethostname(), node_id, os.getpid()
@@ -330,7 +332,7 @@ _reserved: dict[str, dict[str, float]] = {}  # node id -> resources of groups pl
 _anchor: dict[int, str] = {}  # id(runtime) -> the node its single-host, non-replica meshes share
 
 
-async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env):
+async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env_vars):
     """One placement group for the mesh and a ``_RankHost`` per rank, started."""
     hosts, per_host = sizes.get("hosts", 1), sizes["procs"]
     cpus, gpus = resources
@@ -372,7 +374,7 @@ async def _place(rt, mesh_name, sizes, bundle, resources, spread_key, env):
                 ).remote()
                 for r in range(hosts * per_host)
             ]
-            started = await _start_ranks(rt, actors, mesh_name, sizes, env)
+            started = await _start_ranks(rt, actors, mesh_name, sizes, env_vars)
         except BaseException:
             _release(pg, actors)
             raise
@@ -401,13 +403,13 @@ async def launch(opts, name: str) -> RayProcMesh:
     hosts, per_host = opts.hosts or 1, opts.procs
     sizes = mesh_sizes(hosts, {"procs": per_host})
     mesh_name = rt.unique_name(name)
-    cpus, gpus = forge_env.ray_cpus(), (1 if opts.with_gpus else 0)
+    cpus, gpus = forge_vars.ray_cpus(), (1 if opts.with_gpus else 0)
     bundle = {"CPU": cpus * per_host} | ({"GPU": gpus * per_host} if gpus else {})
     spread_key = _REPLICA.sub("", name) if opts.num_replicas > 1 and hosts == 1 else None
     for attempt in range(3):  # a pinned node that dies meanwhile: place the mesh again
         try:
             pg, actors, started = await _place(
-                rt, mesh_name, sizes, bundle, (cpus, gpus), spread_key, dict(opts.env)
+                rt, mesh_name, sizes, bundle, (cpus, gpus), spread_key, dict(opts.env_vars)
             )
             break
         except _NodeLost as e:
@@ -435,14 +437,16 @@ async def launch(opts, name: str) -> RayProcMesh:
     return pm
 
 
-async def _start_ranks(rt, actors, mesh_name, sizes, env) -> list[tuple]:
+async def _start_ranks(rt, actors, mesh_name, sizes, env_vars) -> list[tuple]:
     """Start each rank's worker; (address, pid, host name, node id, host pid) per rank."""
     ip, port, _ = await _await_ref(actors[0].place.remote(), PLACE_TIMEOUT_S, "")
-    home = {forge_env.HOME: rt.session.home}  # ranks elsewhere reach this host through it
-    envs = rank_envs(rt.session.env() | home, mesh_name, sizes, (ip, port), env)
+    home = {forge_vars.HOME: rt.session.home}  # ranks elsewhere reach this host through it
+    rank_vars = worker_env_vars(
+        rt.session.env_vars() | home, mesh_name, sizes, (ip, port), env_vars
+    )
     n = len(actors)
     cwd = os.getcwd()
-    refs = [a.start.remote(mesh_name, r, n, envs[r], cwd) for r, a in enumerate(actors)]
+    refs = [a.start.remote(mesh_name, r, n, rank_vars[r], cwd) for r, a in enumerate(actors)]
     what = f"mesh {mesh_name!r}: a worker did not start within {PLACE_TIMEOUT_S:.0f} s"
     try:
         started = await asyncio.gather(*(_await_ref(ref, PLACE_TIMEOUT_S, what) for ref in refs))

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller import _serialization as ser
-from controller import _wire, env, loops
+from controller import _wire, env_vars, loops
 from controller.errors import ActorDiedError
 
 logger = logging.getLogger("controller")
 
-ENV_DIR, ENV_KEY, ENV_SHM = env.SESSION_DIR, env.SESSION_KEY, env.SHM_PREFIX
+ENV_DIR, ENV_KEY, ENV_SHM = env_vars.SESSION_DIR, env_vars.SESSION_KEY, env_vars.SHM_PREFIX
 
 
 @dataclass
@@ -42,7 +42,8 @@ class Session:
     is_root: bool
     home: str = ""  # the controller's home address (controller._home), where one is served
 
-    def env(self) -> dict[str, str]:
+    def env_vars(self) -> dict[str, str]:
+        """The session's variables every worker inherits (its socket dir, secret, shm prefix)."""
         return {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
 
 
@@ -116,7 +117,7 @@ def _sweep_stale_sessions(tmp: str) -> None:
 
 
 def _new_session() -> Session:
-    inherited = env.inherited_session()
+    inherited = env_vars.inherited_session()
     if inherited is not None:
         prefix = inherited.shm_prefix or ser.shm_prefix()
         ser.set_shm_prefix(prefix)

@@ -27,7 +27,7 @@ from typing import Any
 
 import cloudpickle
 
-from controller import env
+from controller import env_vars
 
 SHM_THRESHOLD = 64 * 1024
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -127,7 +127,7 @@ class _Pool:
     def give(self, seg: _Segment) -> None:
         with self.lock:
             self.free.append(seg)
-            total, cap = sum(s.size for s in self.free), env.shm_pool_bytes()
+            total, cap = sum(s.size for s in self.free), env_vars.shm_pool_bytes()
             while total > cap and self.free:
                 old = self.free.pop(0)
                 total -= old.size
@@ -152,7 +152,7 @@ class _MappedCache:
     def put(self, seg: _Segment) -> None:
         with self.lock:
             self.segs[seg.path] = seg
-            total, cap = sum(s.size for s in self.segs.values()), env.shm_pool_bytes()
+            total, cap = sum(s.size for s in self.segs.values()), env_vars.shm_pool_bytes()
             while total > cap:
                 old = self.segs.pop(next(iter(self.segs)))
                 total -= old.size

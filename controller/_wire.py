@@ -327,13 +327,13 @@ async def serve(
     within ``handshake_timeout_s`` (default ``FORGE_HANDSHAKE_TIMEOUT_S``), and at most
     ``max_pending`` peers (default ``FORGE_MAX_PENDING_CONNECTIONS``) may be authenticating at
     once."""
-    from controller import env
+    from controller import env_vars
 
     loop = asyncio.get_running_loop()
     family, target = parse_address(address)
     gate = _Gate(
-        env.handshake_timeout_s() if handshake_timeout_s is None else handshake_timeout_s,
-        env.max_pending_connections() if max_pending is None else max_pending,
+        env_vars.handshake_timeout_s() if handshake_timeout_s is None else handshake_timeout_s,
+        env_vars.max_pending_connections() if max_pending is None else max_pending,
     )
 
     def factory():

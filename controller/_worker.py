@@ -24,7 +24,7 @@ import sys
 import threading
 import traceback
 
-from controller import _context, _wire, env, loops
+from controller import _context, _wire, env_vars, loops
 from controller import _serialization as ser
 from controller._runtime import get_runtime
 
@@ -301,7 +301,7 @@ def _die() -> None:
 
 
 async def _main() -> None:
-    place = env.worker_place()
+    place = env_vars.worker_place()
     mesh, rank, size, address = place.mesh, place.rank, place.size, place.address
     _context.set_process_rank(rank, place.shape)
     rt = get_runtime()
@@ -312,7 +312,7 @@ async def _main() -> None:
         address = f"{address[:-2]}:{server.sockets[0].getsockname()[1]}"
         worker.address = address
         os.environ["FORGE_ADDRESS"] = address  # controller.files.own_address() reads it
-    ready = env.ready_fd()
+    ready = env_vars.ready_fd()
     os.write(ready, f"{os.getpid()} {address}\n".encode())
     os.close(ready)
     async with server:
@@ -341,14 +341,14 @@ def _not_dumpable() -> None:
 
 
 def main() -> None:
-    env.take_session_key()  # before anything can start a child that would inherit it
+    env_vars.take_session_key()  # before anything can start a child that would inherit it
     _not_dumpable()
-    for p in reversed(env.sys_path()):
+    for p in reversed(env_vars.sys_path()):
         if p not in sys.path:
             sys.path.insert(0, p)
-    logging.basicConfig(level=env.log_level())
+    logging.basicConfig(level=env_vars.log_level())
     signal.signal(signal.SIGTERM, lambda *_: _die())
-    lifeline = env.lifeline_fd()
+    lifeline = env_vars.lifeline_fd()
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     loops.run(_main())
     get_runtime().close()  # stop any meshes this process spawned, then leave

@@ -85,12 +85,16 @@ class Actor(_HandleBase):
         with_gpus: bool = False,
         num_replicas: int = 1,
         mesh_name: str | None = None,
-        env: dict[str, str] | None = None,
+        env_vars: dict[str, str] | None = None,
         **extra: Any,
     ) -> type[A]:
-        """A configured subclass of this actor (each call independent of the others)."""
+        """A configured subclass of this actor (each call independent of the others).
+        ``env_vars``: environment variables of its processes (``env`` would read as an RL
+        environment, so that keyword is refused)."""
+        if "env" in extra:
+            raise TypeError("options(env=...) is renamed: pass process variables as env_vars={...}")
         opts = ActorOptions(
-            procs, hosts, with_gpus, num_replicas, mesh_name, dict(env or {}), dict(extra)
+            procs, hosts, with_gpus, num_replicas, mesh_name, dict(env_vars or {}), dict(extra)
         )
         base = getattr(cls, "_forge_base", cls)
         return type(

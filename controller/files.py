@@ -257,9 +257,9 @@ served_bytes = _published.served_bytes
 def own_address() -> str:
     """This worker's TCP address, where peers on other hosts reach it (``""`` for a worker
     on a unix socket, or outside a worker)."""
-    from controller import env
+    from controller import env_vars
 
-    address = env.get("FORGE_ADDRESS") or ""
+    address = env_vars.get("FORGE_ADDRESS") or ""
     return address if address.startswith("tcp:") and not address.endswith(":0") else ""
 
 

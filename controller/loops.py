@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from controller import env
+from controller import env_vars
 
 __all__ = ["new_event_loop", "run", "uvloop_enabled"]
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 def uvloop_enabled() -> bool:
     """Whether :func:`new_event_loop` gives a uvloop loop (installed, not turned off)."""
-    if not env.uvloop():
+    if not env_vars.uvloop():
         return False
     try:
         import uvloop  # noqa: F401

@@ -18,7 +18,7 @@ from typing import Any
 
 from controller import _context, _wire
 from controller import _serialization as ser
-from controller._launch import mesh_sizes, rank_envs
+from controller._launch import mesh_sizes, worker_env_vars
 from controller._local import LocalProc, free_port, kill_all
 from controller._runtime import get_runtime, install_signal_handlers
 from controller.endpoint import Endpoint, EndpointProperty
@@ -502,12 +502,12 @@ class HostMesh:
     def spawn_procs(
         self,
         per_host: dict[str, int] | None = None,
-        env: dict[str, str] | None = None,
+        env_vars: dict[str, str] | None = None,
         name: str | None = None,
-        rank_env: Callable[[int], dict[str, str]] | None = None,
+        rank_env_vars: Callable[[int], dict[str, str]] | None = None,
     ) -> Future[ProcMesh]:
-        """Start ``per_host`` processes (e.g. ``{"procs": 4}``) with extra ``env`` (and
-        ``rank_env(r)`` for rank r only, e.g. its GPU)."""
+        """Start ``per_host`` processes (e.g. ``{"procs": 4}``) with extra environment
+        variables ``env_vars`` (and ``rank_env_vars(r)`` for rank r only, e.g. its GPU)."""
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -519,7 +519,8 @@ class HostMesh:
                 "use the monarch backend (FORGE_BACKEND=monarch) for multi-host meshes"
             )
         return Future(
-            lambda: spawn_local(sizes, env or {}, name or "procs", rank_env), "spawn_procs"
+            lambda: spawn_local(sizes, env_vars or {}, name or "procs", rank_env_vars),
+            "spawn_procs",
         )
 
 
@@ -530,9 +531,9 @@ def this_host() -> HostMesh:
 
 async def spawn_local(
     sizes: dict[str, int],
-    env: dict[str, str],
+    env_vars: dict[str, str],
     name: str,
-    rank_env: Callable[[int], dict[str, str]] | None = None,
+    rank_env_vars: Callable[[int], dict[str, str]] | None = None,
 ) -> ProcMesh:
     rt = get_runtime()
     install_signal_handlers()
@@ -547,9 +548,11 @@ async def spawn_local(
         if holder:
             holder[0]._on_proc_exit(p)
 
-    envs = rank_envs(rt.session.env(), mesh_name, sizes, ("127.0.0.1", port), env, rank_env)
+    rank_vars = worker_env_vars(
+        rt.session.env_vars(), mesh_name, sizes, ("127.0.0.1", port), env_vars, rank_env_vars
+    )
     try:
-        for rank, penv in enumerate(envs):
+        for rank, penv in enumerate(rank_vars):
             address = f"unix:{os.path.join(rt.session.dir, f'{mesh_name}-{rank}.sock')}"
             penv["FORGE_ADDRESS"] = address
             p = LocalProc(mesh_name, rank, n, address, penv, on_exit)

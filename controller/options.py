@@ -19,7 +19,7 @@ class ActorOptions:
     with_gpus: bool = False
     num_replicas: int = 1
     mesh_name: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)  # the processes' environment
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from controller import env
+from controller import env_vars
 from controller._runtime import pid_alive
 
 __all__ = ["ThreadBudget", "compute", "get_budget", "host_cores"]
@@ -50,7 +50,7 @@ _HZ = os.sysconf("SC_CLK_TCK")
 def host_cores() -> int:
     """Cores this process may use: ``FORGE_HOST_CORES``, else its CPU affinity, capped by a
     cgroup v2 CPU quota (``cpu.max``) when one is set."""
-    forced = env.host_cores()
+    forced = env_vars.host_cores()
     if forced is not None:
         return forced
     cores = len(os.sched_getaffinity(0))
@@ -65,7 +65,7 @@ def host_cores() -> int:
 
 
 def _enabled() -> bool:
-    return env.thread_budget()
+    return env_vars.thread_budget()
 
 
 def _proc_cpu_s(pid: int) -> float | None:

@@ -34,9 +34,9 @@ _EXPORTS: dict[str, str] = {
         )
     },  # fmt: skip
     # configs
-    "OptimizerConfig": "forge.training.config",
-    "ScheduleConfig": "forge.training.config",
-    "WeightTransportConfig": "forge.weights.config",
+    "OptimizerConfig": "forge.training.trainer_config",
+    "ScheduleConfig": "forge.training.trainer_config",
+    "WeightTransportConfig": "forge.weights.transport_config",
     "LossConfig": "forge.losses",
     "PhaseConfig": "forge.training.phases",
     "PhaseTracker": "forge.training.phases",
@@ -59,7 +59,7 @@ _EXPORTS: dict[str, str] = {
             "Supervisor",
             "TrainerDiedError",
             "WeightSync",
-            "actor_env",
+            "actor_env_vars",
             "evaluate_policy",
             "next_batch",
             "progress",
@@ -232,7 +232,7 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
         Supervisor,
         TrainerDiedError,
         WeightSync,
-        actor_env,
+        actor_env_vars,
         evaluate_policy,
         next_batch,
         progress,
@@ -271,7 +271,7 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
         REWARD,
         REWARD_AGGREGATOR,
     )
-    from forge.training.config import OptimizerConfig, ScheduleConfig
     from forge.training.phases import PhaseConfig, PhaseTracker
+    from forge.training.trainer_config import OptimizerConfig, ScheduleConfig
     from forge.types import Completion, Episode, SamplingParams, TrainBatch
-    from forge.weights.config import WeightTransportConfig
+    from forge.weights.transport_config import WeightTransportConfig

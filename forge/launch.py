@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge import env
+from forge import settings
 
 
 def app_module(app: Any, where: str, needs: tuple[str, ...] = ("Config", "run")) -> Any:
@@ -49,7 +49,7 @@ def load_app(config_path: str | Path, overrides: list[str]) -> tuple[Any, Any]:
 
 
 def new_run_dir(app: str, root: Path | None = None) -> Path:
-    root = Path(root or env.get_run_dir())
+    root = Path(root or settings.get_run_dir())
     name = app.split(".")[-2] if app.endswith(".main") else app.split(".")[-1]
     path = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     suffix = 0

@@ -74,16 +74,16 @@ ADVANTAGE = Slot(
 CREDIT = Slot(
     "credit assignment over turns",
     {
-        "episode": "forge.losses.credit:episode_credit",
-        "turn_returns": "forge.losses.credit:turn_returns_credit",
-        "gigpo": "forge.losses.credit:gigpo_credit",
-        "state_baseline": "forge.losses.credit:StateBaselineCredit",
+        "episode": "forge.losses.turn_credit:episode_credit",
+        "turn_returns": "forge.losses.turn_credit:turn_returns_credit",
+        "gigpo": "forge.losses.turn_credit:gigpo_credit",
+        "state_baseline": "forge.losses.turn_credit:StateBaselineCredit",
     },
     call=("turn_rewards", "turn_states", "episode_advantages"),
 )
 LOSS = Slot(
     "loss function",
-    {},  # the built-in losses are chosen by LossConfig.type, see forge.losses.config
+    {},  # the built-in losses are chosen by LossConfig.type, see forge.losses.loss_config
     call=(
         "logprobs_bt=",
         "generator_logprobs_bt=",

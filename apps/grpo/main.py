@@ -53,7 +53,7 @@ from forge import (
     Supervisor,
     Trainer,
     WeightSync,
-    actor_env,
+    actor_env_vars,
     load_tokenizer,
     progress,
     step_row,
@@ -64,7 +64,7 @@ from forge import (
 
 @dataclass
 class Config(RLConfig):
-    """The GRPO run: ``forge.run.config.RLConfig`` (policy, roles, rollout, evaluation,
+    """The GRPO run: ``forge.run.rl_config.RLConfig`` (policy, roles, rollout, evaluation,
     replicas, checkpoints) is all it needs."""
 
 
@@ -87,7 +87,7 @@ class Handles:
 
 async def spawn(cfg: Config, roles: Roles) -> Handles:
     """Start the run's actors and services, in parallel."""
-    env, n = actor_env(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
+    env_vars, n = actor_env_vars(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
     buffer_cfg = ReplayBufferConfig(
         batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs, dp_size=cfg.trainer_procs,
         max_policy_age=cfg.max_policy_age, seed=cfg.seed,
@@ -97,19 +97,22 @@ async def spawn(cfg: Config, roles: Roles) -> Handles:
         return make() if needed else asyncio.sleep(0)
 
     parts: list = await asyncio.gather(  # in the order of Handles' fields
-        DatasetActor.options(env=env).as_actor(cfg.data),
-        Generator.options(num_replicas=n.generator, env=env, **cfg.gpu_options("generator"))
-        .as_service(cfg.generator),
-        maybe(cfg.rewards, lambda: RewardActor.options(num_replicas=n.rewards, env=env)
+        DatasetActor.options(env_vars=env_vars).as_actor(cfg.data),
+        Generator.options(num_replicas=n.generator, env_vars=env_vars,
+                          **cfg.gpu_options("generator")).as_service(cfg.generator),
+        maybe(cfg.rewards, lambda: RewardActor.options(num_replicas=n.rewards, env_vars=env_vars)
               .as_service(cfg.reward_fns())),
-        ReplayBuffer.options(env=env).as_actor(buffer_cfg),
-        Trainer.options(procs=cfg.trainer_procs, env=env, **cfg.gpu_options("trainer"))
+        ReplayBuffer.options(env_vars=env_vars).as_actor(buffer_cfg),
+        Trainer.options(procs=cfg.trainer_procs, env_vars=env_vars, **cfg.gpu_options("trainer"))
         .as_actor(cfg.trainer),
-        maybe(n.env, lambda: EnvActor.options(num_replicas=n.env, env=env).as_service(cfg.env.fn)),
-        maybe(cfg.reward_model, lambda: RewardModel.options(num_replicas=n.reward_model, env=env)
+        maybe(n.env, lambda: EnvActor.options(num_replicas=n.env, env_vars=env_vars)
+              .as_service(cfg.env.fn)),
+        maybe(cfg.reward_model, lambda: RewardModel.options(num_replicas=n.reward_model,
+                                                            env_vars=env_vars)
               .as_service(cfg.reward_model)),
-        maybe(ref := cfg.reference_service, lambda: ReferenceModel.options(env=env).as_service(ref)),
-        maybe(cfg.critic, lambda: Critic.options(env=env).as_actor(cfg.critic)),
+        maybe(ref := cfg.reference_service,
+              lambda: ReferenceModel.options(env_vars=env_vars).as_service(ref)),
+        maybe(cfg.critic, lambda: Critic.options(env_vars=env_vars).as_actor(cfg.critic)),
     )  # fmt: skip
     h = Handles(*parts)
     for role, handle in (("trainer", h.trainer), ("buffer", h.buffer), ("data", h.data)):

@@ -31,7 +31,7 @@ from forge import (
     RolloutRunConfig,
     Trainer,
     WeightSync,
-    actor_env,
+    actor_env_vars,
     collate_episodes,
     load_tokenizer,
     progress,
@@ -61,12 +61,14 @@ class Config(RolloutRunConfig):
 
 async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:
     """Run REINFORCE; returns ``{"history", "eval", "version"}`` like the GRPO app."""
-    env = actor_env(cfg.threads_per_actor, cfg.deterministic)
+    env_vars = actor_env_vars(cfg.threads_per_actor, cfg.deterministic)
     data, generator, rewards, trainer = await asyncio.gather(
-        DatasetActor.options(env=env).as_actor(cfg.data),
-        Generator.options(num_replicas=cfg.replicas.generator, env=env).as_service(cfg.generator),
-        RewardActor.options(num_replicas=cfg.replicas.rewards, env=env).as_service(cfg.reward_fns()),
-        Trainer.options(env=env).as_actor(cfg.trainer),
+        DatasetActor.options(env_vars=env_vars).as_actor(cfg.data),
+        Generator.options(num_replicas=cfg.replicas.generator, env_vars=env_vars)
+        .as_service(cfg.generator),
+        RewardActor.options(num_replicas=cfg.replicas.rewards, env_vars=env_vars)
+        .as_service(cfg.reward_fns()),
+        Trainer.options(env_vars=env_vars).as_actor(cfg.trainer),
     )  # fmt: skip
     log, pad = (
         MetricLog(run_dir, cfg.metrics, cfg.steps),

@@ -25,7 +25,7 @@ from forge import (
     Spec,
     Trainer,
     TrainerConfig,
-    actor_env,
+    actor_env_vars,
     load_tokenizer,
     progress,
     sft_batch,
@@ -67,7 +67,7 @@ async def train(cfg: Config, run_dir: Path) -> Path:
     source = DATA_SOURCE.resolve(cfg.data)()
     tokenizer = load_tokenizer(cfg.policy.model)
     trainer = await Trainer.options(
-        env=actor_env(cfg.threads_per_actor, cfg.deterministic)
+        env_vars=actor_env_vars(cfg.threads_per_actor, cfg.deterministic)
     ).as_actor(cfg.trainer)
     log = MetricLog(run_dir, cfg.metrics)
     bar = progress(range(cfg.steps), "sft")

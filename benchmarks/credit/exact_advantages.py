@@ -10,7 +10,7 @@ Every credit estimator (``episode``, ``gigpo``, ``state_baseline``, PPO's critic
 this benchmark removes the estimation: each sampled turn is credited with its exact advantage
 under the current policy, computed by dynamic programming over the piles from the policy's
 own move probabilities. What the policy still fails to learn then is not a failure of credit
-assignment. The other choices run Forge's own estimator (``forge.losses.credit``) on the
+assignment. The other choices run Forge's own estimator (``forge.losses.turn_credit``) on the
 sampled games' outcomes instead (GRPO's episode advantages; a group whose games all end
 alike is dropped, as the benchmark's ``filter: nonzero_variance`` does), on the same prompts.
 
@@ -229,13 +229,13 @@ def pg_step(args, opt, model, logp_rows: torch.Tensor, tokens: list[int], adv) -
 
 def _estimator(name: str):
     """Forge's own estimator for ``--advantages`` (``None`` for exact)."""
-    from forge.losses import credit
+    from forge.losses import turn_credit
 
     return {
         "exact": None,
-        "episode": credit.episode_credit,
-        "gigpo": credit.gigpo_credit,
-        "state_baseline": credit.StateBaselineCredit(),
+        "episode": turn_credit.episode_credit,
+        "gigpo": turn_credit.gigpo_credit,
+        "state_baseline": turn_credit.StateBaselineCredit(),
     }[name]
 
 

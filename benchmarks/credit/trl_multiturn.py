@@ -65,7 +65,7 @@ from pathlib import Path
 from benchmarks.credit.subtraction import Piles, Subtraction, random_success_rate
 from benchmarks.e2e import cpu_grpo_config
 from forge.envs.chat import ChatRenderer
-from forge.envs.types import to_messages
+from forge.envs.messages import to_messages
 
 PROMPTS, GROUP, MAX_TOKENS, MAX_TURNS, LR = 8, 8, 3, 8, 2e-4
 _PILE = re.compile(r"Pile (\d+)")

@@ -11,20 +11,20 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "Critic": "forge.actors.critic",
-    "CriticConfig": "forge.training.critic",
+    "CriticConfig": "forge.training.value_model",
     "DatasetActor": "forge.actors.dataset",
     "EnvActor": "forge.actors.env_actor",
     "Generator": "forge.actors.generator",
     "GeneratorConfig": "forge.generation.backend",
-    "ReferenceConfig": "forge.training.config",
+    "ReferenceConfig": "forge.training.trainer_config",
     "ReferenceModel": "forge.actors.reference_model",
     "ReplayBuffer": "forge.actors.replay_buffer",
     "ReplayBufferConfig": "forge.actors.replay_buffer",
     "RewardActor": "forge.actors.reward",
     "RewardModel": "forge.actors.reward_model",
-    "RewardModelConfig": "forge.models.reward_model",
+    "RewardModelConfig": "forge.models.reward_classifier",
     "Trainer": "forge.actors.trainer",
-    "TrainerConfig": "forge.training.config",
+    "TrainerConfig": "forge.training.trainer_config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,6 @@
 """The ``Critic`` actor: PPO's value model, trained alongside the policy.
 
-Spawn it with a :class:`~forge.training.critic.CriticConfig` (built in the controller, so a
+Spawn it with a :class:`~forge.training.value_model.CriticConfig` (built in the controller, so a
 bad value fails before any process starts). One PPO step of the app then reads::
 
     critic = await Critic.as_actor(CriticConfig(model=path, optimizer={"lr": 1e-5}))
@@ -17,7 +17,7 @@ Endpoints:
 
 ``setup()``
     Run by the runtime at spawn: loads the value model (the causal LM's body plus a
-    zero-initialised scalar head, see ``forge.training.critic``), AdamW and the schedule.
+    zero-initialised scalar head, see ``forge.training.value_model``), AdamW and the schedule.
 ``values(batch) -> Tensor``
     ``[B, T]`` float32 CPU values of a ``TrainBatch``, no grad: position t holds the estimate
     of the return in the state "tokens < t" (aligned with logprobs), 0 at position 0 and on
@@ -25,7 +25,7 @@ Endpoints:
 ``train_step(batch, returns_bt, old_values_bt=None) -> dict``
     One update of the clipped value loss on the batch's counted tokens (``batch`` may be a
     list of batches, with lists of returns and old values: still one update, on all of them;
-    ``forge.run.critic`` passes a step's per-rank batches so); ``old_values_bt``
+    ``forge.run.gae_critic`` passes a step's per-rank batches so); ``old_values_bt``
     (the ``values`` the returns were computed with) centres the clip range, ``None`` uses the
     current values. Returns ``value_loss``, ``value_clip_fraction``, ``explained_variance``,
     ``value_mean``, ``return_mean``, ``grad_norm``, ``lr``, ``tokens``, ``step``, ``seconds``.
@@ -42,9 +42,9 @@ import os
 import torch
 
 from controller import current_size, endpoint, threads
-from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
-from forge.training.config import resolve_device
-from forge.training.critic import CriticConfig
+from forge.actors.forge_actor import ForgeActor, actor_config, use_deterministic_kernels
+from forge.training.trainer_config import resolve_device
+from forge.training.value_model import CriticConfig
 from forge.types import TrainBatch
 
 __all__ = ["Critic"]
@@ -76,7 +76,7 @@ class Critic(ForgeActor):
             )
         if resolve_device(self.cfg.device).startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        from forge.training.critic import CriticCore
+        from forge.training.value_model import CriticCore
 
         self.core = CriticCore(self.cfg)
 

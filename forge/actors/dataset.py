@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor
+from forge.actors.forge_actor import ForgeActor
 from forge.slots import DATA_SOURCE
 
 __all__ = ["DatasetActor"]

@@ -29,9 +29,9 @@ import uuid
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor
-from forge.envs.base import Environment, build_env, call_env
-from forge.envs.types import Message, StepResult
+from forge.actors.forge_actor import ForgeActor
+from forge.envs.environment import Environment, build_env, call_env
+from forge.envs.messages import Message, StepResult
 from forge.observability import Reduce, record_metric
 
 __all__ = ["EnvActor", "RemoteEnv"]

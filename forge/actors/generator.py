@@ -55,7 +55,7 @@ import time
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor, use_deterministic_kernels
+from forge.actors.forge_actor import ForgeActor, use_deterministic_kernels
 from forge.generation.backend import (
     UPDATE_MODES,
     GeneratorBackend,

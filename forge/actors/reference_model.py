@@ -50,8 +50,8 @@ from collections.abc import Sequence
 import torch
 
 from controller import endpoint, files, threads
-from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
-from forge.training.config import ReferenceConfig
+from forge.actors.forge_actor import ForgeActor, actor_config, use_deterministic_kernels
+from forge.training.trainer_config import ReferenceConfig
 from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle
 
@@ -70,7 +70,7 @@ class ReferenceModel(ForgeActor):
     @endpoint
     def setup(self) -> None:
         use_deterministic_kernels()
-        from forge.training.reference import ReferenceCore
+        from forge.training.reference_policy import ReferenceCore
 
         self.core = ReferenceCore(self.cfg)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor
+from forge.actors.forge_actor import ForgeActor
 from forge.observability import Reduce, record_metric
 from forge.replay import ReplayBufferCore, collate_episodes
 from forge.types import Episode

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor
+from forge.actors.forge_actor import ForgeActor
 from forge.rewards import RewardResult, evaluate_rewards, evaluate_rewards_batch, reward_name
 
 

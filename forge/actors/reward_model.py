@@ -7,7 +7,7 @@ Usually a service (replicas behind a router), next to or instead of a ``RewardAc
     scores = await rm.score.route([(prompt, response), ...])
 
 or as a plain actor (``as_actor``, ``call_one``). The scoring itself is
-``forge.models.reward_model.RewardModelCore``; no gradients, eval mode.
+``forge.models.reward_classifier.RewardModelCore``; no gradients, eval mode.
 
 Endpoints:
 
@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from controller import endpoint
-from forge.actors.base import ForgeActor, actor_config
-from forge.models.reward_model import RewardModelConfig
+from forge.actors.forge_actor import ForgeActor, actor_config
+from forge.models.reward_classifier import RewardModelConfig
 from forge.observability import Reduce, record_metric
 from forge.rewards import RewardResult
 
@@ -50,7 +50,7 @@ class RewardModel(ForgeActor):
 
     @endpoint
     def setup(self) -> None:
-        from forge.models.reward_model import RewardModelCore
+        from forge.models.reward_classifier import RewardModelCore
 
         self.core = RewardModelCore(self.cfg)
 

@@ -38,8 +38,8 @@ Endpoints (all ranks take part in each call, so use ``call``, not ``choose``; wi
     changes the loss type, ``kl_coef``, clipping, ...; see ``forge.training.phases``). The
     optimizer and LR schedule state are kept. Call it on every rank (``call``).
 ``save(path) -> str`` / ``load(path) -> int``
-    Checkpoint weights, optimizer, schedule, step and RNG states (``forge.training
-    .checkpoint``); ``load`` returns the restored step.
+    Checkpoint weights, optimizer, schedule, step and RNG states
+    (``forge.training.trainer_checkpoint``); ``load`` returns the restored step.
 ``export_hf(path) -> str | None``
     Write the current weights as an HF model directory on rank 0 (e.g. an SFT result handed
     to an RL run); the path on rank 0, ``None`` elsewhere. With ``lora``: the PEFT adapter
@@ -70,7 +70,7 @@ from pathlib import Path
 import torch
 
 from controller import current_rank, current_size, endpoint, files, threads
-from forge.actors.base import ForgeActor, actor_config, use_deterministic_kernels
+from forge.actors.forge_actor import ForgeActor, actor_config, use_deterministic_kernels
 from forge.losses import LossConfig
 from forge.observability.memory import (
     apply_memory_fraction,
@@ -78,8 +78,8 @@ from forge.observability.memory import (
     move_optimizer_state,
     release_cached_memory,
 )
-from forge.training import checkpoint, parallel
-from forge.training.config import TrainerConfig, resolve_device
+from forge.training import parallel, trainer_checkpoint
+from forge.training.trainer_config import TrainerConfig, resolve_device
 from forge.types import TrainBatch
 from forge.weights import WeightHandle, WeightStore, build_transport
 from forge.weights.relay import remember_latest
@@ -270,7 +270,7 @@ class Trainer(ForgeActor):
     def save(self, path: str) -> str:
         """Write a checkpoint to ``path`` on the controller's host (every rank its part)."""
         with files.writing(path) as out:
-            checkpoint.save_checkpoint(Path(out), self.core)
+            trainer_checkpoint.save_checkpoint(Path(out), self.core)
         return path
 
     @endpoint
@@ -278,7 +278,7 @@ class Trainer(ForgeActor):
         """Restore the checkpoint at ``path`` on the controller's host; ``weights_only``:
         the weights alone, with a fresh optimizer (its state cleared)."""
         with files.staged(path) as local:
-            checkpoint.load_checkpoint(Path(local), self.core, weights_only=weights_only)
+            trainer_checkpoint.load_checkpoint(Path(local), self.core, weights_only=weights_only)
         return self.core.step
 
     @endpoint

@@ -71,17 +71,17 @@ async def run_eval(rl: Any, sets: list[EvalSet]) -> dict[str, dict[str, float]]:
     from forge.actors import Generator
     from forge.models import load_tokenizer
     from forge.rollout.groups import greedy_completions
-    from forge.run import actor_env
+    from forge.run import actor_env_vars
     from forge.slots import DATA_SOURCE
 
     heldout = list(DATA_SOURCE.resolve(rl.data)().heldout())
     reward = rl.eval_reward_fn()
     env_cfg = getattr(rl, "env", None)  # an app without environments (REINFORCE) has none
     defaults = Defaults(heldout, [reward] if reward else [], env_cfg, rl.eval.max_tokens)
-    env = actor_env(rl.threads_per_actor, rl.deterministic)
-    generator = await Generator.options(num_replicas=rl.replicas.generator, env=env).as_service(
-        rl.generator
-    )
+    env_vars = actor_env_vars(rl.threads_per_actor, rl.deterministic)
+    generator = await Generator.options(
+        num_replicas=rl.replicas.generator, env_vars=env_vars
+    ).as_service(rl.generator)
     tokenizer = load_tokenizer(rl.policy.model)
     reusing = [es.name for es in sets if scores_run_greedy(es, defaults)]
     if heldout and reusing:  # as in a run: one greedy pass, scored by every set that asks it

@@ -80,7 +80,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _episodes(args: argparse.Namespace) -> int:
-    from forge.observability.episodes import read_episodes, select, show_episodes
+    from forge.observability.episode_log import read_episodes, select, show_episodes
 
     try:
         records = read_episodes(args.run_dir)

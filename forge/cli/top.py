@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller import pid_alive
-from forge import env
+from forge import settings
 from forge.observability.status import STATUS_FILE
 
 __all__ = ["find_status_file", "load_status", "main", "render"]
@@ -53,7 +53,7 @@ def find_status_file(run_dir: str | Path | None) -> Path:
     here = Path.cwd() / STATUS_FILE
     if here.is_file():
         return here
-    root = env.get_run_dir()
+    root = settings.get_run_dir()
     found = sorted(root.glob(f"*/{STATUS_FILE}"), key=lambda f: f.stat().st_mtime)
     if not found:
         raise ValueError(

@@ -5,7 +5,7 @@ Forms, all inside ``${...}``:
 - ``${trainer.lr}``: the value at an absolute dotted path (list items by index: ``${a.0}``).
   The referenced value is itself resolved first; a cycle is an error naming the chain.
 - ``${env:VAR}`` and ``${env:VAR,default}``: an environment variable (read through
-  :mod:`forge.env`). Numbers and ``true``/``false`` are decoded, anything else stays text.
+  :mod:`forge.settings`). Numbers and ``true``/``false`` are decoded, anything else stays text.
 - ``${max_prompt_len + max_response_len}``, ``${a.b * 2}``, ``${(a - 1) // 2}``: arithmetic
   with ``+ - * / // %``, unary minus and parentheses over numbers and key references. It is
   evaluated by walking the ``ast`` of the expression, never with ``eval``.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forge.config.yaml_io import parse_scalar
-from forge.env import get_env_var
+from forge.settings import get_env_var
 
 __all__ = ["resolve_interpolations"]
 
@@ -150,7 +150,7 @@ class _Resolver:
         """The value of the text between ``${`` and ``}``."""
         expr = expr.strip()
         if expr.startswith("env:"):
-            return self.env(expr[len("env:") :], path)
+            return self.env_var(expr[len("env:") :], path)
         if _KEY_RE.match(expr) and self.lookup(expr)[0]:
             return self.node(expr)
         try:
@@ -159,7 +159,7 @@ class _Resolver:
             raise self.error(path, f"cannot parse interpolation ${{{expr}}}") from None
         return self.arith(tree.body, expr, path)
 
-    def env(self, spec: str, path: str) -> Any:
+    def env_var(self, spec: str, path: str) -> Any:
         name, has_default, default = (part.strip() for part in spec.partition(","))
         value = get_env_var(name)
         if value is None:

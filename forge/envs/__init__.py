@@ -11,8 +11,17 @@
 Environments in their own processes: ``forge.actors.env_actor`` (``EnvActor``, ``RemoteEnv``).
 """
 
-from forge.envs.base import Environment, FunctionEnv, build_env, call_env
 from forge.envs.chat import ChatRenderer
+from forge.envs.environment import Environment, FunctionEnv, build_env, call_env
+from forge.envs.messages import (
+    FINISH_REASONS,
+    EnvContractError,
+    Message,
+    StepResult,
+    Trajectory,
+    as_step_result,
+    to_messages,
+)
 from forge.envs.runner import EnvError, run_episode, sum_rewards
 from forge.envs.sandbox import SandboxResult, python_tool, run_python
 from forge.envs.tool_parser import (
@@ -23,15 +32,6 @@ from forge.envs.tool_parser import (
     build_tool_parser,
 )
 from forge.envs.tools import Tool, ToolResult, ToolSet, tool, tools_system_prompt
-from forge.envs.types import (
-    FINISH_REASONS,
-    EnvContractError,
-    Message,
-    StepResult,
-    Trajectory,
-    as_step_result,
-    to_messages,
-)
 from forge.envs.window import HistoryWindow, window_messages
 
 __all__ = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge.envs.types import Message
+from forge.envs.messages import Message
 
 __all__ = ["ChatRenderer", "longest_overlap"]
 

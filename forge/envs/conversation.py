@@ -16,7 +16,7 @@ With a history window (``forge.envs.window``) ``conversation_rows`` lays a trans
 from __future__ import annotations
 
 from forge.envs.chat import ChatRenderer
-from forge.envs.types import Message
+from forge.envs.messages import Message
 from forge.envs.window import HistoryWindow, window_messages
 
 __all__ = ["conversation_rows", "conversation_tokens"]

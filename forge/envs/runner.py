@@ -53,17 +53,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from forge.envs.base import call_env
 from forge.envs.chat import ChatRenderer
-from forge.envs.tool_parser import HermesToolParser, ToolParser
-from forge.envs.tools import ToolSet
-from forge.envs.types import (
+from forge.envs.environment import call_env
+from forge.envs.messages import (
     EnvContractError,
     Message,
     Trajectory,
     as_observation,
     as_step_result,
 )
+from forge.envs.tool_parser import HermesToolParser, ToolParser
+from forge.envs.tools import ToolSet
 from forge.envs.window import HistoryWindow, window_messages
 from forge.observability import Reduce, record_metric
 
@@ -213,7 +213,7 @@ async def run_episode(
     """Play one episode of ``env`` on ``task`` with the policy behind ``generate``.
 
     Args:
-        env: an environment (``reset``/``step``, sync or async; see ``forge.envs.base``).
+        env: an environment (``reset``/``step``, sync or async; see ``forge.envs.environment``).
         task: passed to ``env.reset``. A dict may carry ``task_id`` (or ``id``) and
             ``target``, copied to the trajectory.
         generate: ``generate(prompt_ids, **sampling) -> list[Completion]`` (one completion).

@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.envs.base import call_env
+from forge.envs.environment import call_env
+from forge.envs.messages import Message
 from forge.envs.tool_parser import ToolCall, ToolCallError
-from forge.envs.types import Message
 from forge.observability import Reduce, record_metric
 
 __all__ = ["Tool", "ToolResult", "ToolSet", "tool", "tools_system_prompt"]

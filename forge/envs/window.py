@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forge.envs.types import Message
+from forge.envs.messages import Message
 
 __all__ = ["HistoryWindow", "window_messages"]
 

@@ -26,7 +26,7 @@ import torch
 from forge.generation.prompts import Prompt
 from forge.types import Completion, SamplingParams
 from forge.weights.adapter import LORA_MODES
-from forge.weights.config import WeightTransportConfig
+from forge.weights.transport_config import WeightTransportConfig
 
 __all__ = [
     "BACKENDS",

@@ -37,7 +37,7 @@ import functools
 import json
 from typing import Any
 
-from forge.envs.types import Message, StepResult
+from forge.envs.messages import Message, StepResult
 from forge.integrations.verifiers_bridge import BridgeAgents, Channel
 from forge.plugins import import_string
 

@@ -11,10 +11,10 @@ from forge.losses.advantages import (
     rloo_advantages,
     zero_variance_group_fraction,
 )
-from forge.losses.config import LOSS_TYPES, LossConfig, LossFn, build_loss
 from forge.losses.kl import KL_ESTIMATORS, kl_penalty
+from forge.losses.loss_config import LOSS_TYPES, LossConfig, LossFn, build_loss
 from forge.losses.normalize import AGGREGATION_MODES, aggregate, masked_mean
-from forge.losses.policy import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
+from forge.losses.policy_gradient import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
 from forge.losses.tis import sequence_tis_weights, tis_weights
 
 __all__ = [

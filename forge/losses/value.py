@@ -3,7 +3,7 @@
 Layout (that of :class:`~forge.types.TrainBatch`): position ``t`` of a ``[B, T]`` tensor
 belongs to the action "emit ``input_ids[t]``", taken in the state "tokens ``< t``". So
 ``values_bt[t]`` is the critic's estimate of the return from that state (see
-``forge.training.critic``), aligned with ``logprobs_bt[t]``, and ``rewards_bt[t]`` is the
+``forge.training.value_model``), aligned with ``logprobs_bt[t]``, and ``rewards_bt[t]`` is the
 reward received for emitting token ``t``.
 
 Only *counted* tokens (``mask_bt == 1``) are steps of the MDP. Positions with mask 0 are

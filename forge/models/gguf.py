@@ -146,7 +146,7 @@ def file_digest(path: Path) -> str:
 
 def converted_dir(path: Path) -> Path:
     """Where ``path`` is (or will be) converted: keyed by its stem and content hash."""
-    from forge.env import get_cache_dir
+    from forge.settings import get_cache_dir
 
     return get_cache_dir() / "gguf" / f"{path.stem}-{file_digest(path)[:16]}"
 

@@ -7,7 +7,7 @@ conversation), each action answered by the environment (in this process, or by a
 them. A group is ``group_size`` episodes of one task; their rewards (or named reward
 components) are aggregated and turned into advantages like single-turn completions, and the
 loss counts only the tokens the policy sampled. ``rollout.credit`` other than ``episode``
-then gives each turn its own advantage (``forge.rollout.credit``).
+then gives each turn its own advantage (``forge.rollout.token_credit``).
 
 An episode whose environment fails (raises, times out, or its replica dies) is played again
 from the start, on another replica when there are several, up to ``env.retries`` times; then
@@ -27,8 +27,8 @@ from forge.envs.window import HistoryWindow
 from forge.observability.names import M
 from forge.plugins import Spec
 from forge.rewards.vector import pad_components
-from forge.rollout.credit import assign_credit, sampled_turn_rewards
 from forge.rollout.groups import group_episodes
+from forge.rollout.token_credit import assign_credit, sampled_turn_rewards
 from forge.slots import ENVIRONMENT
 from forge.types import Completion, Episode
 

@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from forge.envs.types import to_messages
-from forge.observability.episodes import episode_record
+from forge.envs.messages import to_messages
+from forge.observability.episode_log import episode_record
 from forge.observability.names import M
 from forge.plugins import PluginSpec, Spec
 from forge.rewards import RewardResult, RewardTimeoutError, length_penalty
@@ -64,7 +64,7 @@ class RolloutConfig:
     ``dr_grpo``, ``rloo``, ...)."""
     credit: Spec = "episode"
     """Multi-turn runs: how each turn of an episode is credited (``forge.slots.CREDIT``:
-    ``episode``, ``turn_returns``, ``gigpo``, ``state_baseline``; ``forge.losses.credit``);
+    ``episode``, ``turn_returns``, ``gigpo``, ``state_baseline``; ``forge.losses.turn_credit``);
     anything but ``episode`` gives per-token advantages."""
     overlong_buffer: int = 0
     """DAPO's soft overlong penalty: falls linearly from 0 at ``max_tokens -

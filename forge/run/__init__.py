@@ -18,17 +18,17 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 =======================  ==============================================================
 """
 
-from forge.run.actors import actor_env
+from forge.run.actors import actor_env_vars
 from forge.run.batches import next_batch, train_next, train_streamed
 from forge.run.checkpoint import Checkpointer
 from forge.run.colocate import Colocation
-from forge.run.config import EvalConfig, ReplicasConfig, RLConfig
-from forge.run.critic import GAECritic, check_ppo, train_step
 from forge.run.evaluate import Evaluator, evaluate_policy
 from forge.run.flush import ActorMetrics
-from forge.run.metrics import MetricLog, progress, step_row
+from forge.run.gae_critic import GAECritic, check_ppo, train_step
+from forge.run.metric_log import MetricLog, progress, step_row
 from forge.run.placement import PlacementConfig
 from forge.run.policy import PolicyConfig, retarget
+from forge.run.rl_config import EvalConfig, ReplicasConfig, RLConfig
 from forge.run.run_config import RolloutRunConfig, RunConfig
 from forge.run.supervise import Roles, Supervisor, TrainerDiedError, check_restarts
 from forge.run.weights import WeightSync
@@ -51,7 +51,7 @@ __all__ = [
     "Supervisor",
     "TrainerDiedError",
     "WeightSync",
-    "actor_env",
+    "actor_env_vars",
     "check_ppo",
     "check_restarts",
     "evaluate_policy",

@@ -1,18 +1,19 @@
-"""How a run's actor processes are started: their environment (torch threads, quiet
-downloads, deterministic kernels)."""
+"""How a run's actor processes are started: their environment variables (torch threads, quiet
+downloads, deterministic kernels), given to ``.options(env_vars=...)``."""
 
 from __future__ import annotations
 
-__all__ = ["actor_env"]
+__all__ = ["actor_env_vars"]
 
 
-def actor_env(threads: int, deterministic: bool = False) -> dict[str, str]:
-    """Environment for a run's actor processes: no download progress bars, and their torch
-    threads. ``threads=0`` (the default of the apps' ``threads_per_actor``): the host's thread
-    budget (``controller.threads``) hands cores to whichever components are computing, one
-    thread at rest. ``threads=N``: a fixed N threads per process, budget off.
+def actor_env_vars(threads: int, deterministic: bool = False) -> dict[str, str]:
+    """Environment variables of a run's actor processes: no download progress bars, and their
+    torch threads. ``threads=0`` (the default of the apps' ``threads_per_actor``): the host's
+    thread budget (``controller.threads``) hands cores to whichever components are computing,
+    one thread at rest. ``threads=N``: a fixed N threads per process, budget off.
     ``deterministic``: fixed threads (``threads`` must be > 0), torch's deterministic kernels
-    (``forge.actors.base.use_deterministic_kernels``) and a fixed hash seed in every actor process."""
+    (``forge.actors.forge_actor.use_deterministic_kernels``) and a fixed hash seed in every
+    actor process."""
     if threads < 0:
         raise ValueError(f"threads_per_actor must be >= 0 (0: thread budget), got {threads}")
     if deterministic and not threads:

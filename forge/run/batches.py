@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from forge.observability.names import M
-from forge.run.critic import train_step
+from forge.run.gae_critic import train_step
 
 if TYPE_CHECKING:
     from forge.actors.replay_buffer import ReplayBuffer
@@ -48,7 +48,7 @@ async def train_next(
     critic=None,
     before_train=None,
 ) -> tuple[dict, float]:
-    """Wait for a batch, then one training step on it (with a ``forge.run.critic.GAECritic``:
+    """Wait for a batch, then one training step on it (with a ``forge.run.gae_critic.GAECritic``:
     PPO's values and critic update too). ``before_train``: awaited once the batch is there
     (time-sliced colocation puts the generator to sleep). Returns (metrics, seconds spent
     waiting)."""

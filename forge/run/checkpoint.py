@@ -109,7 +109,7 @@ class Checkpointer:
         path = self.latest()
         if path is None:
             return 0
-        from forge.training.checkpoint import safe_load
+        from forge.training.trainer_checkpoint import safe_load
 
         state = safe_load(path / "state.pt")
         await trainer.load.call(str(path / "trainer"))

@@ -54,7 +54,7 @@ class Evaluator:
 
     @staticmethod
     def of_run(cfg, scorer, generator, heldout: list[dict], log, before=None) -> Evaluator:
-        """The evaluator of an RL run config (``forge.run.config.RLConfig``)."""
+        """The evaluator of an RL run config (``forge.run.rl_config.RLConfig``)."""
         reward = cfg.eval_reward_fn()
         defaults = Defaults(heldout, [reward] if reward else [], cfg.env, cfg.eval.max_tokens)
         tokenizer = getattr(scorer, "tokenizer", None)

@@ -2,7 +2,7 @@
 
 ``forge run --resume <dir>`` reads the directory's config (which names modules to import)
 and its checkpoints. Checkpoint files are loaded without unpickling code
-(``forge.training.checkpoint.safe_load``), but a directory that another local user wrote, or
+(``forge.training.trainer_checkpoint.safe_load``), but a directory that another local user wrote, or
 could have changed since, is refused before anything in it is read:
 
 - every entry under ``<dir>`` (not following links) must belong to the current user and not

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge.env import get_cache_dir
 from forge.observability.backends import read_jsonl
 from forge.observability.names import M
 from forge.observability.plot import plot_curves
 from forge.run.policy import retarget
+from forge.settings import get_cache_dir
 
 __all__ = ["PipelineConfig", "Stage", "run_stage", "sft_then_rl", "summary"]
 
@@ -59,13 +59,13 @@ class PipelineConfig:
     (``forge make-tiny-model --preset``)."""
     seed: int = 0
     """The run's seed: it builds the base model and is every stage's (and so every role's)
-    seed (``forge.run.config.seed_defaults``)."""
+    seed (``forge.run.rl_config.seed_defaults``)."""
     base_model: str = ""
     """The model the first stage starts from: a model directory, a hub id, a GGUF file or a
     shipped model's name (``forge.models.gguf``, e.g. ``smollm2-135m-instruct``); empty: a
     ``preset`` model built with ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``."""
     deterministic: bool = False
-    """Every stage deterministic (``forge.run.config.DETERMINISTIC``)."""
+    """Every stage deterministic (``forge.run.rl_config.DETERMINISTIC``)."""
 
     @classmethod
     def __config_prepare__(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A pipeline's plain data with each stage's default ``app`` filled in, its ``seed``
     handed to every stage (a section with an ``app`` key; ``seed_defaults``) and its
     ``deterministic`` flag to every stage that does not set its own."""
-    from forge.run.config import seed_defaults
+    from forge.run.rl_config import seed_defaults
 
     if "grpo" in data and "rl" not in data:
         raise ValueError(

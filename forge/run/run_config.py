@@ -26,8 +26,8 @@ from forge.plugins import Spec
 from forge.rollout.scoring import RolloutConfig
 from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
 from forge.slots import DATA_SOURCE, REWARD
-from forge.training.config import TrainerConfig
-from forge.weights.config import WeightTransportConfig
+from forge.training.trainer_config import TrainerConfig
+from forge.weights.transport_config import WeightTransportConfig
 
 __all__ = [
     "EvalConfig",
@@ -286,7 +286,7 @@ DETERMINISTIC = {  # what a deterministic run changes, and why
 def make_deterministic(cfg: Any) -> list[str]:
     """Set what ``deterministic: true`` needs (``DETERMINISTIC``) on a run config and say
     what changed on stdout; returns the changes. Actors then run with torch's deterministic
-    kernels and a fixed hash seed (``forge.run.actor_env``). The same config and seed on the
+    kernels and a fixed hash seed (``forge.run.actor_env_vars``). The same config and seed on the
     same machine then give the same metrics (times aside); it is slower."""
     changes = []
     for key, (rule, why) in DETERMINISTIC.items():

@@ -433,7 +433,7 @@ def _stop_strings(state: ServerState, session: SamplingSession, stop: list) -> l
     if all(isinstance(s, str) for s in stop):
         return stop
     from forge.models import load_tokenizer
-    from forge.serve.config import resolve_path
+    from forge.serve.serve_config import resolve_path
 
     tok = load_tokenizer(resolve_path(state.cfg.base(session.base)))
     out = []

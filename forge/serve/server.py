@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from forge.serve.config import ServeConfig
+from forge.serve.serve_config import ServeConfig
 
 logger = logging.getLogger("forge.serve")
 
@@ -30,9 +30,9 @@ MAKE_KEY = "tml-$(python -c 'import secrets; print(secrets.token_urlsafe(24))')"
 def api_key_from(arg: str | None) -> str:
     """The server's API key (``--api-key`` or ``FORGE_API_KEY``), refused when weak: it
     guards training and sampling on this host from anyone who can reach the port."""
-    from controller import env
+    from controller import env_vars
 
-    key = arg or env.api_key()
+    key = arg or env_vars.api_key()
     if not key:
         raise ValueError(
             "forge serve needs an API key: pass --api-key tml-<secret> or set FORGE_API_KEY, "
@@ -129,7 +129,7 @@ def _protocol(header_timeout_s: float):
 def main(config: str | None, host: str, port: int, api_key: str | None) -> int:
     """``forge serve``'s body; returns the exit code."""
     from controller import loops, shutdown
-    from forge.serve.config import load_config
+    from forge.serve.serve_config import load_config
 
     key = api_key_from(api_key)
     cfg = load_config(config)

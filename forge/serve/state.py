@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import forge.env
-from forge.serve.config import ServeConfig, ServedBase, resolve_path
+import forge.settings
 from forge.serve.futures import Stats, UserError
+from forge.serve.serve_config import ServeConfig, ServedBase, resolve_path
 
 logger = logging.getLogger("forge.serve")
 
@@ -117,14 +117,14 @@ class ServerState:
 
     # -- spawning ---------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
-        from forge.run import actor_env
+    def _env_vars(self) -> dict[str, str]:
+        from forge.run import actor_env_vars
 
-        return actor_env(self.cfg.threads_per_actor)
+        return actor_env_vars(self.cfg.threads_per_actor)
 
     def lora_for(self, lora: dict | None, base: ServedBase):
         """Forge's ``LoraConfig`` for the API's ``lora_config`` (rank and the layer groups)."""
-        from forge.training.config import LoraConfig
+        from forge.training.trainer_config import LoraConfig
 
         lora = dict(lora or {})
         rank = int(lora.pop("rank", 32))
@@ -171,17 +171,19 @@ class ServerState:
                 model=path, lora=lora_cfg, weights=weights, device=self.cfg.device,
                 autocast=self.cfg.autocast, seed=0 if seed is None else int(seed),
             )  # fmt: skip
-            env = self._env()
+            env_vars = self._env_vars()
             logger.info("%s: spawning a trainer (%s, rank %d)", model_id, base.name, lora_cfg.rank)
         try:
             # The base's one generator service serves every adapter over that base.
             trainer, generator = await asyncio.gather(
-                Trainer.options(procs=1, env=env, mesh_name=f"trainer-{safe}").as_actor(tcfg),
+                Trainer.options(procs=1, env_vars=env_vars, mesh_name=f"trainer-{safe}").as_actor(
+                    tcfg
+                ),
                 self.base_generator(base.name),
             )
             # every call to the trainer that names no timeout is bounded (FORGE_CALL_TIMEOUT_S):
             # a trainer that stops answering fails its request instead of holding it for good
-            trainer = trainer.with_default_timeout(forge.env.get_call_timeout_s())
+            trainer = trainer.with_default_timeout(forge.settings.get_call_timeout_s())
             self.models[model_id] = ServedModel(
                 model_id, base, path, lora_cfg.rank, trainer, generator, dict(lora or {})
             )
@@ -206,7 +208,7 @@ class ServerState:
                                       dtype=self.cfg.dtype, max_batch_size=self.cfg.max_batch_size,
                                       lora_mode="multi")  # fmt: skip
                 self.base_generators[base_name] = await Generator.options(
-                    num_replicas=1, env=self._env()
+                    num_replicas=1, env_vars=self._env_vars()
                 ).as_service(cfg)
         return self.base_generators[base_name]
 

@@ -5,16 +5,16 @@ which needs ``forge[lora]`` only when ``trainer.lora`` is set). ``forge.training
 torchtitan backend) is imported only when ``backend="titan"`` is chosen.
 """
 
-from forge.training.checkpoint import load_checkpoint, save_checkpoint
-from forge.training.config import (
+from forge.training.reference_policy import ReferenceCore
+from forge.training.schedule import build_scheduler, lr_multiplier
+from forge.training.trainer_checkpoint import load_checkpoint, save_checkpoint
+from forge.training.trainer_config import (
     LoraConfig,
     OptimizerConfig,
     ReferenceConfig,
     ScheduleConfig,
     TrainerConfig,
 )
-from forge.training.reference import ReferenceCore
-from forge.training.schedule import build_scheduler, lr_multiplier
 from forge.training.trainer_core import TrainerCore, loss_denominator
 
 __all__ = [

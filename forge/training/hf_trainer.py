@@ -18,7 +18,7 @@ from controller import threads
 from forge.models import gather_logprobs, position_ids_from_mask, token_logprobs
 from forge.models.logprobs import effective_temperature
 from forge.training import parallel
-from forge.training.config import TrainerConfig
+from forge.training.trainer_config import TrainerConfig
 
 __all__ = ["HFAdapter", "rebalance_per_layer", "wrapped_logprobs"]
 

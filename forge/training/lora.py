@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from forge.training.config import LoraConfig
+from forge.training.trainer_config import LoraConfig
 from forge.weights.adapter import LORA_MODES, AdapterSpec, adapter_key_parts
 
 __all__ = [

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from forge.training.config import ScheduleConfig
+from forge.training.trainer_config import ScheduleConfig
 
 __all__ = ["build_scheduler", "lr_multiplier"]
 

@@ -44,9 +44,9 @@ from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
-from forge.training.config import TrainerConfig, check_tis, resolve_device
 from forge.training.hf_trainer import HFAdapter
 from forge.training.schedule import build_optimizer, build_scheduler
+from forge.training.trainer_config import TrainerConfig, check_tis, resolve_device
 from forge.types import TrainBatch
 
 __all__ = ["TrainerCore", "build_adapter", "loss_denominator", "mismatch_metrics"]

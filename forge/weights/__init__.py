@@ -10,7 +10,6 @@ an existing ``torch.distributed`` group. Importing touches no file and no proces
 """
 
 from forge.weights.adapter import ADAPTER_KEY, AdapterSpec, pack_adapter, unpack_adapter
-from forge.weights.config import WeightTransportConfig
 from forge.weights.dist import broadcast_state_dict, plan_buckets
 from forge.weights.pull import run_weights_prefix
 from forge.weights.registry import TRANSPORTS, build_transport, pull_handle
@@ -23,6 +22,7 @@ from forge.weights.store import (
     WeightTransport,
     WeightVersionError,
 )
+from forge.weights.transport_config import WeightTransportConfig
 
 __all__ = [
     "ADAPTER_KEY",

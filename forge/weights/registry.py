@@ -26,8 +26,8 @@ from forge.weights.store import WeightHandle, WeightTransport
 __all__ = ["TRANSPORTS", "TransportEntry", "build_transport", "pull_handle"]
 
 StateDict = dict[str, torch.Tensor]
-# A ``forge.weights.config.WeightTransportConfig``; not imported, since that module imports
-# this one to check its ``type`` and knobs.
+# A ``forge.weights.transport_config.WeightTransportConfig``; not imported, since that module
+# imports this one to check its ``type`` and knobs.
 TransportConfig = Any
 
 

@@ -42,7 +42,7 @@ def test_monarch_backend_on_a_host_mesh_spanning_namespaces(monarch_hosts, tmp_p
             hm = attach_to_workers(ca="trust_all_connections", workers={workers!r})
             await asyncio.wait_for(hm.initialized, 60)
             use_host_mesh(hm)
-            m = await Where.options(hosts=2, env={{"GLOO_SOCKET_IFNAME": "eth0"}}).as_actor()
+            m = await Where.options(hosts=2, env_vars={{"GLOO_SOCKET_IFNAME": "eth0"}}).as_actor()
             print("IPS", *[w["ip"] for w in (await m.where.call()).values()])
             other, _ = await m.slice(hosts=0).call_other.call_one(m.slice(hosts=1), 7)
             print("CROSS", other["ip"])

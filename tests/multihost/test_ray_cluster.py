@@ -272,7 +272,7 @@ from controller import shutdown
 from tests.multihost.actors import Where
 
 async def main():
-    m = await Where.options(hosts=2, env={"GLOO_SOCKET_IFNAME": "eth0"}).as_actor()
+    m = await Where.options(hosts=2, env_vars={"GLOO_SOCKET_IFNAME": "eth0"}).as_actor()
     where = (await m.where.call()).values()
     other, x = await m.slice(hosts=0).call_other.call_one(m.slice(hosts=1), 7)
     reduced = (await m.all_reduce.call(1.5)).values()

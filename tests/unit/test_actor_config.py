@@ -1,4 +1,4 @@
-"""An actor's config argument is read one way (``forge.actors.base.actor_config``): the
+"""An actor's config argument is read one way (``forge.actors.forge_actor.actor_config``): the
 config itself, or a dict of its fields checked like a YAML section; anything else is a
 ``TypeError`` naming the actor and what it takes."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from forge.actors.base import actor_config
 from forge.actors.critic import Critic
+from forge.actors.forge_actor import actor_config
 from forge.actors.reference_model import ReferenceModel
 from forge.actors.reward_model import RewardModel
 from forge.actors.trainer import Trainer
-from forge.training.config import TrainerConfig
+from forge.training.trainer_config import TrainerConfig
 
 
 def test_a_config_passes_as_it_is_and_a_dict_is_checked():

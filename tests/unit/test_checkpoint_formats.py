@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from forge.run.checkpoint import plain
-from forge.training.checkpoint import (
+from forge.training.trainer_checkpoint import (
     UnsafeCheckpointError,
     rng_state,
     safe_load,

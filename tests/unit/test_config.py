@@ -1,6 +1,6 @@
 """forge.config: YAML -> overrides -> ${...} interpolation -> typed dataclasses, and back.
 
-Also covers the forge.env accessors, which config's ``${env:...}`` reads through.
+Also covers the forge.settings accessors, which config's ``${env:...}`` reads through.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Literal
 
 import pytest
 
-from forge import env
+from forge import settings
 from forge.config import (
     config_from_dict,
     config_to_dict,
@@ -327,15 +327,15 @@ def test_env_accessors(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("FORGE_CACHE_DIR", raising=False)
-    assert env.get_log_level() == "INFO"
-    assert env.get_run_dir() == Path("runs")
-    assert env.get_cache_dir() == tmp_path / ".cache" / "forge"
+    assert settings.get_log_level() == "INFO"
+    assert settings.get_run_dir() == Path("runs")
+    assert settings.get_cache_dir() == tmp_path / ".cache" / "forge"
 
     monkeypatch.setenv("FORGE_LOG_LEVEL", "debug")
     monkeypatch.setenv("FORGE_RUN_DIR", str(tmp_path / "r"))
-    assert env.get_log_level() == "DEBUG"
-    assert env.get_run_dir() == tmp_path / "r"
+    assert settings.get_log_level() == "DEBUG"
+    assert settings.get_run_dir() == tmp_path / "r"
 
     monkeypatch.setenv("FORGE_LOG_LEVEL", "LOUD")
     with pytest.raises(ValueError, match="FORGE_LOG_LEVEL='LOUD'"):
-        env.get_log_level()
+        settings.get_log_level()

@@ -10,8 +10,8 @@ from typing import Literal
 import pytest
 
 from forge.config import config_from_dict
+from forge.config.config_docs import ROOTS, _classes, _load, reference_markdown, type_text
 from forge.config.describe import field_docs
-from forge.config.reference import ROOTS, _classes, _load, reference_markdown, type_text
 from tests.helpers import REPO
 
 CLASSES = _classes([_load(r) for r in ROOTS])
@@ -20,7 +20,7 @@ CLASSES = _classes([_load(r) for r in ROOTS])
 def test_docs_config_md_is_current():
     current = (REPO / "docs/config.md").read_text()
     assert reference_markdown() == current, (
-        "docs/config.md is stale: run `python -m forge.config.reference > docs/config.md`"
+        "docs/config.md is stale: run `python -m forge.config.config_docs > docs/config.md`"
     )
 
 
@@ -38,12 +38,13 @@ def test_every_config_field_has_a_docstring(cls):
 
 
 def test_choices_are_literals_the_loader_checks_with_the_choices_listed():
-    hints = typing.get_type_hints(_load("forge.training.config:TrainerConfig"))
+    hints = typing.get_type_hints(_load("forge.training.trainer_config:TrainerConfig"))
     assert typing.get_origin(hints["parallelism"]) is Literal
     assert type_text(hints["parallelism"]) == '"ddp" \\| "fsdp"'
     with pytest.raises(ValueError) as info:
         config_from_dict(
-            _load("forge.training.config:TrainerConfig"), {"model": "/m", "parallelism": "fsdb"}
+            _load("forge.training.trainer_config:TrainerConfig"),
+            {"model": "/m", "parallelism": "fsdb"},
         )
     assert "parallelism: 'fsdb' is not one of ['ddp', 'fsdp'] (did you mean 'fsdp'?)" in str(
         info.value

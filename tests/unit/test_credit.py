@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge.envs.types import Trajectory
-from forge.losses.credit import (
+from forge.envs.messages import Trajectory
+from forge.losses.turn_credit import (
     StateBaselineCredit,
     discounted_returns,
     episode_credit,
@@ -16,8 +16,8 @@ from forge.losses.credit import (
 )
 from forge.losses.value import turn_gae_advantages
 from forge.replay.collate import collate_episodes
-from forge.rollout.credit import assign_credit, sampled_turn_rewards
 from forge.rollout.groups import group_episodes
+from forge.rollout.token_credit import assign_credit, sampled_turn_rewards
 from forge.slots import CREDIT
 from forge.types import Completion
 

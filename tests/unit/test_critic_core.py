@@ -9,7 +9,7 @@ from forge.losses.value import ppo_advantages_for_batch
 from forge.models import make_tiny_model
 from forge.replay import collate_episodes
 from forge.training import OptimizerConfig
-from forge.training.critic import CriticConfig, CriticCore
+from forge.training.value_model import CriticConfig, CriticCore
 from forge.types import Episode
 
 
@@ -219,7 +219,7 @@ def test_a_step_of_several_rank_batches_is_one_critic_update_on_all_of_them(tiny
 
 async def test_gae_critic_steps_once_per_policy_step_and_whitens_the_whole_step(tiny_model):
     from forge.losses.value import whiten
-    from forge.run.critic import GAECritic
+    from forge.run.gae_critic import GAECritic
 
     full, parts = _rank_batches()
     core = _core(tiny_model)

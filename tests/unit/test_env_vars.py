@@ -1,6 +1,6 @@
 """``FORGE_*`` environment variables are read in one module, and each one is documented.
 
-``controller/env.py`` is the only file that reads a ``FORGE_*`` variable from ``os.environ``
+``controller/env_vars.py`` is the only file that reads a ``FORGE_*`` variable from ``os.environ``
 (writing one into a child process's environment dict is fine); its docstring table lists
 every variable, and ``docs/configuration.md`` names each of them.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import REPO
 
-ENV_MODULE = Path(REPO) / "controller" / "env.py"
+ENV_MODULE = Path(REPO) / "controller" / "env_vars.py"
 DOC = Path(REPO) / "docs" / "configuration.md"
 SKIP_DIRS = {".venv", "venv", "build", "dist", ".git", "node_modules", "forge.egg-info"}
 VAR = re.compile(r"\bFORGE_[A-Z0-9_]+\b")
@@ -87,7 +87,7 @@ def _key_values(key: ast.AST, names: dict[str, list[str]]) -> list[str]:
         return [key.value]
     if isinstance(key, ast.Name):
         return names.get(key.id, [])
-    if isinstance(key, ast.Attribute):  # e.g. env.SESSION_DIR, _runtime.ENV_DIR
+    if isinstance(key, ast.Attribute):  # e.g. env_vars.SESSION_DIR, _runtime.ENV_DIR
         return names.get(key.attr, [])
     return []
 
@@ -96,7 +96,7 @@ def _documented() -> set[str]:
     return set(VAR.findall(ast.get_docstring(ast.parse(ENV_MODULE.read_text())) or ""))
 
 
-def test_only_controller_env_reads_forge_variables():
+def test_only_controller_env_vars_reads_forge_variables():
     trees = {p: ast.parse(p.read_text(), filename=str(p)) for p in _py_files()}
     # Constant names from every module (a constant may be imported from another one).
     shared: dict[str, list[str]] = {}
@@ -110,7 +110,7 @@ def test_only_controller_env_reads_forge_variables():
             hits = [v for v in _key_values(key, names) if v.startswith("FORGE_")]
             if hits:
                 bad.append(f"{path.relative_to(REPO)}:{line} reads {hits}")
-    assert bad == [], "read FORGE_* variables through controller.env:\n" + "\n".join(bad)
+    assert bad == [], "read FORGE_* variables through controller.env_vars:\n" + "\n".join(bad)
 
 
 def test_the_check_catches_reads():
@@ -130,8 +130,8 @@ def test_every_variable_read_is_in_the_table():
     tree = ast.parse(ENV_MODULE.read_text())
     names = _string_constants(tree)
     read = {v for _, k in _env_reads(tree) for v in _key_values(k, names) if VAR.fullmatch(v)}
-    assert read, "found no reads in controller/env.py; the check is broken"
-    assert read - _documented() == set(), "add these to the table in controller/env.py"
+    assert read, "found no reads in controller/env_vars.py; the check is broken"
+    assert read - _documented() == set(), "add these to the table in controller/env_vars.py"
 
 
 def test_every_variable_is_in_the_docs():
@@ -143,25 +143,25 @@ def test_every_variable_is_in_the_docs():
 
 
 def test_accessors_read_when_called(monkeypatch):
-    from controller import env
+    from controller import env_vars
 
     for name in ("FORGE_BACKEND", "FORGE_LOG_LEVEL", "FORGE_SESSION_DIR", "FORGE_SESSION_KEY"):
         monkeypatch.delenv(name, raising=False)
-    assert env.backend() == "local" and env.log_level() == "WARNING"
-    assert env.inherited_session() is None
+    assert env_vars.backend() == "local" and env_vars.log_level() == "WARNING"
+    assert env_vars.inherited_session() is None
     monkeypatch.setenv("FORGE_BACKEND", " Ray ")
     monkeypatch.setenv("FORGE_LOG_LEVEL", "debug")
-    assert env.backend() == "ray" and env.log_level("INFO") == "DEBUG"
+    assert env_vars.backend() == "ray" and env_vars.log_level("INFO") == "DEBUG"
     monkeypatch.setenv("FORGE_BACKEND", "hosts")
     with pytest.raises(ValueError, match="was removed: start a Ray cluster"):
-        env.backend()
+        env_vars.backend()
     monkeypatch.setenv("FORGE_BACKEND", "slurm")
     with pytest.raises(ValueError, match=r"unknown FORGE_BACKEND 'slurm'; choose one of"):
-        env.backend()
+        env_vars.backend()
     monkeypatch.setenv("FORGE_SESSION_DIR", "/tmp/s")
     monkeypatch.setenv("FORGE_SESSION_KEY", "00ff")
-    assert env.inherited_session() == env.InheritedSession("/tmp/s", b"\x00\xff", None)
+    assert env_vars.inherited_session() == env_vars.InheritedSession("/tmp/s", b"\x00\xff", None)
     for name, value in (("MESH", "m"), ("RANK", "3"), ("SIZE", "4"), ("ADDRESS", "unix:/a")):
         monkeypatch.setenv(f"FORGE_{name}", value)
     monkeypatch.setenv("FORGE_SHAPE", '{"procs": 4}')
-    assert env.worker_place() == env.WorkerPlace("m", 3, 4, {"procs": 4}, "unix:/a")
+    assert env_vars.worker_place() == env_vars.WorkerPlace("m", 3, 4, {"procs": 4}, "unix:/a")

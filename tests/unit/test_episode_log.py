@@ -7,7 +7,7 @@ import io
 import pytest
 
 from forge.cli import main
-from forge.observability.episodes import (
+from forge.observability.episode_log import (
     EpisodeSamples,
     episode_record,
     read_episodes,

@@ -11,7 +11,7 @@ import pytest
 from forge.config import load_config
 from forge.models import gguf
 from forge.models.gguf import ShippedModel, is_model_spec, resolve_model
-from forge.run.config import RLConfig
+from forge.run.rl_config import RLConfig
 
 
 def test_directories_and_hub_ids_pass_through(tmp_path):

@@ -25,7 +25,7 @@ from forge.losses import (
     grpo_advantages,
     rloo_advantages,
 )
-from forge.losses.credit import gigpo_credit, turn_returns_credit
+from forge.losses.turn_credit import gigpo_credit, turn_returns_credit
 from forge.losses.value import clipped_value_loss, whiten
 from forge.training.trainer_core import loss_denominator
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from forge.models.logprobs import head_logits
-from forge.training.config import TrainerConfig
+from forge.training.trainer_config import TrainerConfig
 from forge.training.trainer_core import TrainerCore, mismatch_metrics
 from tests.episodes import make_batch
 

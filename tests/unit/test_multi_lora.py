@@ -15,7 +15,7 @@ pytest.importorskip("peft")
 from forge.generation.backend import GeneratorConfig  # noqa: E402
 from forge.generation.hf_backend import HFBackend  # noqa: E402
 from forge.training import TrainerConfig, TrainerCore  # noqa: E402
-from forge.training.config import LoraConfig  # noqa: E402
+from forge.training.trainer_config import LoraConfig  # noqa: E402
 from forge.types import SamplingParams  # noqa: E402
 
 PROMPT = [5, 9, 13, 21]

@@ -2,8 +2,8 @@
 
 import torch
 
-from forge.training.config import OptimizerConfig
 from forge.training.schedule import _can_fuse, build_optimizer
+from forge.training.trainer_config import OptimizerConfig
 
 
 def _params(seed: int) -> list[torch.nn.Parameter]:

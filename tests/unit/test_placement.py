@@ -10,8 +10,8 @@ import pytest
 from forge.config import config_from_dict
 from forge.observability.memory import apply_memory_fraction, tensor_bytes
 from forge.run.colocate import memory_metrics
-from forge.run.config import RLConfig
 from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus
+from forge.run.rl_config import RLConfig
 
 
 def _check(p: PlacementConfig, **over) -> None:
@@ -162,7 +162,7 @@ def test_forge_top_shows_each_roles_memory_per_phase():
 
 
 def test_disjoint_gpu_roles_ask_the_provisioner_for_gpus_of_their_own(monkeypatch):
-    import forge.run.config as run_config
+    import forge.run.rl_config as run_config
 
     gpu = {"generator": {"device": "cuda"}, "trainer": {"device": "cuda"}}
     cfg = config_from_dict(RLConfig, _rl(**gpu))

@@ -7,7 +7,7 @@ import json
 
 from forge.observability.alerts import RewardAlerts
 from forge.observability.names import M
-from forge.run.metrics import MetricLog
+from forge.run.metric_log import MetricLog
 
 
 def test_all_zero_steps_warn_repeat_and_clear():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from forge.actors.reward_model import RewardModel
-from forge.models.reward_model import RewardModelConfig, make_tiny_reward_model
+from forge.models.reward_classifier import RewardModelConfig, make_tiny_reward_model
 
 ITEMS = [
     ("What is 2+2? ", "4", "4"),

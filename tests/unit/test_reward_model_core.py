@@ -9,7 +9,11 @@ import shutil
 import pytest
 
 from forge.models import make_tiny_model
-from forge.models.reward_model import RewardModelConfig, RewardModelCore, make_tiny_reward_model
+from forge.models.reward_classifier import (
+    RewardModelConfig,
+    RewardModelCore,
+    make_tiny_reward_model,
+)
 
 PAIRS = [
     ("What is 2+2? ", "4"),

@@ -20,8 +20,8 @@ from forge.losses import (
     ppo_clip_loss,
     rloo_advantages,
 )
-from forge.losses.credit import gigpo_credit, turn_returns_credit
-from forge.training.config import TrainerConfig
+from forge.losses.turn_credit import gigpo_credit, turn_returns_credit
+from forge.training.trainer_config import TrainerConfig
 from tests.helpers import REPO
 
 

@@ -11,10 +11,10 @@ import pytest
 from forge.config import config_from_dict, dump_config, load_config
 from forge.generation.backend import GeneratorConfig
 from forge.rollout.scoring import RolloutConfig
-from forge.run.config import RLConfig
 from forge.run.pipeline import PipelineConfig
 from forge.run.policy import PolicyConfig
-from forge.training.config import ReferenceConfig, TrainerConfig
+from forge.run.rl_config import RLConfig
+from forge.training.trainer_config import ReferenceConfig, TrainerConfig
 from tests.helpers import REPO
 
 

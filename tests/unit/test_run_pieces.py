@@ -157,10 +157,10 @@ def test_a_pipeline_fills_stage_apps_and_names_the_renamed_section():
 
 
 def test_deterministic_actors_need_fixed_threads():
-    from forge import actor_env
+    from forge import actor_env_vars
 
-    env = actor_env(2, deterministic=True)
+    env = actor_env_vars(2, deterministic=True)
     assert env["FORGE_DETERMINISTIC"] == "1" and env["OMP_NUM_THREADS"] == "2"
     assert env["FORGE_THREAD_BUDGET"] == "0" and env["PYTHONHASHSEED"] == "0"
     with pytest.raises(ValueError, match="fixed thread count"):
-        actor_env(0, deterministic=True)
+        actor_env_vars(0, deterministic=True)

@@ -9,7 +9,7 @@ import pytest
 
 from forge.models import gguf
 from forge.models.gguf import ShippedModel
-from forge.serve.config import load_config
+from forge.serve.serve_config import load_config
 
 
 def _write(tmp_path, text: str) -> str:

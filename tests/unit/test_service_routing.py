@@ -283,6 +283,14 @@ def test_options_are_checked_before_anything_starts():
         fake(2, health_check_interval_s=1.0)
 
 
+def test_process_variables_are_env_vars_and_env_is_refused():
+    """``env`` means an RL environment in Forge; process variables are ``env_vars``, and the
+    old keyword is a TypeError naming the new one, not a silent alias or a service option."""
+    assert Echo.options(env_vars={"A": "1"})._options().env_vars == {"A": "1"}
+    with pytest.raises(TypeError, match=r"options\(env=\.\.\.\).*env_vars="):
+        Echo.options(num_replicas=2, env={"A": "1"})
+
+
 def test_separate_options_calls_give_independent_configs():
     a = Echo.options(num_replicas=2, max_retries=0, router="least_loaded")
     b = Echo.options(num_replicas=1, replica_max_concurrent_requests=3)

@@ -339,7 +339,7 @@ def test_trainer_generator_and_reference_share_one_weights_type(tmp_path):
     YAML keys are checked where the config loads."""
     from forge.config import config_from_dict
     from forge.generation.backend import GeneratorConfig
-    from forge.training.config import ReferenceConfig, TrainerConfig
+    from forge.training.trainer_config import ReferenceConfig, TrainerConfig
 
     section = {"type": "safetensors_dir", "root": str(tmp_path), "keep_last": 3}
     trainer = config_from_dict(TrainerConfig, {"model": "m", "weights": section})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from forge.models import make_tiny_model
-from forge.models.reward_model import make_tiny_reward_model
+from forge.models.reward_classifier import make_tiny_reward_model
 from tests.helpers import forge_run
 
 CONFIG = """

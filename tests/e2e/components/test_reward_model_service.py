@@ -7,7 +7,11 @@ import pytest
 
 from controller import ActorError
 from forge.actors.reward_model import RewardModel
-from forge.models.reward_model import RewardModelConfig, RewardModelCore, make_tiny_reward_model
+from forge.models.reward_classifier import (
+    RewardModelConfig,
+    RewardModelCore,
+    make_tiny_reward_model,
+)
 from forge.observability import merge_states
 from forge.rewards import RewardResult
 from tests.unit.test_reward_model_actor import ITEMS, PAIRS

@@ -122,11 +122,11 @@ async def test_no_room_is_a_clear_error_within_its_bound(monkeypatch):
 
 
 def test_bad_cpus_setting_is_an_error(monkeypatch):
-    from controller import env
+    from controller import env_vars
 
     monkeypatch.setenv("FORGE_RAY_CPUS", "zero")
     with pytest.raises(ValueError, match="FORGE_RAY_CPUS must be a positive number"):
-        env.ray_cpus()
+        env_vars.ray_cpus()
 
 
 CONTROLLER = """

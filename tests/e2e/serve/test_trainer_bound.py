@@ -4,7 +4,7 @@ request that waits on it instead of holding it for good."""
 
 from __future__ import annotations
 
-from forge.serve.config import ServeConfig
+from forge.serve.serve_config import ServeConfig
 from forge.serve.state import ServerState
 
 

@@ -7,7 +7,7 @@ import torch
 
 from forge.losses import LossConfig  # noqa: E402
 from forge.training import OptimizerConfig, TrainerConfig  # noqa: E402
-from forge.training.config import LoraConfig  # noqa: E402
+from forge.training.trainer_config import LoraConfig  # noqa: E402
 from forge.weights import unpack_adapter  # noqa: E402
 
 

@@ -19,7 +19,7 @@ from forge.generation.prompts import encode_prompt
 from forge.models import load_model, load_tokenizer
 from forge.models.gguf import SHIPPED, resolve_model
 from forge.replay import collate_episodes
-from forge.training.config import TrainerConfig
+from forge.training.trainer_config import TrainerConfig
 from forge.training.trainer_core import TrainerCore, mismatch_metrics
 from forge.types import Episode, SamplingParams
 

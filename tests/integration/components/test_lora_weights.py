@@ -19,7 +19,7 @@ from forge.generation.hf_backend import HFBackend  # noqa: E402
 from forge.losses import LossConfig  # noqa: E402
 from forge.models import make_tiny_model  # noqa: E402
 from forge.training import OptimizerConfig, TrainerConfig, TrainerCore  # noqa: E402
-from forge.training.config import LoraConfig  # noqa: E402
+from forge.training.trainer_config import LoraConfig  # noqa: E402
 from forge.types import SamplingParams  # noqa: E402
 from forge.weights import ADAPTER_KEY, unpack_adapter  # noqa: E402
 from tests.episodes import make_batch  # noqa: E402

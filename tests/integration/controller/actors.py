@@ -42,6 +42,10 @@ class Counter(Actor):
         }
 
     @endpoint
+    def getenv(self, variable: str) -> str | None:
+        return os.environ.get(variable)
+
+    @endpoint
     async def sleep(self, seconds: float) -> int:
         await asyncio.sleep(seconds)
         return current_rank().rank

@@ -9,6 +9,9 @@ import pytest
 from controller import ActorMesh, ValueMesh, this_host
 from tests.helpers import pid_alive, run_script
 from tests.integration.controller.actors import Caller, Counter, WithSetup
+from tests.integration.controller.conftest_backends import backend_fixture
+
+backend = backend_fixture  # the tests that take ``backend`` run on local, Ray and Monarch
 
 
 async def test_call_returns_one_value_per_rank():
@@ -142,10 +145,11 @@ async def test_mesh_handle_used_inside_another_actor():
 
 
 async def test_spawn_procs_and_spawn():
-    pm = await this_host().spawn_procs(per_host={"procs": 2}, env={"MY_VAR": "x"}, name="pm")
+    pm = await this_host().spawn_procs(per_host={"procs": 2}, env_vars={"MY_VAR": "x"}, name="pm")
     assert pm.size("procs") == 2
     am = pm.spawn("counter", Counter, 5)
     assert isinstance(am, ActorMesh)
+    assert (await am.getenv.call("MY_VAR")).values() == ["x", "x"]
     assert (await am.incr.call(1)).values() == [6, 6]
     am2 = await pm.spawn("other", Counter, 100)
     assert (await am2.value.call()).values() == [100, 100]
@@ -155,6 +159,12 @@ async def test_spawn_procs_and_spawn():
 async def test_setup_runs_on_every_rank():
     m = await WithSetup.options(procs=2).as_actor()
     assert (await m.is_ready.call()).values() == [True, True]
+
+
+async def test_env_vars_reach_every_process_of_an_actor(backend):
+    m = await Counter.options(procs=2, env_vars={"MY_VAR": "y"}).as_actor()
+    assert (await m.getenv.call("MY_VAR")).values() == ["y", "y"]
+    await m.shutdown()
 
 
 async def test_options_are_independent():

@@ -119,7 +119,7 @@ async def test_worker_that_cannot_start_gives_spawn_error():
     from controller import this_host
 
     with pytest.raises(SpawnError, match="exited during start-up"):
-        await this_host().spawn_procs(per_host={"procs": 1}, env={"FORGE_SHAPE": "not json"})
+        await this_host().spawn_procs(per_host={"procs": 1}, env_vars={"FORGE_SHAPE": "not json"})
 
 
 def test_bad_options():
@@ -127,6 +127,8 @@ def test_bad_options():
         Counter.options(procs=0)
     with pytest.raises(ValueError, match="as_service"):
         Counter.options(num_replicas=2).as_actor()
+    with pytest.raises(TypeError, match=r"env_vars="):  # ``env`` is an RL environment
+        Counter.options(env={"A": "1"})
 
 
 async def test_teardown_hook_runs_on_graceful_stop(tmp_path):

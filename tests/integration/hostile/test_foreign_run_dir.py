@@ -16,7 +16,7 @@ import torch
 
 from forge.run.checkpoint import Checkpointer
 from forge.run.ownership import ForeignRunDirError, check_run_dir
-from forge.training.checkpoint import UnsafeCheckpointError
+from forge.training.trainer_checkpoint import UnsafeCheckpointError
 from tests.helpers import REPO, script_env
 
 NOBODY = 65534

@@ -120,7 +120,8 @@ def _hang(prompt, response, target):
 
 async def test_a_reward_service_that_hangs_stops_the_run_with_a_named_error(tmp_path, stop_actors):
     pid_file = tmp_path / "pid"
-    svc = await RewardActor.options(num_replicas=1, env={"HOSTILE_TEST_PID_FILE": str(pid_file)}
+    env_vars = {"HOSTILE_TEST_PID_FILE": str(pid_file)}
+    svc = await RewardActor.options(num_replicas=1, env_vars=env_vars
                                     ).as_service([_hang])  # fmt: skip
     scorer = GroupScorer(RolloutConfig(reward_timeout_s=1.0), 1.0, None, None, svc, log=None)
     t0 = time.monotonic()
@@ -142,7 +143,8 @@ async def test_math_bombs_through_the_reward_service(tmp_path, stop_actors):
     import psutil
 
     pid_file = tmp_path / "pid"
-    svc = await RewardActor.options(num_replicas=1, env={"HOSTILE_TEST_PID_FILE": str(pid_file)}
+    env_vars = {"HOSTILE_TEST_PID_FILE": str(pid_file)}
+    svc = await RewardActor.options(num_replicas=1, env_vars=env_vars
                                     ).as_service([MathReward(timeout_s=3.0), _pid])  # fmt: skip
     scorer = GroupScorer(RolloutConfig(reward_timeout_s=120.0), 1.0, None, None, svc, log=None)
     items = [("p", "\\boxed{4}", "4"), ("p", BOMBS[0], "4"), ("p", "\\boxed{5}", "4")]

@@ -182,14 +182,14 @@ async def test_tcp_listener_drops_silent_peers_on_the_loopback():
 
 
 def test_handshake_bounds_are_checked(monkeypatch):
-    from controller import env
+    from controller import env_vars
 
     monkeypatch.setenv("FORGE_HANDSHAKE_TIMEOUT_S", "0")
     with pytest.raises(ValueError, match="FORGE_HANDSHAKE_TIMEOUT_S must be a positive"):
-        env.handshake_timeout_s()
+        env_vars.handshake_timeout_s()
     monkeypatch.setenv("FORGE_MAX_PENDING_CONNECTIONS", "lots")
     with pytest.raises(ValueError, match="FORGE_MAX_PENDING_CONNECTIONS must be a positive"):
-        env.max_pending_connections()
+        env_vars.max_pending_connections()
     monkeypatch.delenv("FORGE_HANDSHAKE_TIMEOUT_S")
     monkeypatch.delenv("FORGE_MAX_PENDING_CONNECTIONS")
-    assert env.handshake_timeout_s() == 10.0 and env.max_pending_connections() == 64
+    assert env_vars.handshake_timeout_s() == 10.0 and env_vars.max_pending_connections() == 64

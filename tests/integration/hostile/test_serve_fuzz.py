@@ -17,7 +17,7 @@ pytest.importorskip("tinker")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from forge.serve.app import build_app  # noqa: E402
-from forge.serve.config import ServeConfig  # noqa: E402
+from forge.serve.serve_config import ServeConfig  # noqa: E402
 from forge.serve.state import ServerState  # noqa: E402
 
 KEY = "tml-fuzz-key-0123456789abcdefgh"

@@ -8,7 +8,7 @@ import torch
 from controller import ActorError
 from forge.actors.critic import Critic
 from forge.losses.value import ppo_advantages_for_batch
-from forge.training.critic import CriticConfig
+from forge.training.value_model import CriticConfig
 from tests.episodes import make_batch
 
 

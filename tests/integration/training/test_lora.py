@@ -12,7 +12,7 @@ from forge.data.sft import sft_batch  # noqa: E402
 from forge.losses import LossConfig  # noqa: E402
 from forge.models import load_tokenizer  # noqa: E402
 from forge.training import OptimizerConfig, TrainerConfig, TrainerCore  # noqa: E402
-from forge.training.config import LoraConfig  # noqa: E402
+from forge.training.trainer_config import LoraConfig  # noqa: E402
 from forge.weights import unpack_adapter  # noqa: E402
 from tests.episodes import make_batch  # noqa: E402
 

@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from forge.envs.types import Message, StepResult
+from forge.envs.messages import Message, StepResult
 
 __all__ = ["Environment", "FunctionEnv", "build_env", "call_env"]
 

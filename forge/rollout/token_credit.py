@@ -3,7 +3,8 @@ advantages, laid on each episode's sampled tokens.
 
     assign_credit(group, trajs, credit_fn, aggregate, log)
 
-sets ``Episode.token_advantages`` (each turn's advantage on its sampled tokens) and logs the share of turns in step-level groups and the advantage spread per turn index.
+sets ``Episode.token_advantages`` (each turn's advantage on its sampled tokens) and logs the
+share of turns in step-level groups and the advantage spread per turn index.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from statistics import pstdev
 
-from forge.envs.types import Trajectory
-from forge.losses.credit import step_groups
+from forge.envs.messages import Trajectory
+from forge.losses.turn_credit import step_groups
 from forge.observability.names import M
 from forge.rewards.vector import pad_components
 from forge.types import Episode

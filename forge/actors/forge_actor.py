@@ -14,8 +14,7 @@ import contextlib
 import time
 from typing import TypeVar
 
-from controller import Actor, endpoint
-from controller import env as controller_env
+from controller import Actor, endpoint, env_vars
 from forge.observability import Reduce, get_collector, record_metric
 
 C = TypeVar("C")
@@ -23,9 +22,9 @@ C = TypeVar("C")
 
 def use_deterministic_kernels() -> None:
     """In an actor process of a deterministic run (``FORGE_DETERMINISTIC=1``, set by
-    ``forge.run.actor_env``): torch's deterministic algorithms; an op without one raises.
+    ``forge.run.actor_env_vars``): torch's deterministic algorithms; an op without one raises.
     Components that compute with torch call this first thing in ``setup``."""
-    if controller_env.deterministic():
+    if env_vars.deterministic():
         import torch
 
         torch.use_deterministic_algorithms(True)

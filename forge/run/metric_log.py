@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from forge.observability import build_backends, get_collector, merge_states
 from forge.observability.alerts import RewardAlerts
-from forge.observability.episodes import EpisodeSamples
+from forge.observability.episode_log import EpisodeSamples
 from forge.observability.names import M
 from forge.observability.status import StepStatus
 

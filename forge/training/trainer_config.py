@@ -21,7 +21,7 @@ from typing import Literal, get_args
 
 from forge.losses import LossConfig
 from forge.training.reference_update import ReferenceUpdateConfig
-from forge.weights.config import WeightTransportConfig
+from forge.weights.transport_config import WeightTransportConfig
 
 __all__ = [
     "BACKENDS",

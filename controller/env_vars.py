@@ -1,11 +1,13 @@
 """The one module that reads Forge's ``FORGE_*`` environment variables.
 
 Every accessor reads ``os.environ`` when called, never at import time, so a test can set a
-variable with ``monkeypatch.setenv`` and see the effect at once. ``forge.env`` builds Forge's
-own accessors on these (``controller`` cannot import ``forge``); other modules call them and
-never read ``os.environ`` for a ``FORGE_*`` name themselves (``tests/unit/test_env_vars.py``
-checks this, and that every variable below is in ``docs/configuration.md``). Writing these
-names into a child process's environment dict is fine: that is how the launch protocol works.
+variable with ``monkeypatch.setenv`` and see the effect at once. ``forge.settings`` builds
+Forge's own accessors on these (``controller`` cannot import ``forge``); other modules call
+them and never read ``os.environ`` for a ``FORGE_*`` name themselves
+(``tests/unit/test_env_vars.py`` checks this, and that every variable below is in
+``docs/configuration.md``). Writing these names into a child process's environment dict is
+fine: that is how the launch protocol works. (The module is ``env_vars``, not ``env``: in Forge
+``env`` means an RL environment.)
 
 Set by the user:
 
@@ -20,7 +22,7 @@ Variable                  Default            Meaning
 ``FORGE_RAY_CPUS``        ``1``              ``ray`` backend: logical CPUs each rank reserves
                                              in its placement group bundle.
 ``FORGE_LOG_LEVEL``       ``WARNING`` /      Logging level name of actor processes and host
-                          ``INFO``           agents (``WARNING``); ``forge.env.get_log_level``
+                          ``INFO``           agents (``WARNING``); ``forge.settings.get_log_level``
                                              defaults to ``INFO``.
 ``FORGE_RUN_DIR``         ``runs``           Parent folder of run directories (``forge run``,
                                              ``forge top``).
@@ -57,7 +59,7 @@ Set by the process that spawns an actor process (the launch protocol; never set 
 ========================  ==================================================================
 Variable                  Meaning (who sets it)
 ========================  ==================================================================
-``FORGE_MESH``            The process mesh's name (``controller._launch.rank_envs``, for
+``FORGE_MESH``            The process mesh's name (``controller._launch.worker_env_vars``, for
                           every backend).
 ``FORGE_RANK``            This process's linear rank in its mesh (same).
 ``FORGE_SIZE``            The mesh's number of processes (same).

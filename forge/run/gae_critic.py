@@ -4,7 +4,7 @@ into per-token advantages, and the critic trains on the returns, beside the poli
     values -> GAE(gamma, lambda) -> batch.advantages_b = A[B, T] -> trainer (loss type ppo)
                                  -> critic.train_step(batch, returns, old values)
 
-Enabled by a ``critic`` section in a run's config (``forge.training.critic.CriticConfig``);
+Enabled by a ``critic`` section in a run's config (``forge.training.value_model.CriticConfig``);
 the trainer's loss must then take per-token advantages (``ppo`` or ``reinforce``).
 
 One policy step is one critic step, whatever ``trainer_procs`` is: the step's per-rank batches
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from forge.losses.value import ppo_advantages_for_batch, turn_gae_advantages, whiten_together
-from forge.training.critic import CriticConfig
+from forge.training.value_model import CriticConfig
 from forge.types import TrainBatch
 
 if TYPE_CHECKING:

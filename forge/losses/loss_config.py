@@ -10,7 +10,7 @@
 The total is ``policy loss + kl_coef * aggregate(kl_penalty(logprobs, ref))``, both reduced
 with the same ``aggregation``; the KL is computed on the counted (response) positions only.
 What each KL estimator's gradient does, and the numerical guards every loss applies, are in
-``forge.losses.kl``, ``forge.losses.policy`` and docs/rl_maths.md.
+``forge.losses.kl``, ``forge.losses.policy_gradient`` and docs/rl_maths.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from forge.losses.kl import KL_ESTIMATORS, kl_penalty
 from forge.losses.normalize import AGGREGATION_MODES, aggregate, masked_mean, masked_values
-from forge.losses.policy import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
+from forge.losses.policy_gradient import grpo_loss, gspo_loss, ppo_clip_loss, reinforce_loss
 
 __all__ = ["LOSS_TYPES", "LossConfig", "LossFn", "build_loss"]
 
@@ -84,7 +84,7 @@ class LossConfig:
     clip_ratio_c: float | None = None
     """The dual clip of ``grpo``/``ppo``/``gspo`` (> 1, e.g. verl's 3.0; ``None``: off): a
     token (GSPO: sequence) with negative advantage and ratio above ``c`` has its loss capped
-    at ``-c * A`` and no gradient (``forge.losses.policy``)."""
+    at ``-c * A`` and no gradient (``forge.losses.policy_gradient``)."""
     kl_coef: float = 0.0
     """Weight of the KL to the reference (0 disables it; reference logprobs passed are then
     only logged)."""

@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from forge.models.reward_model import RewardModelConfig
+from forge.models.reward_classifier import RewardModelConfig
 from forge.plugins import PluginSpec
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
-from forge.run.critic import check_ppo
+from forge.run.gae_critic import check_ppo
 from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus, gpu_count
 from forge.run.run_config import (
     DETERMINISTIC,
@@ -34,9 +34,9 @@ from forge.run.run_config import (
     seed_defaults,
 )
 from forge.run.supervise import check_restarts
-from forge.training.config import ReferenceConfig, check_tis
-from forge.training.critic import CriticConfig
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
+from forge.training.trainer_config import ReferenceConfig, check_tis
+from forge.training.value_model import CriticConfig
 
 __all__ = [
     "DETERMINISTIC",
@@ -175,9 +175,9 @@ class RLConfig(RolloutRunConfig):
                             trainer_procs=self.trainer_procs, visible=gpu_count())  # fmt: skip
         if self.placement.shared or not gpu[f"{role}_gpu"] or not own:
             return {}
-        from controller import env
+        from controller import env_vars
 
-        return {} if env.backend() == "monarch" else {"with_gpus": True}
+        return {} if env_vars.backend() == "monarch" else {"with_gpus": True}
 
     def _check_credit(self) -> None:
         """Credit over turns needs turns (an env), a loss that takes per-token advantages,
