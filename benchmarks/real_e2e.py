@@ -87,6 +87,11 @@ class LongAddition:
             self._seed += 1
         return self._rows.pop()
 
+    def heldout(self) -> list[dict]:
+        """Held-out questions with the long instruction (evaluation is off in the benchmark,
+        but a data source must have them)."""
+        return self._setup.rows(64, seed=10_000)
+
     def state_dict(self) -> dict:
         return {"seed": self._seed, "rows": list(self._rows)}
 
