@@ -33,10 +33,12 @@ for smollm2):
 All of them get the same prompts (encoded by ``forge.generation.prompts.encode_prompt``, the
 rule Forge's backends follow), ``n``, ``max_tokens``, temperature 1.0 (no top-k/top-p),
 ``--dtype`` (vLLM: its ``dtype``; transformers: ``from_pretrained(dtype=)``) and ``--threads``
-(default 2) torch threads: ``OMP_NUM_THREADS`` with Forge's thread budget off
+torch threads (default 2 for smollm2): ``OMP_NUM_THREADS`` with Forge's thread budget off
 (``FORGE_THREAD_BUDGET=0``) in the actors' environment (vLLM then keeps that many threads for
 serving instead of dropping to one), ``torch.set_num_threads`` in this process for
-``hf_generate``. ``--ignore-eos``: every row samples ``max_tokens`` tokens (Forge:
+``hf_generate``. ``--threads 0``, the tiny model's default, leaves threads as they were before
+``--threads`` existed: the hf backend under Forge's thread budget, vLLM's own choice (one torch
+thread for serving), ``hf_generate`` torch's default. ``--ignore-eos``: every row samples ``max_tokens`` tokens (Forge:
 ``ignore_eos``; transformers: ``min_new_tokens``), so the systems decode the same token count.
 
 ``--model``: ``tiny`` (default) is the "small" tiny-model preset, made fresh (fp32 by
@@ -116,9 +118,9 @@ CONFIGS = {
     "arith": ("arith-chat", 8, 8, 16),  # the main job's rollout batch (apps/arith/smollm2.yaml)
 }
 MODELS = {
-    # --model: (its default --config, --dtype, --backends)
-    "tiny": ("default", "float32", "hf,vllm"),
-    "smollm2": ("arith", "bfloat16", "hf,hf_generate,vllm"),
+    # --model: (its default --config, --dtype, --backends, --threads)
+    "tiny": ("default", "float32", "hf,vllm", 0),  # 0 threads: as before --threads existed
+    "smollm2": ("arith", "bfloat16", "hf,hf_generate,vllm", 2),
 }
 SMOLLM2 = "smollm2-135m-instruct"  # forge.models.gguf.SHIPPED
 GENERATOR_BACKENDS = ("hf", "vllm")  # in a Generator actor; hf_generate runs in this process
@@ -264,7 +266,8 @@ def bench_hf_generate(model_dir: str, args) -> dict:
 
     from forge.generation.prompts import encode_prompt
 
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     load = [os.getloadavg()[0]]
     t = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
@@ -342,7 +345,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="default: float32 (tiny), bfloat16 (smollm2)",
     )
-    ap.add_argument("--threads", type=int, default=2, help="torch threads of every system")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of every system; default 2 (smollm2), 0 (tiny: not pinned)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
         "--config",
@@ -366,7 +374,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="hf, vllm, hf_generate, comma-separated; default: by --model",
     )
     args = ap.parse_args(argv)
-    config, dtype, backends = MODELS[args.model]
+    config, dtype, backends, threads = MODELS[args.model]
+    args.threads = threads if args.threads is None else args.threads
     args.config = args.config or config
     args.dtype = args.dtype or dtype
     args.backends = (args.backends or backends).split(",")
@@ -377,8 +386,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     known = (*GENERATOR_BACKENDS, "hf_generate")
     if unknown := [b for b in args.backends if b not in known]:
         ap.error(f"--backends: unknown {unknown}; choose from {', '.join(known)}")
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.threads < 0:
+        ap.error(f"--threads must be >= 0 (0: not pinned), got {args.threads}")
     if "hf_generate" in args.backends and (args.update or args.max_batch_size):
         # hf_generate decodes the whole batch in one generate call and has no weight updates.
         ap.error(
@@ -393,8 +402,9 @@ def main() -> None:
     # Fixed threads in every Generator process (they inherit this environment): no thread
     # budget, whose share would shrink with the machine's load; vLLM keeps an OMP_NUM_THREADS
     # set from outside for serving (without it, it drops torch to one thread).
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    os.environ["FORGE_THREAD_BUDGET"] = "0"
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        os.environ["FORGE_THREAD_BUDGET"] = "0"
 
     from forge.models import make_tiny_model
 
@@ -441,7 +451,8 @@ def report(results: dict[str, dict | None], args) -> None:
     print(
         f"batch: {args.prompts} {args.style} prompts x n={args.n}, max_tokens "
         f"{args.max_tokens}{' (ignore_eos)' if args.ignore_eos else ''}, temperature 1.0, "
-        f"{model} {args.dtype}, {args.threads} torch threads"
+        f"{model} {args.dtype}, "
+        + (f"{args.threads} torch threads" if args.threads else "threads not pinned")
     )
     print(
         f"{'backend':12s} {'system':41s} {'dtype':8s} {'batch':8s} {'tokens/s':>8s} "

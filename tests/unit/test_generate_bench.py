@@ -28,7 +28,7 @@ def test_smollm2_defaults_are_the_main_jobs_batch_and_the_tiny_ones_unchanged():
     assert real.backends == ["hf", "hf_generate", "vllm"] and real.threads == 2
     tiny = parse_args([])
     assert (tiny.prompts, tiny.n, tiny.max_tokens, tiny.dtype) == (32, 4, 64, "float32")
-    assert tiny.backends == ["hf", "vllm"]
+    assert tiny.backends == ["hf", "vllm"] and tiny.threads == 0  # not pinned, as before
     # The chat prompts are the main job's first questions (Addition(digits=2, seed=0)).
     data = Addition(digits=2, seed=0)
     assert prompts(8, real.style) == [data.sample()["prompt"] for _ in range(8)]
@@ -39,7 +39,7 @@ def test_smollm2_defaults_are_the_main_jobs_batch_and_the_tiny_ones_unchanged():
     "argv",
     [
         ["--backends", "hf,trl"],
-        ["--threads", "0"],
+        ["--threads", "-1"],
         ["--backends", "hf,hf_generate", "--update"],
         ["--backends", "hf_generate", "--max-batch-size", "16"],
     ],
