@@ -12,7 +12,7 @@ import concurrent.futures
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from controller import _context, _wire
 from controller import _serialization as ser
@@ -23,8 +23,12 @@ from controller.errors import ActorError, CallTimeoutError
 from controller.future import Future
 from controller.shape import Shape, ValueMesh
 
-if TYPE_CHECKING:
-    from controller.mesh import ProcMesh
+
+class OwnedProcs(Protocol):
+    """What an ``ActorMesh`` needs of the ``ProcMesh`` it was spawned on (``controller/mesh.py``,
+    which imports this module, so the type is structural)."""
+
+    def stop(self) -> Future[None]: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class ActorMesh:
         self._shape: Shape = shape
         self._mesh_name = mesh_name
         self._ready: concurrent.futures.Future | None = None
-        self._proc_mesh: ProcMesh | None = None
+        self._proc_mesh: OwnedProcs | None = None
         self._owns_proc_mesh = False
         self._rr = itertools.count()
         self._use_shm = shm_reaches(infos)  # False for Monarch-backend (TCP) workers

@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +54,7 @@ import torch
 from controller import threads
 from forge.generation.backend import GeneratorBackend, GeneratorConfig
 from forge.generation.hf_engine import HFEngine
-from forge.generation.hf_weights import HFWeights
+from forge.generation.hf_weights import HFWeights, Lane
 from forge.generation.prompts import Prompt
 from forge.observability.memory import apply_memory_fraction, tensor_bytes
 from forge.types import Completion, SamplingParams
@@ -70,25 +70,6 @@ class _Request:
     adapter: str | None = None
 
 
-@dataclass
-class _Lane:
-    """One model (one weight version) and the requests running on it."""
-
-    engine: HFEngine
-    futures: dict[int, tuple[asyncio.Future, int]] = field(default_factory=dict)  # id -> (f, n)
-    rows: int = 0  # samples admitted and not yet finished
-    lease: Any = None  # a ShmLease when the model's weights are views of a shared file
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-
 class HFBackend(HFWeights, GeneratorBackend):
     """Continuous-batching generation on a transformers model. See the module docstring;
     weight updates, adapters and sleep are ``HFWeights``'s (``hf_weights.py``)."""
@@ -98,7 +79,7 @@ class HFBackend(HFWeights, GeneratorBackend):
         self.tokenizer = None
         self.version = 0
         self._inbox: deque[_Request] = deque()
-        self._lanes: list[_Lane] = []  # the last one admits new requests
+        self._lanes: list[Lane] = []  # the last one admits new requests
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._step_lock = asyncio.Lock()  # held while a step runs or weights change
@@ -139,8 +120,8 @@ class HFBackend(HFWeights, GeneratorBackend):
             self._slots = LoraSlots(model)
         return model, load_tokenizer(cfg.model)
 
-    def _new_lane(self, model, version: int) -> _Lane:
-        return _Lane(self._new_engine(model, version))
+    def _new_lane(self, model, version: int) -> Lane:
+        return Lane(self._new_engine(model, version))
 
     def _new_engine(self, model, version: int) -> HFEngine:
         cfg = self.config
@@ -253,7 +234,7 @@ class HFBackend(HFWeights, GeneratorBackend):
             self._drained.clear()
         self._stats["max_batch_rows"] = max(self._stats["max_batch_rows"], busy)
 
-    def _deliver(self, results: list[tuple[_Lane, list[tuple[int, list[Completion]]]]]) -> None:
+    def _deliver(self, results: list[tuple[Lane, list[tuple[int, list[Completion]]]]]) -> None:
         self._stats["steps"] += 1
         for lane, finished in results:
             for request_id, completions in finished:
@@ -303,7 +284,7 @@ class HFBackend(HFWeights, GeneratorBackend):
         """``lora_mode: multi``: the loaded adapters and their versions."""
         return {name: version for name, (_, version) in self._adapters.items()}
 
-    def _reset_lanes(self, lanes: list[_Lane], error: Exception) -> None:
+    def _reset_lanes(self, lanes: list[Lane], error: Exception) -> None:
         """After a failed step: fail the lanes' requests and give each a fresh engine."""
         for lane in lanes:
             for future, _ in lane.futures.values():
@@ -364,7 +345,7 @@ def _fail(future: asyncio.Future, error: BaseException) -> None:
         future.set_exception(error)
 
 
-def _step_lanes(lanes: list[_Lane]) -> list[tuple[_Lane, list[tuple[int, list[Completion]]]]]:
+def _step_lanes(lanes: list[Lane]) -> list[tuple[Lane, list[tuple[int, list[Completion]]]]]:
     """One decode step of every lane (runs in a worker thread, with its share of cores)."""
     threads.get_budget().rebalance()
     return [(lane, lane.engine.step()) for lane in lanes]

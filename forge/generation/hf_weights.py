@@ -2,7 +2,8 @@
 LoRA adapters (``lora_mode``), and sleep (``placement.colocate``).
 
 ``HFWeights`` is the part of ``HFBackend`` (``hf_backend.py``, whose docstring says how
-versions, lanes, adapters and sleep behave) that changes what the model computes with. The
+versions, lanes, adapters and sleep behave) that changes what the model computes with;
+``Lane`` is one weight version's model and the requests running on it. The
 plain functions at the bottom (``match_weights``, ``load_in_place``, ``rebind_weights``,
 ``clone_with_weights``) do the tensor work and are tested on their own.
 """
@@ -11,17 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from forge.generation.backend import GeneratorConfig
+from forge.generation.hf_engine import HFEngine
 from forge.generation.sleep import drop_weights, materialize_weights
 from forge.observability.memory import release_cached_memory
 from forge.weights.adapter import unpack_adapter
 
-if TYPE_CHECKING:
-    from forge.generation.backend import GeneratorConfig
-    from forge.generation.hf_backend import _Lane
+
+@dataclass
+class Lane:
+    """One model (one weight version) and the requests running on it."""
+
+    engine: HFEngine
+    futures: dict[int, tuple[asyncio.Future, int]] = field(default_factory=dict)  # id -> (f, n)
+    rows: int = 0  # samples admitted and not yet finished
+    lease: Any = None  # a ShmLease when the model's weights are views of a shared file
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
 
 
 class HFWeights:
@@ -31,7 +50,7 @@ class HFWeights:
 
     config: GeneratorConfig
     version: int
-    _lanes: list[_Lane]  # the last one admits new requests
+    _lanes: list[Lane]  # the last one admits new requests
     _wake: asyncio.Event
     _drained: asyncio.Event
     _step_lock: asyncio.Lock
