@@ -155,7 +155,7 @@ async def bench_sync(model_dir: str, repeats: int) -> dict:
 
 def bench_breakdown(model_dir: str, handle, repeats: int) -> dict:
     """Time the pieces of a replica's update_weights in this process, on the same bytes."""
-    from forge.generation.hf_backend import load_in_place
+    from forge.generation.hf_weights import load_in_place
     from forge.models import load_model
     from forge.weights import pull_handle
 

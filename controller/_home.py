@@ -23,9 +23,9 @@ import os
 import threading
 
 from controller import env_vars
+from controller._actor_mesh import ActorMesh, ProcInfo
 from controller._runtime import get_runtime
 from controller.endpoint import endpoint
-from controller.mesh import ActorMesh, ProcInfo
 from controller.shape import Shape
 
 HOME_ACTOR = "forge-home"

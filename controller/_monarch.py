@@ -19,7 +19,7 @@ actor's endpoints are all async; user actors never meet Monarch.
 Death: the caller sees EOF on its TCP connection (``ActorDiedError``); the bootstrap actor
 reports the worker's exit status (``wait_exit``), so the error names the exit code or signal.
 Tensors: workers may be on another host, so tensors to and from them travel in-band (shared
-memory is used only for unix-socket peers; see ``mesh._shm_reaches``). The session secret
+memory is used only for unix-socket peers; see ``_actor_mesh.shm_reaches``). The session secret
 travels as an endpoint argument to the bootstrap actor and into the worker's environment.
 """
 

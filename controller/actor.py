@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         ``as_actor``/``as_service`` give handles typed as the actor class (as Monarch's
         ``spawn(name, Class: Type[T]) -> T``), so ``handle.ep`` is the actor's endpoint,
         checked and navigable (``controller/endpoint.py``). The handle's own methods are
-        declared here: an ``ActorMesh``'s (``controller/mesh.py``), and a ``Service``'s
+        declared here: an ``ActorMesh``'s (``controller/_actor_mesh.py``), and a ``Service``'s
         (``controller/service.py``, ``controller/_routing.py``). At run time ``Actor``
         derives from ``object`` alone; inside the actor these names do not exist, and an
         actor attribute of the same name confuses the checker (rename it). ``Service.metrics``

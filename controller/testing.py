@@ -77,12 +77,12 @@ from typing import Any
 
 from controller import _context
 from controller import _serialization as ser
+from controller._actor_mesh import ActorMesh, ProcInfo
 from controller._routing import Routing
 from controller._service_types import HEALTHY, STOPPED, Replica, ServiceConfig
 from controller.actor import Actor
 from controller.errors import ActorDiedError, ActorError, CallTimeoutError
 from controller.future import Future
-from controller.mesh import ActorMesh, ProcInfo
 from controller.options import ActorOptions
 from controller.shape import Shape
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from forge.generation.backend import GeneratorConfig, state_dict_checksum
-from forge.generation.hf_backend import clone_with_weights, load_in_place, match_weights
+from forge.generation.hf_weights import clone_with_weights, load_in_place, match_weights
 from forge.generation.prompts import make_sampling_params
 from forge.models import load_model
 from forge.types import SamplingParams

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from forge.generation.hf_backend import load_in_place
+from forge.generation.hf_weights import load_in_place
 from forge.models import load_model
 from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
 from tests.integration.actors.test_generator import _max_logprob_diff, _perturbed, _spawn

@@ -14,7 +14,7 @@ import torch
 from controller import ActorError
 from forge.actors.generator import Generator
 from forge.generation.backend import GeneratorConfig, state_dict_checksum
-from forge.generation.hf_backend import load_in_place
+from forge.generation.hf_weights import load_in_place
 from forge.models import load_model, load_tokenizer, pad_and_stack, token_logprobs
 from forge.types import Completion, SamplingParams
 from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
