@@ -345,8 +345,9 @@ def test_cpu_demo_learns_on_three_hosts_and_loses_nothing_when_a_host_dies(hosts
     assert set(versions.values()) == {steps}, versions
     counts = next(s for s in status["services"] if s["name"] == "Generator")["requests"]
     print(f"generator requests: {counts}")
-    # none reached the caller as an error; those on the lost host were re-sent elsewhere
-    assert counts["failed"] == 0 and counts["retried"] >= 1, counts
+    # none reached the caller as an error; those on the lost host (if any were in flight at
+    # the kill: 0 in one CI run, 5 in another) were re-sent elsewhere
+    assert counts["failed"] == 0, counts
     assert counts["completed"] + counts["cancelled"] == counts["sent"], counts  # none in flight
     print(f"host {victim.ns} SIGKILLed: replicas {lost} serving again on {moved} in {back:.1f} s")
     # A hang detector, not a speed claim: 17-30 s measured (30.1 s with the machine at load 5);
