@@ -27,6 +27,7 @@ KILL_AT = 4
 
 
 @pytest.mark.xfail(
+    raises=subprocess.TimeoutExpired,  # only the hang: any other failure still fails
     strict=False,
     reason="known intermittent hang (CI 2026-11-26 21:xx): after the generator kill the "
     "restarted replica served version 0 and the run stopped at step 6 until the 400 s bound; "
