@@ -39,5 +39,8 @@ def test_guess_demo_learns(tmp_path):
     sampled = [r["rollout/reward/success"] for r in steps if "rollout/reward/success" in r]
     first, last = statistics.mean(sampled[:20]), statistics.mean(sampled[-20:])
     assert last >= first + 0.02, (first, last)
-    assert {"env/turns", "rollout/reward/success", "env/sampled_tokens"} <= set(steps[-1])
+    # Rollout metrics land in the row of the step that logged after them; the last row can
+    # miss them when no episode finished since the step before (seen once in CI).
+    for key in ("env/turns", "rollout/reward/success", "env/sampled_tokens"):
+        assert sum(key in r for r in steps) >= 100, key
     assert max(r["train/logprob_gap"] for r in steps[:1]) < 1e-4  # generator == trainer
