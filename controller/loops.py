@@ -43,7 +43,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
-    """``asyncio.run(main)`` on :func:`new_event_loop`: the entry point for Forge programs."""
+    """``asyncio.run(main)`` on :func:`new_event_loop`: the entry point for Forge programs.
+    ``kill -USR1`` on such a process prints its tasks' awaits (``controller.task_dump``)."""
+    main = _with_task_dump(main)
     if hasattr(asyncio, "Runner"):  # Python >= 3.11
         with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:  # pyright: ignore[reportAttributeAccessIssue]  # 3.11+
             return runner.run(main)
@@ -52,3 +54,10 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return asyncio.run(main, debug=debug)
+
+
+async def _with_task_dump(main: Coroutine[Any, Any, T]) -> T:
+    from controller import task_dump
+
+    task_dump.install(asyncio.get_running_loop())
+    return await main

@@ -32,7 +32,11 @@ STEPS+=(--step "setup=$((SECONDS - start))")
 echo "[test] fast tier"
 start=$SECONDS
 set +e
-"$PY" -m pytest -q -m "not slow" --junitxml="$REPORTS/fast.xml" "$@"
+# Two workers, one test file each at a time (--dist loadfile keeps a file's module fixtures in
+# one process): the fast tier waits on processes and sockets about half the time, so two
+# workers on 2 cores took 5:28 against 8:20 for one (benchmarks/ci_durations.md).
+"$PY" -m pytest -q -m "not slow" -n "${FORGE_TEST_WORKERS:-2}" --dist loadfile \
+  --junitxml="$REPORTS/fast.xml" "$@"
 rc=$?
 set -e
 echo "[test] fast tier took $((SECONDS - start)) s"

@@ -76,6 +76,7 @@ class RolloutManager:
         self._credits = asyncio.Semaphore(groups_per_step * (max_policy_age + 1))
         self._attempts = 0  # groups finished since the last advance
         self._tasks: list[asyncio.Task] = []
+        self._failure: tuple[str, BaseException] | None = None
         self.counts = dict.fromkeys(
             ("produced", "kept", "filtered", "kept_over_budget", "carried_over", "dropped"), 0
         )
@@ -108,10 +109,20 @@ class RolloutManager:
             self._credits.release()
 
     def check(self) -> None:
-        """Raise if a rollout loop died (with its exception as the cause)."""
+        """Raise if a rollout loop died, or ``fail`` was called (with the error as the cause)."""
+        if self._failure is not None:
+            what, error = self._failure
+            raise RuntimeError(what) from error
         for t in self._tasks:
             if t.done() and not t.cancelled() and t.exception() is not None:
                 raise RuntimeError("a rollout loop failed") from t.exception()
+
+    def fail(self, error: BaseException, what: str = "the rollouts' weights failed") -> None:
+        """Something the rollouts wait on failed (e.g. loading a version on the generators,
+        which would otherwise leave the trainer waiting for a batch that never comes): the
+        next ``check`` raises ``what`` with ``error`` as its cause."""
+        if self._failure is None:
+            self._failure = (what, error)
 
     async def stop(self) -> None:
         """Cancel the loops and wait for them."""

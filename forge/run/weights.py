@@ -3,14 +3,16 @@ reference model that follows the policy) loads it, then the rollout manager hand
 next step's credits so new rollouts run on it.
 
     sync = WeightSync(trainer, generator, reference, log=log, on_served=manager.advance,
-                      overlap=cfg.max_policy_age > 0)
+                      on_failed=manager.fail, overlap=cfg.max_policy_age > 0)
     await sync.push(version)     # after each training step
     ...
     await sync.wait()            # before an evaluation, and at the end
 
 With ``overlap`` (rollouts may be a version old) the replicas load the weights beside the
 trainer's next step: its next batch is (mostly) already in the buffer. The previous load is
-always finished before the next push, which may reuse its files. Each push logs its size
+always finished before the next push, which may reuse its files. A load that fails in the
+background is handed to ``on_failed`` at once (the rollout manager's ``fail``: the trainer's
+wait for its next batch raises it), not only at the next push, which that batch would gate. Each push logs its size
 (``weights/push_bytes``) and the trainer's time publishing it (``time/weight_push_s``).
 """
 
@@ -43,10 +45,12 @@ class WeightSync:
         *,
         log=None,
         on_served: Callable[[int], Any] | None = None,
+        on_failed: Callable[[BaseException, str], Any] | None = None,
         overlap: bool = True,
     ) -> None:
         self.trainer, self.generator, self.reference = trainer, generator, reference
         self.log, self.on_served, self.overlap = log, on_served, overlap
+        self.on_failed = on_failed
         self._pending: asyncio.Future | None = None
 
     async def push(self, version: int) -> None:
@@ -59,6 +63,7 @@ class WeightSync:
             self.log.add(PUSH_BYTES, [float(handle.nbytes)])
             self.log.add(PUSH_S, [time.perf_counter() - t0])
         self._pending = asyncio.ensure_future(self._load(version, handle))
+        self._pending.add_done_callback(lambda f, v=version: self._report(f, v))
         if not self.overlap:
             await self.wait()
 
@@ -118,6 +123,11 @@ class WeightSync:
         """Drop the load in flight (the run is failing)."""
         if self._pending is not None:
             self._pending.cancel()
+
+    def _report(self, done: asyncio.Future, version: int) -> None:
+        if self.on_failed is not None and not done.cancelled() and done.exception() is not None:
+            self.on_failed(done.exception(), f"loading weight version {version} on the "
+                           "generators failed")  # fmt: skip
 
     async def _load(self, version: int, handle) -> None:
         if handle.transport == "broadcast":

@@ -136,3 +136,48 @@ def test_bad_arguments():
         RolloutManager(f, f, groups_per_step=1, over_sampling_factor=0.5)
     with pytest.raises(ValueError, match="groups_per_step >= 1"):
         RolloutManager(f, f, groups_per_step=0)
+
+
+class _Call:
+    def __init__(self, fn):
+        self.fn = fn
+
+    async def call(self, *args):
+        return self.fn(*args)
+
+    async def fanout_by_replica(self, *args):
+        return self.fn(*args)
+
+
+class _Item:
+    def __init__(self, value):
+        self.value = value
+
+    def item(self, procs=0):
+        return self.value
+
+
+async def test_a_weight_load_that_fails_in_the_background_fails_the_batch_wait_at_once():
+    """With overlap the next push (which would raise the load's error) waits for a batch that
+    the failed load's missing credits never let come: the manager's check raises it instead."""
+    from types import SimpleNamespace
+
+    from forge.run import WeightSync
+
+    def broken(version, handle):
+        raise ConnectionError("replica 1 left the group")
+
+    handle = SimpleNamespace(transport="shm", nbytes=10)
+    trainer = SimpleNamespace(push_weights=_Call(lambda v: _Item(handle)))
+    generator = SimpleNamespace(update_weights=_Call(broken))
+    manager = RolloutManager(Source([[1.0]]).produce, lambda g: asyncio.sleep(0),
+                             groups_per_step=1)  # fmt: skip
+    sync = WeightSync(trainer, generator, on_served=manager.advance, on_failed=manager.fail)
+    manager.check()
+    await sync.push(1)
+    await settle()
+    with pytest.raises(RuntimeError, match="loading weight version 1 on the generators") as e:
+        manager.check()
+    assert isinstance(e.value.__cause__, ConnectionError)
+    with pytest.raises(ConnectionError):  # and the next push still raises it too
+        await sync.push(2)
