@@ -32,9 +32,20 @@ def await_chain(coro) -> list[str]:
                 out.append(f"<awaiting {type(coro).__name__} {coro!r:.120}>")
             break
         out.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
-        coro = (getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-                or getattr(coro, "ag_await", None))  # fmt: skip
+        coro = (
+            getattr(coro, "cr_await", None)
+            or getattr(coro, "gi_yieldfrom", None)
+            or getattr(coro, "ag_await", None)
+            or _wrapped(frame)
+        )
     return out
+
+
+def _wrapped(frame):
+    """The coroutine an ``__await__`` that drives one by hand (``controller._worker``'s eager
+    calls) keeps in a local named ``coro``, else ``None``."""
+    inner = frame.f_locals.get("coro") if frame.f_code.co_name == "__await__" else None
+    return inner if inner is not None and hasattr(inner, "cr_frame") else None
 
 
 def dump_tasks(file=None) -> None:

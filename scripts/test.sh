@@ -32,10 +32,11 @@ STEPS+=(--step "setup=$((SECONDS - start))")
 echo "[test] fast tier"
 start=$SECONDS
 set +e
-# Two workers, one test file each at a time (--dist loadfile keeps a file's module fixtures in
-# one process): the fast tier waits on processes and sockets about half the time, so two
-# workers on 2 cores took 5:28 against 8:20 for one (benchmarks/ci_durations.md).
-"$PY" -m pytest -q -m "not slow" -n "${FORGE_TEST_WORKERS:-2}" --dist loadfile \
+# Two workers (pytest-xdist), one test file at a time each (--dist loadgroup with the groups
+# tests/conftest.py gives them: a file's module fixtures are built once, and multihost/ stays
+# on one worker). The fast tier waits on processes and sockets about half the time: 5:28 on
+# two workers against 8:20 on one (benchmarks/ci_durations.md). FORGE_TEST_WORKERS=0: one.
+"$PY" -m pytest -q -m "not slow" -n "${FORGE_TEST_WORKERS:-2}" --dist loadgroup \
   --junitxml="$REPORTS/fast.xml" "$@"
 rc=$?
 set -e
@@ -51,7 +52,8 @@ start=$SECONDS
 TINKER_COOKBOOK_PYTHON=$(bash scripts/cookbook_venv.sh) || echo "[test] no cookbook venv: its test skips"
 export TINKER_COOKBOOK_PYTHON
 set +e
-"$PY" -m pytest -q -m slow --junitxml="$REPORTS/slow.xml" "$@"
+"$PY" -m pytest -q -m slow -n "${FORGE_SLOW_WORKERS:-0}" --dist loadgroup \
+  --junitxml="$REPORTS/slow.xml" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then  # pytest: no slow tests collected

@@ -56,8 +56,14 @@ def tier_of(path: Path) -> str:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for mark in FOLDER_MARKS.get(tier_of(item.path), ()):
+        tier = tier_of(item.path)
+        for mark in FOLDER_MARKS.get(tier, ()):
             item.add_marker(getattr(pytest.mark, mark))
+        # pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh): a file's tests stay on one
+        # worker (its module fixtures are built once), and the simulated hosts, which one
+        # test at a time may use, keep all of multihost/ on one worker.
+        group = "multihost" if tier == "multihost" else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -128,6 +128,7 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
     """``forge run`` of ``config`` with two generator replicas, one SIGKILLed once ``kill_at``
     steps are trained; waits for the run's end. Returns ``returncode``, ``out``, ``err``,
     ``gens`` (generator pid -> mesh at the kill), ``victim`` and ``trained_at_kill``."""
+    import contextlib
     import signal
 
     proc = subprocess.Popen(
@@ -145,7 +146,18 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
         victim = min(gens)
         trained = max(r["step"] for r in run_metrics(run) if "train/loss" in r)
         os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=400)
+        try:
+            out, err = proc.communicate(timeout=400)
+        except subprocess.TimeoutExpired:  # a stalled run: its tasks' awaits, then its output
+            for pid in [proc.pid, *actor_processes(proc.pid, "")]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGUSR1)  # controller.task_dump
+            time.sleep(2)
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"the run did not end within 400 s of the kill:\n{err[-8000:]}"
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -252,6 +252,14 @@ class Trainer(ForgeActor):
         return self._broadcast_transport().group(tuple(members), renew)
 
     @endpoint
+    async def abort_weight_group(self, group_id: str) -> None:
+        """Give up the broadcast group ``group_id``: its members stop waiting in it (the
+        weight sync calls this when one of them failed; async, so it runs while
+        ``send_weights`` blocks this actor's thread)."""
+        if self.store is not None:
+            self._broadcast_transport().abort(group_id)
+
+    @endpoint
     def send_weights(self, version: int, spec) -> int:
         """Broadcast pushed ``version`` over the group ``spec`` (the replicas receive it at the
         same time, in ``update_weights``); rank 0 sends, other ranks return 0."""

@@ -19,6 +19,7 @@ wait for its next batch raises it), not only at the next push, which that batch 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -85,11 +86,8 @@ class WeightSync:
             members = tuple(tuple(r.mesh.pids) for r in targets)  # a restart: a new group
             spec = (await self.trainer.weight_group.call(members, attempt > 0)).item(procs=0)
             addressed = dataclasses.replace(handle, location=spec.url())
-            results = await asyncio.gather(
-                self.trainer.send_weights.call(version, spec),
-                *(r.mesh.update_weights.call_one(version, addressed) for r in targets),
-                return_exceptions=True,
-            )
+            t0 = time.perf_counter()
+            results = await self._send_round(version, spec, targets, addressed)
             died = [r for r, x in zip(targets, results[1:]) if isinstance(x, ActorDiedError)]
             gone.update(id(r.mesh) for r in died)
             served.update((r.index, x) for r, x in zip(targets, results[1:])
@@ -98,12 +96,38 @@ class WeightSync:
             if not failed:
                 return served
             error = failed[0]
-            logger.warning("weight broadcast of version %d to %d replicas failed (%s: %s); "
-                           "%d died; trying again in a new group", version, len(targets),
-                           type(error).__name__, error, len(died))  # fmt: skip
+            outcome = ", ".join(f"replica {r.index}: {_outcome(x)}"
+                                for r, x in zip(targets, results[1:]))  # fmt: skip
+            logger.warning("weight broadcast of version %d to %d replicas failed after %.1f s "
+                           "(%s: %s); %s; trying again in a new group", version, len(targets),
+                           time.perf_counter() - t0, type(error).__name__, error,
+                           outcome)  # fmt: skip
             if not died and attempt > 0:
                 break
         raise RuntimeError(f"weight version {version} could not be broadcast") from error
+
+    async def _send_round(self, version: int, spec, targets, addressed) -> list:
+        """One broadcast in group ``spec``: the trainer's send and each target's receive, with
+        their results (or exceptions) in that order. The first call that fails aborts the
+        group, so the other members stop waiting in it at once instead of at gloo's timeout."""
+        aborted = False
+
+        async def aborting(call):
+            nonlocal aborted
+            try:
+                return await call
+            except BaseException:
+                if not aborted:
+                    aborted = True
+                    with contextlib.suppress(Exception):
+                        await self.trainer.abort_weight_group.call(spec.id, timeout=30)
+                raise
+
+        return await asyncio.gather(
+            aborting(self.trainer.send_weights.call(version, spec)),
+            *(aborting(r.mesh.update_weights.call_one(version, addressed)) for r in targets),
+            return_exceptions=True,
+        )
 
     async def resume(self, version: int) -> None:
         """A resumed run: the replicas start on the restored trainer's ``version``."""
@@ -140,3 +164,11 @@ class WeightSync:
             await self.reference.update_weights.fanout(version, handle)
         if self.on_served is not None:
             self.on_served(version)
+
+
+def _outcome(result) -> str:
+    if isinstance(result, ActorDiedError):
+        return "died"
+    if isinstance(result, BaseException):
+        return f"{type(result).__name__}: {str(result)[:200]}"
+    return f"has version {result}"

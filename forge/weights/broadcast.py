@@ -57,6 +57,11 @@ class BroadcastTransport(WeightTransport):
             self._host = GroupHost(self.backend)
         return self._host.spec(members, renew)
 
+    def abort(self, group_id: str) -> None:
+        """Make every member waiting in group ``group_id`` give up (``GroupAborted``)."""
+        if self._host is not None:
+            self._host.abort(group_id)
+
     def send(self, version: int, spec: GroupSpec) -> int:
         """Broadcast ``version`` to the group's other members (they call ``read_broadcast``
         at the same time). Returns the bytes sent."""

@@ -19,6 +19,13 @@ process that is gone. Nothing in a group is unpickled:
   each one ``broadcast`` from rank 0.
 
 Each member keeps its group (``join``) until a spec with another id arrives.
+
+A group fails as a whole: a member that dies mid-broadcast would otherwise leave the others
+blocked in gloo until the bucket timeout (60 s), holding a generator's weight lock while the
+run waits for its rollouts. So every wait here (the members' arrival before gloo's own
+rendezvous, each bucket's broadcast) polls the group's ``abort`` key, which the sender sets
+when its side fails and the weight sync sets (``abort``) when any member's call fails: the
+others raise ``GroupAborted`` within ~50 ms and the sync re-forms the group without the dead.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import hashlib
 import math
 import secrets
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -36,11 +44,25 @@ import torch.distributed as dist
 from forge.weights.dist import plan_buckets
 from forge.weights.store import TensorMeta, checked_destination
 
-__all__ = ["GroupHost", "GroupSpec", "join", "receive_state_dict", "send_state_dict"]
+__all__ = [
+    "GroupAborted",
+    "GroupHost",
+    "GroupSpec",
+    "abort",
+    "join",
+    "receive_state_dict",
+    "send_state_dict",
+]
 
 BUCKET_BYTES = 64 << 20
 JOIN_TIMEOUT_S = 60.0  # every member must join a new group within this
 BUCKET_TIMEOUT_S = 60.0  # one bucket's broadcast (and the group's own rendezvous)
+POLL_S = 0.05  # the longest sleep between two looks at a wait (and at the abort key)
+ABORT_KEY = "abort"
+
+
+class GroupAborted(RuntimeError):
+    """The group was given up (a member failed or died): this member stops waiting in it."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,10 @@ class GroupHost:
             self.members = tuple(members)
         return self.current
 
+    def abort(self, group_id: str) -> None:
+        """Tell every member of group ``group_id`` to stop waiting in it (``GroupAborted``)."""
+        dist.PrefixStore(key_prefix(group_id), self.store).set(ABORT_KEY, "1")
+
 
 def bound_store(host: str) -> dist.TCPStore:
     """A ``TCPStore`` server listening on ``host`` only. torch's own binds every interface
@@ -119,7 +145,7 @@ def key_prefix(group_id: str) -> str:
     return "forge-weights/" + hashlib.sha256(b"forge-weights\0" + group_id.encode()).hexdigest()
 
 
-_joined: dict[str, tuple[GroupSpec, int, dist.ProcessGroup]] = {}  # per process: the last group
+_joined: dict[str, tuple[GroupSpec, int, dist.ProcessGroup, dist.Store]] = {}  # the last group
 
 
 def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
@@ -128,8 +154,14 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
     ``spec.world`` members have joined) and kept until a spec with another id arrives."""
     last = _joined.get("group")
     if last is not None and last[0].id == spec.id and (rank is None or last[1] == rank):
+        if last[3].check([ABORT_KEY]):
+            raise GroupAborted(f"weight group {spec.id[:8]} was given up (a member failed)")
         return last[2]
     _joined.pop("group", None)  # the old group's sockets close with it
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if spec.backend == "nccl" and (nccl is None or not torch.cuda.is_available()):
+        raise RuntimeError("weights type broadcast with backend nccl needs CUDA and a "
+                           "torch built with NCCL; use backend: gloo on CPU")  # fmt: skip
     store = dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S))
     prefixed = dist.PrefixStore(key_prefix(spec.id), store)
     if rank is None:
@@ -137,27 +169,65 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
     if not 0 <= rank < spec.world:
         raise RuntimeError(f"weight group {spec.id[:8]} of {spec.world} has no room for another "
                            "receiver: more replicas joined than the weight sync counted")  # fmt: skip
+    # Everyone arrives before gloo's rendezvous, which cannot be interrupted: a member that
+    # died before arriving fails the others here as soon as the group is aborted.
+    prefixed.add("arrived", 1)
+    _poll(lambda: prefixed.add("arrived", 0) >= spec.world, prefixed, JOIN_TIMEOUT_S,
+          f"all {spec.world} members to join weight group {spec.id[:8]}")  # fmt: skip
     timeout = timedelta(seconds=BUCKET_TIMEOUT_S)
     if spec.backend == "nccl":
-        nccl = getattr(dist, "ProcessGroupNCCL", None)
-        if nccl is None or not torch.cuda.is_available():
-            raise RuntimeError("weights type broadcast with backend nccl needs CUDA and a "
-                               "torch built with NCCL; use backend: gloo on CPU")  # fmt: skip
         opts = nccl.Options()
         opts._timeout = timeout
         group = nccl(prefixed, rank, spec.world, opts)
     else:
         group = dist.ProcessGroupGloo(prefixed, rank, spec.world, timeout)
-    _joined["group"] = (spec, rank, group)
+    _joined["group"] = (spec, rank, group, prefixed)
     return group
+
+
+def abort(spec: GroupSpec) -> None:
+    """Give up the group ``spec`` from any process that can reach its store (the weight sync,
+    when a member's call failed): every member waiting in it raises ``GroupAborted``."""
+    store = dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=10))
+    dist.PrefixStore(key_prefix(spec.id), store).set(ABORT_KEY, "1")
+
+
+def _store_of(group: dist.ProcessGroup) -> dist.Store | None:
+    last = _joined.get("group")
+    return last[3] if last is not None and last[2] is group else None
+
+
+def _poll(done, store: dist.Store | None, timeout_s: float, what: str) -> None:
+    """Wait until ``done()``, looking at the group's abort key in between (sleeps grow from
+    1 ms to ``POLL_S``); ``GroupAborted`` once it is set, ``TimeoutError`` after
+    ``timeout_s``."""
+    deadline, delay = time.monotonic() + timeout_s, 0.001
+    while not done():
+        if store is not None and store.check([ABORT_KEY]):
+            raise GroupAborted(f"gave up waiting for {what}: the group was aborted (a member "
+                               "failed or died)")  # fmt: skip
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited over {timeout_s:.0f} s for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, POLL_S)
 
 
 def send_state_dict(group: dist.ProcessGroup, state_dict: dict[str, torch.Tensor],
                     manifest: dict[str, TensorMeta]) -> None:  # fmt: skip
-    """Rank 0: broadcast ``state_dict``'s tensors in ``manifest``'s buckets."""
-    for names, dtype, total in _buckets(manifest):
-        flat = torch.cat([state_dict[n].detach().reshape(-1).to(dtype) for n in names])
-        _broadcast(group, flat, total)
+    """Rank 0: broadcast ``state_dict``'s tensors in ``manifest``'s buckets. A failure (a
+    receiver died) aborts the group, so the other receivers stop waiting at once."""
+    try:
+        for names, dtype, total in _buckets(manifest):
+            flat = torch.cat([state_dict[n].detach().reshape(-1).to(dtype) for n in names])
+            _broadcast(group, flat, total)
+    except BaseException:
+        store = _store_of(group)
+        if store is not None:
+            try:
+                store.set(ABORT_KEY, "1")
+            except Exception:  # noqa: BLE001 - the send's own error is the one to raise
+                pass
+        raise
 
 
 def receive_state_dict(group: dist.ProcessGroup, manifest: dict[str, TensorMeta],
@@ -193,8 +263,11 @@ def _broadcast(group: dist.ProcessGroup, flat: torch.Tensor, total: int) -> None
     opts = dist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = 0, 0
     work = group.broadcast([flat.view(torch.uint8)], opts)
-    if not work.wait(timedelta(seconds=BUCKET_TIMEOUT_S)):
-        raise TimeoutError(f"a weight broadcast bucket took over {BUCKET_TIMEOUT_S:.0f} s")
+    # Polled rather than waited on, so an aborted group lets go at once. (gloo's op goes on
+    # in its own thread until its timeout; the group is dropped and ``flat`` stays alive in
+    # ``work`` meanwhile.)
+    _poll(work.is_completed, _store_of(group), BUCKET_TIMEOUT_S, "a weight broadcast bucket")
+    work.wait()  # the op's own error, if it failed
 
 
 def _backend(name: str) -> str:

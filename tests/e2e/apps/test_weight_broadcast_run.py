@@ -26,13 +26,6 @@ STEPS = 200
 KILL_AT = 4
 
 
-@pytest.mark.xfail(
-    raises=subprocess.TimeoutExpired,  # only the hang: any other failure still fails
-    strict=False,
-    reason="known intermittent hang (CI 2026-11-26 21:xx): after the generator kill the "
-    "restarted replica served version 0 and the run stopped at step 6 until the 400 s bound; "
-    "passed in 4 other runs that day. Open bug: the broadcast group's re-forming after a restart.",
-)
 @pytest.mark.timeout(600)
 def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_group(tmp_path):
     extra = ("replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}\n"

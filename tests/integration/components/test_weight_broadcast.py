@@ -107,3 +107,54 @@ def test_errors_name_what_to_do():
         spec = GroupSpec("x" * 32, "127.0.0.1", transport.group((0,)).port, 2, "nccl")
         with pytest.raises(RuntimeError, match="needs CUDA"):
             join(spec, 0)
+
+
+def test_a_member_that_dies_lets_the_others_go_at_once_not_at_the_timeout():
+    """A receiver killed inside a formed group: the sender's broadcast fails and aborts the
+    group, so the other receiver stops waiting within seconds (gloo alone: 60 s)."""
+    import os
+    import signal
+    import time
+
+    from forge.weights.group import BUCKET_TIMEOUT_S, GroupAborted, join
+
+    transport = build_transport(WeightTransportConfig(type="broadcast", backend="gloo"))
+    transport.push(_state(0), 1)
+    spec, handle = transport.group((0, 1)), transport._handles[1]
+    out = CTX.Queue()
+    procs = [CTX.Process(target=_receive, args=(spec.url(), handle, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        join(spec, 0)  # all three are in the group now; the receivers wait for the bytes
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].join(10)
+        t0 = time.monotonic()
+        with pytest.raises((RuntimeError, GroupAborted)):
+            for _ in range(20):  # gloo may need a few buckets' worth to notice the dead pair
+                transport.send(1, spec)
+        got = out.get(timeout=BUCKET_TIMEOUT_S / 3)
+        took = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(10)
+    print(f"the survivor let go after {took:.2f} s: {str(got)[:120]}")
+    assert took < 10, took
+    # it was told the group was given up, or it got the bytes before the sender noticed
+    assert isinstance(got, bytes) or "GroupAborted" in got, got
+
+
+def test_an_aborted_group_fails_its_join_and_a_member_that_never_comes_is_not_waited_for():
+    import threading
+    import time
+
+    from forge.weights.group import GroupAborted, join
+
+    transport = build_transport(WeightTransportConfig(type="broadcast", backend="gloo"))
+    spec = transport.group((7, 8))  # two receivers that never arrive
+    threading.Timer(0.5, transport.abort, args=(spec.id,)).start()
+    t0 = time.monotonic()
+    with pytest.raises(GroupAborted, match="aborted"):
+        join(spec, 0)
+    assert time.monotonic() - t0 < 5
