@@ -149,9 +149,9 @@ class WeightSync:
             self._pending.cancel()
 
     def _report(self, done: asyncio.Future, version: int) -> None:
-        if self.on_failed is not None and not done.cancelled() and done.exception() is not None:
-            self.on_failed(done.exception(), f"loading weight version {version} on the "
-                           "generators failed")  # fmt: skip
+        error = None if done.cancelled() else done.exception()
+        if self.on_failed is not None and error is not None:
+            self.on_failed(error, f"loading weight version {version} on the generators failed")
 
     async def _load(self, version: int, handle) -> None:
         if handle.transport == "broadcast":
