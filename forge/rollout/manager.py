@@ -22,6 +22,12 @@ or G trajectories of one task); ``consume(group)`` stores it (``buffer.add``).
   ``over_sampling_factor * groups_per_step``; past that budget groups are kept whatever the
   filter says, so a policy that always fails (or always succeeds) still trains. Filtered and
   kept-over-budget groups are counted.
+* **Credits are never lost**: a group already older than ``max_policy_age`` when it is
+  done (a generator replica restarted on older weights made it) gives its credit back
+  instead of going to the buffer, which would evict it; and ``unstick`` (called by the
+  trainer's wait for a batch) hands out a step's credits when every loop waits for one while
+  the trainer waits for data, so credits spent on groups the buffer evicted later cannot
+  stall the run.
 * **Partial rollouts**: a group still being generated when the weights move on (``advance``)
   finishes on the weights it started with and is kept for a later step, stamped with its
   versions; the replay buffer's policy-age limit bounds how old it may be. With
@@ -73,13 +79,16 @@ class RolloutManager:
         self.budget = math.ceil(over_sampling_factor * groups_per_step)
         self.record = record or (lambda key, values: None)
         self.version = 0
+        self.max_policy_age = max_policy_age
         self._credits = asyncio.Semaphore(groups_per_step * (max_policy_age + 1))
+        self._waiting = 0  # loops waiting for a credit
         self._attempts = 0  # groups finished since the last advance
         self._tasks: list[asyncio.Task] = []
         self._failure: tuple[str, BaseException] | None = None
         self.counts = dict.fromkeys(
-            ("produced", "kept", "filtered", "kept_over_budget", "carried_over", "dropped"), 0
-        )
+            ("produced", "kept", "filtered", "kept_over_budget", "carried_over", "dropped",
+             "stale", "refilled"), 0,
+        )  # fmt: skip
 
     def reconfigure(
         self,
@@ -131,15 +140,40 @@ class RolloutManager:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
+    def unstick(self) -> bool:
+        """Called while the trainer waits for a batch: if every loop waits for a credit (none
+        is generating) the credits were spent on groups the batch cannot use (the replay
+        buffer evicted them as too old), so a step's worth is handed out at the current
+        version, counted (``refilled``) and recorded. Returns whether it did. Safe for the
+        age bound: nothing is in flight, so the new groups are on-policy."""
+        if not self._tasks or self._waiting < len(self._tasks) or not self._credits.locked():
+            return False
+        self.counts["refilled"] += 1
+        self.record("rollout/credit_refills", [1.0])
+        for _ in range(self.groups_per_step):
+            self._credits.release()
+        return True
+
     async def _loop(self) -> None:
         while True:
-            await self._credits.acquire()
+            self._waiting += 1
+            try:
+                await self._credits.acquire()
+            finally:
+                self._waiting -= 1
             started = self.version
             group = await self.produce()
             if not group:  # the producer gave up on this one (e.g. it was counted as lost)
                 self._credits.release()
                 continue
             self.counts["produced"] += 1
+            if self.version - min(e.policy_version for e in group) > self.max_policy_age:
+                # born too old for any batch (e.g. a replica restarted on old weights): the
+                # buffer would evict it and the credit would be lost for good
+                self.counts["stale"] += 1
+                self.record("rollout/stale_groups", [1.0])
+                self._credits.release()
+                continue
             if self.version != started:
                 self.counts["carried_over"] += 1
                 self.record("rollout/carried_over_groups", [1.0])

@@ -6,17 +6,22 @@ episodes streamed to the trainer as they arrive, with a bound on every wait.
     m, waited_s = await train_streamed(buffer, trainer, version, manager, episodes=128,
                                        chunk=32, timeout_s=600)      # trajectory streaming
 
-A rollout loop that crashed surfaces here (``manager.check()``); no usable batch within
-``timeout_s`` (``batch_timeout_s``) raises ``TimeoutError`` naming the buffer's state.
+A rollout loop that crashed surfaces here (``manager.check()``); rollouts whose credits all
+went to groups too old to use get a step's worth more (``manager.unstick()``); no usable
+batch within ``timeout_s`` (``batch_timeout_s``) raises ``TimeoutError`` naming the
+buffer's state.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 from forge.observability.names import M
 from forge.run.gae_critic import train_step
+
+logger = logging.getLogger("forge.rollout")
 
 if TYPE_CHECKING:
     from forge.actors.replay_buffer import ReplayBuffer
@@ -34,6 +39,7 @@ async def next_batch(buffer: ReplayBuffer, version: int, manager, timeout_s: flo
         if batch is not None:
             return batch
         manager.check()
+        _unstick(manager, version)
         if time.monotonic() > deadline:
             await _starved(buffer, version, manager, timeout_s)
 
@@ -82,6 +88,7 @@ async def train_streamed(
             )
             if part is None:
                 manager.check()
+                _unstick(manager, version)
                 if time.perf_counter() - t > timeout_s:
                     await _starved(buffer, version, manager, timeout_s)
         waited += time.perf_counter() - t
@@ -100,3 +107,10 @@ async def _starved(buffer: ReplayBuffer, version: int, manager, timeout_s: float
         "Generators serving weights older than max_policy_age produce only stale episodes; "
         "check the generators' versions (forge top) and the rollout errors above"
     )
+
+
+def _unstick(manager, version: int) -> None:
+    if manager.unstick():
+        logger.warning("no rollout was running while the trainer waited for a batch at "
+                       "version %d (their credits went to groups too old for it): handed out "
+                       "a step's worth more", version)  # fmt: skip

@@ -112,6 +112,49 @@ async def test_groups_in_flight_across_an_update_carry_over_or_drop():
         await m.stop()
 
 
+async def test_groups_born_too_old_give_their_credit_back_and_a_starved_run_is_unstuck():
+    """A replica restarted on version 0 while the run is at 5 makes groups no batch can use:
+    they never reach the buffer (which would evict them and keep their credits), and when
+    the credits are spent anyway (groups the buffer evicted later) ``unstick`` hands out a
+    step's worth, only while nothing is in flight."""
+    kept: list = []
+    versions = itertools.chain([0, 0], itertools.repeat(5))
+    record: dict[str, list[float]] = {}
+
+    async def produce():
+        await asyncio.sleep(0)
+        return group([0.0, 1.0], version=next(versions))
+
+    async def consume(g):
+        kept.append(g[0].policy_version)
+
+    m = RolloutManager(produce, consume, groups_per_step=2, max_policy_age=1, concurrency=2,
+                       record=lambda k, v: record.setdefault(k, []).extend(v))  # fmt: skip
+    m.version = 5
+    m.start()
+    await settle()
+    assert kept == [5, 5, 5, 5] and m.counts["stale"] == 2, (kept, m.counts)
+    assert record["rollout/stale_groups"] == [1.0, 1.0]
+    # the credits are spent (4 groups, as if the buffer lost them): every loop waits for one
+    assert m.unstick() is True and m.counts["refilled"] == 1
+    await settle()
+    assert kept == [5, 5, 5, 5, 5, 5]
+    assert m.unstick() is True  # again nothing in flight: it may hand out more
+    await m.stop()
+
+
+async def test_unstick_does_nothing_while_a_group_is_being_made():
+    gate = asyncio.Event()
+    src = Source(itertools.repeat([0.0, 1.0]), gate=gate)
+    m = RolloutManager(src.produce, lambda g: asyncio.sleep(0), groups_per_step=1,
+                       max_policy_age=0, concurrency=2)  # fmt: skip
+    m.start()
+    await settle()
+    assert src.started == 1  # one credit: one loop generates, the other waits
+    assert m.unstick() is False and m.counts["refilled"] == 0
+    await m.stop()
+
+
 async def test_a_crashed_loop_is_reported():
     async def produce():
         raise RuntimeError("generator exploded")
