@@ -36,6 +36,8 @@ Variable                  Default            Meaning
                                              process's CPU affinity, capped by a cgroup quota).
 ``FORGE_UVLOOP``          ``1``              ``0`` runs every process on asyncio's own event
                                              loop instead of uvloop.
+``FORGE_TASK_DUMP``       ``1``              ``0`` leaves SIGUSR1 alone (else it prints the
+                                             process's asyncio tasks: ``task_dump``).
 ``FORGE_DETERMINISTIC``   unset              ``1`` (set by a run with ``deterministic: true``):
                                              torch's deterministic kernels in actor processes.
 ``FORGE_VISIBLE_GPUS``    unset              GPUs the provisioner hands out (comma-separated;
@@ -219,6 +221,12 @@ def host_cores() -> int | None:
 def uvloop() -> bool:
     """Whether uvloop may be used: ``FORGE_UVLOOP`` is not ``0`` (default on)."""
     return os.environ.get("FORGE_UVLOOP", "1") != "0"
+
+
+def task_dump() -> bool:
+    """Whether ``kill -USR1`` prints a process's asyncio tasks (``controller.task_dump``):
+    ``FORGE_TASK_DUMP`` is not ``0`` (default on)."""
+    return os.environ.get("FORGE_TASK_DUMP", "1") != "0"
 
 
 def deterministic() -> bool:

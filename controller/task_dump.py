@@ -14,6 +14,8 @@ import signal
 import sys
 import threading
 
+from controller import env_vars
+
 __all__ = ["await_chain", "dump_tasks", "install"]
 
 
@@ -62,7 +64,7 @@ def dump_tasks(file=None) -> None:
 
 def install(loop: asyncio.AbstractEventLoop) -> None:
     """Dump the tasks on SIGUSR1 (main thread only; a no-op where signals cannot be set)."""
-    if os.environ.get("FORGE_TASK_DUMP", "1") == "0" or not hasattr(signal, "SIGUSR1"):
+    if not env_vars.task_dump() or not hasattr(signal, "SIGUSR1"):
         return
     if threading.current_thread() is not threading.main_thread():
         return
