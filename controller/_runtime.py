@@ -47,14 +47,20 @@ class Session:
         return {ENV_DIR: self.dir, ENV_KEY: self.authkey.hex(), ENV_SHM: self.shm_prefix}
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (possibly another user's)."""
+def pid_alive(pid: int, start: str | None = None) -> bool:
+    """Whether a process with ``pid`` exists (possibly another user's). With ``start`` (its
+    ``/proc/<pid>/stat`` start time, recorded while it ran): only if it is still that process,
+    not a later process or thread that reuses the number (Linux; ignored elsewhere)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if start is not None and os.path.exists("/proc/self/stat"):
+        from controller._reaper import start_time
+
+        return start_time(pid) == start
     return True
 
 

@@ -11,7 +11,8 @@ file then ``os.replace`` (a reader never sees half a file); ``finish("finished" 
 Snapshot format (``"format": 1``)::
 
     {"format": 1, "state": "running", "error": null, "traceback": null,
-     "pid": 123, "host": "...", "started_at": t, "updated_at": t, "interval_s": 1.0,
+     "pid": 123, "pid_start": "...", "host": "...", "started_at": t, "updated_at": t,
+     "interval_s": 1.0,
      "info": {...given to StatusWriter...},
      "meshes": [{"name", "sizes", "ranks": [{"rank", "pid", "host", "alive", "exit"}]}],
      "services": [{"name", "actor", "max_concurrent",
@@ -34,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from controller._reaper import start_time
 from controller._runtime import get_runtime
 from controller.errors import describe_exit
 
@@ -127,6 +129,7 @@ def status_snapshot(runtime=None) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "pid": os.getpid(),
+        "pid_start": start_time(os.getpid()),  # tells this process from a later one
         "host": socket.gethostname(),
         "updated_at": time.time(),
         "meshes": meshes,

@@ -93,7 +93,9 @@ def _liveness(snap: dict[str, Any], now: float) -> Text:
     age = now - snap.get("updated_at", now)
     text = Text(state.upper(), style=_STATE_STYLE.get(state, "bold"))
     if state == "running" and age > max(3 * snap.get("interval_s", 1.0), 5.0):
-        gone = snap.get("host") == socket.gethostname() and not pid_alive(snap.get("pid", 0))
+        gone = snap.get("host") == socket.gethostname() and not pid_alive(
+            snap.get("pid", 0), snap.get("pid_start")
+        )  # (a number reused by a later process or thread since is not the run)
         why = f"process {snap.get('pid')} is gone" if gone else "controller stalled or killed"
         text = Text(f"NOT UPDATING ({why})", style="bold red")
     text.append(f"  updated {_ago(age)} ago", style="dim")
