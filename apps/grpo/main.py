@@ -1,6 +1,5 @@
 """GRPO: sample groups of completions, score them, train on group-relative advantages.
 
-Run:
     forge run --config apps/grpo/configs/qwen3_1_7b.yaml          # GPUs: vllm + titan
     forge run --config apps/sumdigits/cpu.yaml                      # CPU demo (SFT, then this)
 
@@ -10,12 +9,11 @@ Run:
                                  │                                      ▼ aggregate, advantages
     Trainer ──push_weights(v)────┘ ◀──── sample(v) ──── ReplayBuffer ◀── filter ── groups
 
-Every part a user brings is a slot (``forge.slots``): the data source, reward functions
-(which may return dicts of named components), their aggregation, the group filter, the
-advantage estimator, the loss and KL estimator, the environment and its tools; all are
-resolved when the config loads, before any process starts. Rollouts run continuously
-(``RolloutManager``) at most ``max_policy_age`` versions ahead of the trainer; with
-``placement.colocate`` the generator and trainer take turns on one device instead
+Every part a user brings is a slot (``forge.slots``): data source, reward functions (dicts
+of named components allowed), their aggregation, group filter, advantage estimator, loss,
+KL estimator, environment and tools, all resolved when the config loads. Rollouts run
+continuously (``RolloutManager``) at most ``max_policy_age`` versions ahead of the trainer;
+with ``placement.colocate`` the generator and trainer take turns on one device instead
 (``forge.run.colocate``: the generator sleeps while the trainer steps). This file is the
 loop; scoring, weight sync, batches, metrics, checkpoints and restarts are ``forge``'s.
 """
@@ -57,22 +55,19 @@ from forge import (
     load_tokenizer,
     progress,
     step_row,
-    train_next,
-    train_streamed,
+    train_batch,
 )
 
 
 @dataclass
 class Config(RLConfig):
-    """The GRPO run: ``forge.run.rl_config.RLConfig`` (policy, roles, rollout, evaluation,
-    replicas, checkpoints) is all it needs."""
+    """The GRPO run: ``RLConfig`` (policy, roles, rollouts, evaluation, checkpoints) is all."""
 
 
 @dataclass
 class Handles:
-    """The run's actors and services, typed by their actor classes (so ``h.trainer.train_step
-    .call(batch)`` is checked); ``None`` for a part the config leaves out. ``generator``,
-    ``rewards``, ``envs``, ``reward_model`` and ``reference`` are services."""
+    """The run's actors and services, typed by their actor classes (``h.trainer.train_step
+    .call(batch)`` is checked); ``None`` for a part the config leaves out."""
 
     data: DatasetActor
     generator: Generator
@@ -88,10 +83,9 @@ class Handles:
 async def spawn(cfg: Config, roles: Roles) -> Handles:
     """Start the run's actors and services, in parallel."""
     env_vars, n = actor_env_vars(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
-    buffer_cfg = ReplayBufferConfig(
-        batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs, dp_size=cfg.trainer_procs,
-        max_policy_age=cfg.max_policy_age, seed=cfg.seed,
-    )  # fmt: skip
+    buffer_cfg = ReplayBufferConfig(batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs,
+                                    dp_size=cfg.trainer_procs, max_policy_age=cfg.max_policy_age,
+                                    seed=cfg.seed)  # fmt: skip
 
     def maybe(needed, make):
         return make() if needed else asyncio.sleep(0)
@@ -153,7 +147,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
                 await s.trainer.set_loss.call(phase.loss)
                 scorer.switch(phase.rollout, manager)
                 log.add(M.PHASE, [float(phase.index)])
-            m, waited, took = await _train(cfg, s, version, manager, critic, colo)
+            m, waited, took = await train_batch(cfg, s.buffer, s.trainer, version, manager,
+                                                critic, colo)  # fmt: skip
             t, version = time.perf_counter(), version + 1
             await sync.push(version)  # off the trainer's path when rollouts may be a version old
             if colo is not None:
@@ -182,8 +177,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
 
 
 def rollouts(cfg: Config, s: Handles, log: MetricLog) -> tuple:
-    """The group producer (completions scored by rewards, or episodes in an environment)
-    and the rollout manager that runs it into the replay buffer."""
+    """The group producer (scored completions, or episodes) and its rollout manager."""
     scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, s.data, s.generator, s.rewards,
                          log=log, reference=s.reference, reward_model=s.reward_model)  # fmt: skip
     if cfg.env is not None:
@@ -192,25 +186,6 @@ def rollouts(cfg: Config, s: Handles, log: MetricLog) -> tuple:
     manager = RolloutManager(scorer.produce, s.buffer.add.call_one,
                              **scorer.manager_kwargs(cfg.max_policy_age))  # fmt: skip
     return scorer, manager
-
-
-async def _train(
-    cfg: Config, s: Handles, version: int, manager, critic, colo
-) -> tuple[dict, float, float]:
-    """One step's batch (whole, or streamed as it arrives) and update; returns (metrics,
-    seconds waiting for episodes, seconds training)."""
-    t0 = time.perf_counter()
-    if cfg.stream:  # train on the step's first groups while the rest generate
-        r = cfg.rollout
-        m, waited = await train_streamed(
-            s.buffer, s.trainer, version, manager, episodes=r.episodes_per_step,
-            chunk=r.group_size * max(1, r.prompts_per_step // 4), timeout_s=cfg.batch_timeout_s,
-        )  # fmt: skip
-    else:
-        m, waited = await train_next(s.buffer, s.trainer, version, manager,
-                                     timeout_s=cfg.batch_timeout_s, critic=critic,
-                                     before_train=colo.to_train if colo else None)  # fmt: skip
-    return m, waited, max(time.perf_counter() - t0 - waited, 1e-9)
 
 
 async def stage(cfg: Config, run_dir: Path, resume: bool) -> dict:

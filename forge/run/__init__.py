@@ -11,6 +11,7 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 ``WeightSync``           push a version, load it on the generators (beside training)
 ``Colocation``           one device time-sliced: the generator sleeps while the trainer steps
 ``ActorMetrics``         actors' metrics flushed off the critical path
+``train_batch``          one step as the config asks: ``train_next`` or ``train_streamed``
 ``train_next``           wait for a batch (bounded), then a training step (PPO: critic)
 ``train_streamed``       trajectory streaming: train on episodes as they arrive
 ``Evaluator``            greedy held-out accuracy or episode success, logged
@@ -19,7 +20,7 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 """
 
 from forge.run.actors import actor_env_vars
-from forge.run.batches import next_batch, train_next, train_streamed
+from forge.run.batches import next_batch, train_batch, train_next, train_streamed
 from forge.run.checkpoint import Checkpointer
 from forge.run.colocate import Colocation
 from forge.run.evaluate import Evaluator, evaluate_policy
@@ -59,6 +60,7 @@ __all__ = [
     "progress",
     "retarget",
     "step_row",
+    "train_batch",
     "train_next",
     "train_step",
     "train_streamed",

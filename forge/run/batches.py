@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from forge.actors.replay_buffer import ReplayBuffer
     from forge.actors.trainer import Trainer
 
-__all__ = ["next_batch", "train_next", "train_streamed"]
+__all__ = ["next_batch", "train_batch", "train_next", "train_streamed"]
 
 
 async def next_batch(buffer: ReplayBuffer, version: int, manager, timeout_s: float):
@@ -114,3 +114,22 @@ def _unstick(manager, version: int) -> None:
         logger.warning("no rollout was running while the trainer waited for a batch at "
                        "version %d (their credits went to groups too old for it): handed out "
                        "a step's worth more", version)  # fmt: skip
+
+
+async def train_batch(cfg, buffer, trainer, version: int, manager, critic=None, colo=None):
+    """One RL step as ``cfg`` (an ``RLConfig``) asks: the step's batch, whole
+    (``train_next``; with a ``colo`` colocation the generator sleeps once it is there) or
+    streamed as it arrives (``cfg.stream``), and the update. Returns (metrics, seconds
+    waiting for episodes, seconds training)."""
+    t0 = time.perf_counter()
+    if cfg.stream:  # train on the step's first groups while the rest generate
+        r = cfg.rollout
+        m, waited = await train_streamed(
+            buffer, trainer, version, manager, episodes=r.episodes_per_step,
+            chunk=r.group_size * max(1, r.prompts_per_step // 4), timeout_s=cfg.batch_timeout_s,
+        )  # fmt: skip
+    else:
+        m, waited = await train_next(buffer, trainer, version, manager,
+                                     timeout_s=cfg.batch_timeout_s, critic=critic,
+                                     before_train=colo.to_train if colo else None)  # fmt: skip
+    return m, waited, max(time.perf_counter() - t0 - waited, 1e-9)
