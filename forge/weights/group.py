@@ -24,8 +24,9 @@ A group fails as a whole: a member that dies mid-broadcast would otherwise leave
 blocked in gloo until the bucket timeout (60 s), holding a generator's weight lock while the
 run waits for its rollouts. So every wait here (the members' arrival before gloo's own
 rendezvous, each bucket's broadcast) polls the group's ``abort`` key, which the sender sets
-when its side fails and the weight sync sets (``abort``) when any member's call fails: the
-others raise ``GroupAborted`` within ~50 ms and the sync re-forms the group without the dead.
+when its side fails and the weight sync sets (``GroupHost.abort``, through the trainer) when
+any member's call fails: the others raise ``GroupAborted`` within ~50 ms and the sync
+re-forms the group without the dead.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ __all__ = [
     "GroupAborted",
     "GroupHost",
     "GroupSpec",
-    "abort",
     "join",
     "receive_state_dict",
     "send_state_dict",
@@ -183,13 +183,6 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
         group = dist.ProcessGroupGloo(prefixed, rank, spec.world, timeout)
     _joined["group"] = (spec, rank, group, prefixed)
     return group
-
-
-def abort(spec: GroupSpec) -> None:
-    """Give up the group ``spec`` from any process that can reach its store (the weight sync,
-    when a member's call failed): every member waiting in it raises ``GroupAborted``."""
-    store = dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=10))
-    dist.PrefixStore(key_prefix(spec.id), store).set(ABORT_KEY, "1")
 
 
 def _store_of(group: dist.ProcessGroup) -> dist.Store | None:
