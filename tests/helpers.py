@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -127,8 +128,12 @@ def run_metrics(run: Path) -> list[dict]:
 def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
     """``forge run`` of ``config`` with two generator replicas, one SIGKILLed once ``kill_at``
     steps are trained; waits for the run's end. Returns ``returncode``, ``out``, ``err``,
-    ``gens`` (generator pid -> mesh at the kill), ``victim`` and ``trained_at_kill``."""
-    import contextlib
+    ``gens`` (generator pid -> mesh at the kill), ``victim`` and ``trained_at_kill``.
+
+    From the kill until the service has the replica back (``status.json``), the run's
+    dataset process is paused (SIGSTOP): no new rollouts start, so the run cannot end before
+    the restarted replica serves. A restart takes 4-14 s on two busy cores, more than a tiny
+    run's remaining steps may last (which made these tests flaky)."""
     import signal
 
     proc = subprocess.Popen(
@@ -145,7 +150,17 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
         assert len(gens) == 2, gens
         victim = min(gens)
         trained = max(r["step"] for r in run_metrics(run) if "train/loss" in r)
-        os.kill(victim, signal.SIGKILL)
+        paused = list(actor_processes(proc.pid, "DatasetActor"))
+        assert paused, actor_processes(proc.pid, "")
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(victim, signal.SIGKILL)
+            _wait_generator_back(run, victim, proc)
+        finally:
+            for pid in paused:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
         try:
             out, err = proc.communicate(timeout=400)
         except subprocess.TimeoutExpired:  # a stalled run: its tasks' awaits, then its output
@@ -164,6 +179,26 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
             proc.communicate()
     return {"returncode": proc.returncode, "out": out, "err": err, "gens": gens,
             "victim": victim, "trained_at_kill": trained}  # fmt: skip
+
+
+def _wait_generator_back(run: Path, victim: int, proc: subprocess.Popen) -> None:
+    """Until ``status.json`` shows the Generator service's replica that had process
+    ``victim`` healthy again, restarted (120 s at most)."""
+    import json
+
+    deadline, last = time.monotonic() + 120, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            status = json.loads((run / "status.json").read_text())
+            for svc in status.get("services", []):
+                if svc["name"] != "Generator":
+                    continue
+                last = svc["replicas"]
+                if any(r["restarts"] >= 1 and r["state"] == "healthy" and victim not in r["pids"]
+                       for r in last):  # fmt: skip
+                    return
+        time.sleep(0.1)
+    raise AssertionError(f"the killed generator replica was not back within 120 s: {last}")
 
 
 async def replica_restarted(svc, victim: int, timeout: float = 30) -> None:

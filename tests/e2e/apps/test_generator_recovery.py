@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import run_killing_a_generator, run_metrics, tiny_grpo_config, wait_dead
 
-STEPS = 400
+STEPS = 100
 KILL_AT = 4  # trained steps (so pushed versions) before the kill
 
 

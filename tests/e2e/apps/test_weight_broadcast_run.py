@@ -22,14 +22,14 @@ from tests.helpers import (
     wait_dead,
 )
 
-STEPS = 200
+STEPS = 60
 KILL_AT = 4
 
 
 @pytest.mark.timeout(600)
 def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_group(tmp_path):
     extra = ("replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}\n"
-             "checkpoint_every: 50")  # fmt: skip
+             "checkpoint_every: 30")  # fmt: skip
     config, run = tiny_grpo_config(tmp_path, STEPS, extra), tmp_path / "run"
     r = run_killing_a_generator(config, run, KILL_AT)
     out, err = r["out"], r["err"]
