@@ -16,12 +16,24 @@ baseline=<after SFT> minutes=<z>``. docs/environments.md shows a whole config.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from forge import PipelineConfig as Config
-from forge import sft_then_rl, summary
+from forge import PipelineConfig, sft_then_rl, summary
 
-__all__ = ["Config", "run"]
+__all__ = ["STAGE_APPS", "Config", "run"]
+
+STAGE_APPS = {"sft": "apps.sft.main", "rl": "apps.grpo.main"}
+"""The app each stage section runs unless it names another (``app:``)."""
+
+
+@dataclass
+class Config(PipelineConfig):
+    """A pipeline whose ``sft:`` section runs ``apps.sft.main`` and ``rl:`` runs
+    ``apps.grpo.main`` unless they name another app; the shipped pipeline apps (arith,
+    sumdigits, guess, calc, rgym) use it as their config."""
+
+    stage_apps = STAGE_APPS
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:

@@ -3,9 +3,10 @@
     make_tiny_model ──▶ sft stage ──model dir──▶ rl stage ──▶ held-out scores
                                                    eval before ──┘└── eval after
 
-A stage is a config section naming its app (``app: apps.sft.main``; ``sft:`` defaults to
-``apps.sft.main`` and ``rl:`` to ``apps.grpo.main``); the app's ``Config`` is the section's
-schema and its ``stage(cfg, run_dir, resume) -> dict`` runs it. Each
+A stage is a config section naming its app (``app: apps.sft.main``; a pipeline app's config
+may give sections a default app: ``PipelineConfig.stage_apps``, set by ``apps/pipeline``'s
+``Config`` to ``apps.sft.main`` for ``sft:`` and ``apps.grpo.main`` for ``rl:``); the app's
+``Config`` is the section's schema and its ``stage(cfg, run_dir, resume) -> dict`` runs it. Each
 stage's policy starts from the previous stage's result (``forge.run.policy.retarget``), so
 ``policy.model: from-run`` in a stage means "what the pipeline hands over". Nothing is
 downloaded: a demo's base model is built locally (``preset``, ``seed``) and cached.
@@ -13,10 +14,12 @@ downloaded: a demo's base model is built locally (``preset``, ``seed``) and cach
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from forge.observability.backends import read_jsonl
 from forge.observability.names import M
@@ -33,8 +36,8 @@ class Stage:
     whose ``Config`` is the section's schema."""
 
     app: str
-    """The stage's app module (``sft:`` defaults to ``apps.sft.main``, ``rl:`` to
-    ``apps.grpo.main``); its ``Config`` is this section's schema."""
+    """The stage's app module (e.g. ``apps.sft.main``; a section may take its default from
+    the pipeline config's ``stage_apps``); its ``Config`` is this section's schema."""
 
     @classmethod
     def __config_schema__(cls, data: dict[str, Any]) -> type:
@@ -48,10 +51,15 @@ class PipelineConfig:
     """SFT then RL: ``sft`` and ``rl`` are stages (any apps with a ``stage`` entry); each
     stage's policy starts from the previous stage's result."""
 
+    stage_apps: ClassVar[Mapping[str, str]] = {}
+    """Each stage section's default ``app`` (``{"rl": "apps.grpo.main", ...}``): none here,
+    so forge names no app; ``apps/pipeline``'s ``Config`` (which the shipped pipeline apps
+    use) sets the defaults."""
+
     app: str
     """The pipeline's app module (e.g. ``apps.sumdigits.main``)."""
     rl: Stage
-    """The RL stage (default app: ``apps.grpo.main``)."""
+    """The RL stage (e.g. ``app: apps.grpo.main``)."""
     sft: Stage | None = None
     """The SFT stage, run first (``None``: the RL stage starts from the base model)."""
     preset: str = "mini"
@@ -74,14 +82,24 @@ class PipelineConfig:
             from forge.models.gguf import resolve_model
 
             data = {**data, "base_model": resolve_model(base)}
-        return with_stage_defaults(data)
+        data = with_stage_defaults(data, cls.stage_apps)
+        for f in dataclasses.fields(cls):
+            section = data.get(f.name)
+            if "Stage" in str(f.type) and isinstance(section, dict) and "app" not in section:
+                raise ValueError(
+                    f"{f.name}: missing key 'app' naming the stage's app module (e.g. "
+                    f"'app: apps.grpo.main'); a config loaded with apps/pipeline's Config "
+                    f"(apps.pipeline.main, which the shipped pipeline apps use) gets "
+                    f"'sft: apps.sft.main' and 'rl: apps.grpo.main' by default"
+                )
+        return data
 
 
-STAGE_APPS = {"sft": "apps.sft.main", "rl": "apps.grpo.main"}  # a stage's default app
-
-
-def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """A pipeline's plain data with each stage's default ``app`` filled in, its ``seed``
+def with_stage_defaults(
+    data: dict[str, Any], stage_apps: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A pipeline's plain data with each stage's default ``app`` (``stage_apps``, by
+    section) filled in, its ``seed``
     handed to every stage (a section with an ``app`` key; ``seed_defaults``) and its
     ``deterministic`` flag to every stage that does not set its own."""
     from forge.run.rl_config import seed_defaults
@@ -91,8 +109,9 @@ def with_stage_defaults(data: dict[str, Any]) -> dict[str, Any]:
             "the pipeline's RL stage is now the section 'rl:' (it was 'grpo:'); rename the "
             "section, and 'grpo.<key>=...' overrides to 'rl.<key>=...'"
         )
+    defaults = stage_apps or {}
     data = {
-        k: {"app": STAGE_APPS[k], **v} if k in STAGE_APPS and isinstance(v, dict) else v
+        k: {"app": defaults[k], **v} if k in defaults and isinstance(v, dict) else v
         for k, v in data.items()
     }
     stages = tuple(k for k, v in data.items() if isinstance(v, dict) and "app" in v)

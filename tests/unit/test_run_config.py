@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
+from apps.pipeline.main import Config as PipelineConfig
 from forge.config import config_from_dict, dump_config, load_config
 from forge.generation.backend import GeneratorConfig
 from forge.rollout.scoring import RolloutConfig
-from forge.run.pipeline import PipelineConfig
 from forge.run.policy import PolicyConfig
 from forge.run.rl_config import RLConfig
 from forge.training.trainer_config import ReferenceConfig, TrainerConfig

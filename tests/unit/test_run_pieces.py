@@ -148,12 +148,31 @@ def test_a_pipeline_hands_deterministic_to_its_stages():
 
 
 def test_a_pipeline_fills_stage_apps_and_names_the_renamed_section():
+    from apps.pipeline.main import STAGE_APPS
     from forge.run.pipeline import with_stage_defaults
 
-    out = with_stage_defaults({"sft": {"steps": 3}, "rl": {"app": "mine.main"}})
+    out = with_stage_defaults({"sft": {"steps": 3}, "rl": {"app": "mine.main"}}, STAGE_APPS)
     assert out["sft"]["app"] == "apps.sft.main" and out["rl"]["app"] == "mine.main"
+    assert "app" not in with_stage_defaults({"sft": {"steps": 3}})["sft"]  # forge names none
     with pytest.raises(ValueError, match="now the section 'rl:'"):
         with_stage_defaults({"sft": {}, "grpo": {}})
+
+
+def test_a_stage_without_an_app_is_named_unless_the_pipeline_app_gives_one(tmp_path):
+    from apps.pipeline.main import Config
+    from forge.config import load_config
+    from forge.run.pipeline import PipelineConfig
+
+    yaml = tmp_path / "p.yaml"  # sections that name no app, as apps/arith's configs
+    yaml.write_text(
+        "app: apps.pipeline.main\nbase_model: /m\n"
+        "sft: {policy: {model: from-run}, data: jsonl, trainer: {loss: {type: reinforce}}}\n"
+        "rl: {policy: {model: from-run}, data: jsonl, rewards: [exact_match]}\n"
+    )
+    with pytest.raises(ValueError, match=r"rl: missing key 'app'.*apps.pipeline.main"):
+        load_config(yaml, schema=PipelineConfig)
+    cfg = load_config(yaml, schema=Config)
+    assert (cfg.sft.app, cfg.rl.app) == ("apps.sft.main", "apps.grpo.main")
 
 
 def test_deterministic_actors_need_fixed_threads():

@@ -196,10 +196,10 @@ async def test_export_writes_the_adapter_and_forge_export_merges_it(tiny_model, 
 
 
 def _pipeline(*overrides: str):
+    from apps.pipeline.main import Config
     from forge.config.loader import load_config
-    from forge.run.pipeline import PipelineConfig
 
-    return load_config("apps/sumdigits/cpu.yaml", list(overrides), schema=PipelineConfig)
+    return load_config("apps/sumdigits/cpu.yaml", list(overrides), schema=Config)
 
 
 def test_run_config_resolves_the_reference_of_a_lora_policy():
