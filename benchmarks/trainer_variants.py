@@ -1,0 +1,110 @@
+"""The main job's trainer step in process, in variants: torch.compile, gradient checkpointing.
+
+    python -m benchmarks.trainer_variants                   # every variant, one process each
+    python -m benchmarks.trainer_variants --only eager compile_layers
+
+SmolLM2-135M-Instruct (converted once), bf16 autocast as in ``apps/arith/smollm2.yaml``,
+2 threads. Each variant runs in a fresh process (its peak RSS is its own): 2 warm-up steps
+(the first compiles, where a variant compiles), then the median of ``--steps`` steps.
+
+- ``eager``, ``compile_layers`` (each decoder layer ``compile(dynamic=True)``),
+  ``compile_parts`` (only each layer's MLP and RMSNorms): the main job's batch, 8 prompts x 8
+  completions of up to 16 sampled tokens (``benchmarks.real_model.sample_batch``).
+- ``long``, ``long_gc``: a gen-heavy batch, 4 prompts x 8 rows of 60-128 tokens (random
+  token ids: the cost does not depend on them), without and with
+  ``trainer.gradient_checkpointing``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ("eager", "compile_layers", "compile_parts", "long", "long_gc")
+
+
+def long_batch(model_dir: str):
+    from apps.arith.task import Addition
+    from forge.models import load_tokenizer
+    from forge.replay import collate_episodes
+    from forge.types import Episode
+
+    tok = load_tokenizer(model_dir)
+    rng, src, eps = random.Random(0), Addition(seed=5), []
+    for g in range(4):
+        msgs = src.sample()["prompt"]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        prompt = tok(text if isinstance(msgs, list) else msgs)["input_ids"]
+        for j in range(8):
+            resp = [rng.randrange(100, 40000) for _ in range(rng.randint(60, 128))]
+            eps.append(Episode(f"e{g}{j}", list(prompt), resp, [-1.0] * len(resp), reward=0.0,
+                               policy_version=0, advantage=1.0 if j % 2 else -1.0))  # fmt: skip
+    return collate_episodes(eps, pad_id=tok.pad_token_id)
+
+
+def run_variant(variant: str, steps: int) -> dict:
+    import torch
+
+    from benchmarks.real_model import sample_batch
+    from forge.models.gguf import resolve_model
+    from forge.training.trainer_config import TrainerConfig
+    from forge.training.trainer_core import TrainerCore
+
+    torch.set_num_threads(2)
+    model_dir = resolve_model("smollm2-135m-instruct")
+    batch = long_batch(model_dir) if variant.startswith("long") else sample_batch(model_dir)[0]
+    cfg = TrainerConfig(model=model_dir, device="cpu", autocast="bfloat16",
+                        gradient_checkpointing=variant == "long_gc")  # fmt: skip
+    core = TrainerCore(cfg)
+    if variant.startswith("compile"):
+        for layer in core.model.model.layers:
+            if variant == "compile_parts":
+                for part in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+                    part.compile(dynamic=True)
+            else:
+                layer.compile(dynamic=True)
+    times = []
+    for _ in range(2 + steps):
+        t = time.perf_counter()
+        core.train_step(batch)
+        times.append(time.perf_counter() - t)
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return {"variant": variant, "first_s": times[0], "median_s": statistics.median(times[2:]),
+            "steps_s": times[2:], "peak_rss_gb": peak_gb}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_variant(args.child, args.steps)), flush=True)
+        return []
+    rows = []
+    for v in args.only:
+        print(f"[trainer_variants] {v} ...", flush=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.trainer_variants", "--child", v,
+             "--steps", str(args.steps)],
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"variant {v} failed:\n{out.stderr[-3000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"\n{'variant':16} {'first step s':>12} {'median s':>9} {'peak RSS GB':>11}")
+    for r in rows:
+        print(f"{r['variant']:16} {r['first_s']:12.1f} {r['median_s']:9.2f} "
+              f"{r['peak_rss_gb']:11.2f}")  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()
