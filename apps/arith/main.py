@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apps.pipeline.main import Config
+from forge import PipelineConfig as Config
 from forge import sft_then_rl, summary
 
 __all__ = ["Config", "run"]

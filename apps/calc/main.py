@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.calc.task import parse_answer, tokenizer_corpus
-from apps.pipeline.main import Config as Pipeline
-from forge import DATA_SOURCE, Stage, base_model, retarget, run_stage, sft_then_rl
+from forge import DATA_SOURCE, PipelineConfig, Stage, base_model, retarget, run_stage, sft_then_rl
 
 __all__ = ["Config", "run"]
 
 
 @dataclass
-class Config(Pipeline):
+class Config(PipelineConfig):
     no_tool: Stage | None = None
     """SFT on direct answers: the no-tool baseline (``None``: not measured)."""
 

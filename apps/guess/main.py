@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from apps.guess.task import optimal_success_rate
-from apps.pipeline.main import Config
 from forge import M, read_jsonl, sft_then_rl
+from forge import PipelineConfig as Config
 
 __all__ = ["Config", "run"]
 

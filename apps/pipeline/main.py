@@ -7,8 +7,8 @@ Run:
                                                      eval before ──┘└── eval after
 
 The config names a base model (``base_model: <HF dir>``, or ``preset``/``seed`` for a tiny
-model built locally), an ``sft:`` section (apps/sft's config) and an ``rl:`` section
-(apps/grpo's config); ``policy.model: from-run`` in a section means "the previous stage's
+model built locally), an ``sft:`` section (apps/sft's config; ``app: apps.sft.main`` unless it
+names another) and an ``rl:`` section (apps/grpo's config; ``app: apps.grpo.main`` likewise); ``policy.model: from-run`` in a section means "the previous stage's
 result". With an environment (``rl.env``) the last line reads ``success_rate=<after>
 baseline=<after SFT> mean_turns=<x> minutes=<z>``; without, ``heldout_accuracy=<after>
 baseline=<after SFT> minutes=<z>``. docs/environments.md shows a whole config.
@@ -30,8 +30,8 @@ STAGE_APPS = {"sft": "apps.sft.main", "rl": "apps.grpo.main"}
 @dataclass
 class Config(PipelineConfig):
     """A pipeline whose ``sft:`` section runs ``apps.sft.main`` and ``rl:`` runs
-    ``apps.grpo.main`` unless they name another app; the shipped pipeline apps (arith,
-    sumdigits, guess, calc, rgym) use it as their config."""
+    ``apps.grpo.main`` unless they name another app (the other shipped pipeline apps use
+    ``forge.PipelineConfig``, whose sections name their apps in the YAML)."""
 
     stage_apps = STAGE_APPS
 

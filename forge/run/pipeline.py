@@ -4,8 +4,8 @@
                                                    eval before ──┘└── eval after
 
 A stage is a config section naming its app (``app: apps.sft.main``; a pipeline app's config
-may give sections a default app: ``PipelineConfig.stage_apps``, set by ``apps/pipeline``'s
-``Config`` to ``apps.sft.main`` for ``sft:`` and ``apps.grpo.main`` for ``rl:``); the app's
+may give sections a default app, ``PipelineConfig.stage_apps``: the generic
+``apps/pipeline`` gives ``apps.sft.main`` to ``sft:`` and ``apps.grpo.main`` to ``rl:``); the app's
 ``Config`` is the section's schema and its ``stage(cfg, run_dir, resume) -> dict`` runs it. Each
 stage's policy starts from the previous stage's result (``forge.run.policy.retarget``), so
 ``policy.model: from-run`` in a stage means "what the pipeline hands over". Nothing is
@@ -53,8 +53,8 @@ class PipelineConfig:
 
     stage_apps: ClassVar[Mapping[str, str]] = {}
     """Each stage section's default ``app`` (``{"rl": "apps.grpo.main", ...}``): none here,
-    so forge names no app; ``apps/pipeline``'s ``Config`` (which the shipped pipeline apps
-    use) sets the defaults."""
+    so forge names no app and each section names its own; ``apps/pipeline``'s ``Config``
+    sets defaults."""
 
     app: str
     """The pipeline's app module (e.g. ``apps.sumdigits.main``)."""
@@ -88,9 +88,9 @@ class PipelineConfig:
             if "Stage" in str(f.type) and isinstance(section, dict) and "app" not in section:
                 raise ValueError(
                     f"{f.name}: missing key 'app' naming the stage's app module (e.g. "
-                    f"'app: apps.grpo.main'); a config loaded with apps/pipeline's Config "
-                    f"(apps.pipeline.main, which the shipped pipeline apps use) gets "
-                    f"'sft: apps.sft.main' and 'rl: apps.grpo.main' by default"
+                    f"'app: apps.grpo.main'); a config of the generic pipeline app "
+                    f"(app: apps.pipeline.main) gets 'sft: apps.sft.main' and "
+                    f"'rl: apps.grpo.main' by default"
                 )
         return data
 
