@@ -95,6 +95,9 @@ async def test_episodes_on_a_real_server(server, tok):
 
 
 async def test_a_server_that_is_down_or_mute_fails_within_the_timeout():
+    from forge.integrations.openenv import _generic_client
+
+    _generic_client()  # openenv's import (~1 s quiet, ~5 s on a busy CI) is not the wait timed
     port = _free_port()  # nothing listens there
     env = OpenEnvClient(f"http://127.0.0.1:{port}", timeout_s=2)
     start = time.monotonic()
