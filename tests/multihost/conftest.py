@@ -20,18 +20,39 @@ LOCK = "/tmp/forge-netns.lock"  # one user of the forgeh* namespaces at a time
 LOCK_WAIT_S = 600.0
 
 
+_HELD: list[int] = []  # the lock's fds this process holds (a module fixture may keep one)
+
+
 def _lock() -> int:
+    """Take the simulated hosts (``_unlock`` gives them back). Another process waits for them;
+    a second taker in this process skips instead of waiting on itself: pytest-xdist may run
+    another multihost module's test while a module fixture here still holds the hosts (it
+    did once in CI: test_monarch_hosts between two test_ray_cluster tests)."""
+    if _HELD:
+        pytest.skip(
+            "the simulated hosts are held by another multihost module's fixture in this "
+            "process (pytest-xdist ran the files' tests interleaved); "
+            "`pytest tests/multihost` runs each file's tests together"
+        )
     fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD.append(fd)
             return fd
         except BlockingIOError:
             if time.monotonic() > deadline:
                 os.close(fd)
                 pytest.fail(f"{LOCK} stayed locked for {LOCK_WAIT_S:.0f} s")
             time.sleep(0.2)
+
+
+def _unlock(fd: int) -> None:
+    """Give the simulated hosts back (``fd`` from ``_lock``)."""
+    if fd in _HELD:
+        _HELD.remove(fd)
+    os.close(fd)
 
 
 def only_agents_left(hosts: list[netns.NetnsHost], timeout: float = 10.0) -> dict[str, list[int]]:
@@ -69,6 +90,6 @@ def monarch_hosts(tmp_path):
         assert not leftover, f"processes left beside Monarch's worker loops: {leftover}"
     finally:
         netns.teardown(hs)
-        os.close(fd)
+        _unlock(fd)
     alive = wait_dead(sorted(seen), 5.0)
     assert not alive, f"processes alive after the hosts were torn down: {alive}"
