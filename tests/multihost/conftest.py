@@ -20,7 +20,9 @@ LOCK = "/tmp/forge-netns.lock"  # one user of the forgeh* namespaces at a time
 LOCK_WAIT_S = 600.0
 
 
-_HELD: list[int] = []  # the lock's fds this process holds (a module fixture may keep one)
+# The lock's fds this process holds (a module fixture may keep one). Kept in netns, a plain
+# module: pytest may import this conftest a second time under another name.
+_HELD: list[int] = netns.HELD_LOCKS
 
 
 def _lock() -> int:
