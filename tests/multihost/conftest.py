@@ -44,10 +44,28 @@ def _lock() -> int:
             _HELD.append(fd)
             return fd
         except BlockingIOError:
+            if _holder(fd) == os.getpid():  # held by this process under another import
+                os.close(fd)
+                pytest.skip("the simulated hosts are held by this process (another multihost "
+                            "module's fixture; pytest-xdist interleaved the files)")  # fmt: skip
             if time.monotonic() > deadline:
                 os.close(fd)
                 pytest.fail(f"{LOCK} stayed locked for {LOCK_WAIT_S:.0f} s")
             time.sleep(0.2)
+
+
+def _holder(fd: int) -> int | None:
+    """The pid holding the flock on ``fd``'s file, from /proc/locks (None if unknown)."""
+    ino = os.fstat(fd).st_ino
+    try:
+        lines = open("/proc/locks").read().splitlines()  # noqa: SIM115
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if "FLOCK" in parts and len(parts) > 5 and parts[5].endswith(f":{ino}"):
+            return int(parts[4])
+    return None
 
 
 def _unlock(fd: int) -> None:
