@@ -20,31 +20,20 @@ LOCK = "/tmp/forge-netns.lock"  # one user of the forgeh* namespaces at a time
 LOCK_WAIT_S = 600.0
 
 
-# The lock's fds this process holds (a module fixture may keep one). Kept in netns, a plain
-# module: pytest may import this conftest a second time under another name.
-_HELD: list[int] = netns.HELD_LOCKS
-
-
 def _lock() -> int:
-    """Take the simulated hosts (``_unlock`` gives them back). Another process waits for them;
-    a second taker in this process skips instead of waiting on itself: pytest-xdist may run
-    another multihost module's test while a module fixture here still holds the hosts (it
-    did once in CI: test_monarch_hosts between two test_ray_cluster tests)."""
-    if _HELD:
-        pytest.skip(
-            "the simulated hosts are held by another multihost module's fixture in this "
-            "process (pytest-xdist ran the files' tests interleaved); "
-            "`pytest tests/multihost` runs each file's tests together"
-        )
+    """Take the simulated hosts (close the fd to give them back). Another process waits for
+    them; if /proc/locks shows this very process holding them, the test skips instead of
+    waiting on itself: pytest-xdist may run another multihost module's test while a module
+    fixture here still holds the hosts (it did in CI: test_monarch_hosts between two
+    test_ray_cluster tests)."""
     fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _HELD.append(fd)
             return fd
         except BlockingIOError:
-            if _holder(fd) == os.getpid():  # held by this process under another import
+            if _holder(fd) == os.getpid():  # a module fixture of this process holds it
                 os.close(fd)
                 pytest.skip("the simulated hosts are held by this process (another multihost "
                             "module's fixture; pytest-xdist interleaved the files)")  # fmt: skip
@@ -66,13 +55,6 @@ def _holder(fd: int) -> int | None:
         if "FLOCK" in parts and len(parts) > 5 and parts[5].endswith(f":{ino}"):
             return int(parts[4])
     return None
-
-
-def _unlock(fd: int) -> None:
-    """Give the simulated hosts back (``fd`` from ``_lock``)."""
-    if fd in _HELD:
-        _HELD.remove(fd)
-    os.close(fd)
 
 
 def only_agents_left(hosts: list[netns.NetnsHost], timeout: float = 10.0) -> dict[str, list[int]]:
@@ -110,6 +92,6 @@ def monarch_hosts(tmp_path):
         assert not leftover, f"processes left beside Monarch's worker loops: {leftover}"
     finally:
         netns.teardown(hs)
-        _unlock(fd)
+        os.close(fd)
     alive = wait_dead(sorted(seen), 5.0)
     assert not alive, f"processes alive after the hosts were torn down: {alive}"

@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-HELD_LOCKS: list[int] = []  # fds of /tmp/forge-netns.lock this process holds (conftest)
-
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "forgeh"  # namespaces forgeh1, forgeh2, ...
 BRIDGE = "forgebr0"

@@ -24,7 +24,7 @@ pytest.importorskip("ray", reason="needs ray (pip install 'forge[ray]')")
 from tests.helpers import REPO, pid_alive, script_env, wait_dead, write_script  # noqa: E402
 from tests.multihost import cluster as ray_cluster  # noqa: E402
 from tests.multihost import netns  # noqa: E402
-from tests.multihost.conftest import _lock, _unlock  # noqa: E402
+from tests.multihost.conftest import _lock  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -42,7 +42,7 @@ def cluster(tmp_path_factory):
         with ray_cluster.running_cluster(HOSTS, tmp_path_factory.mktemp("ray-logs")) as c:
             yield c
     finally:
-        _unlock(fd)
+        os.close(fd)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ pytest.importorskip("ray", reason="needs ray (pip install 'forge[ray]')")
 
 from tests.multihost import cluster as ray_cluster  # noqa: E402
 from tests.multihost import netns  # noqa: E402
-from tests.multihost.conftest import _lock, _unlock  # noqa: E402
+from tests.multihost.conftest import _lock  # noqa: E402
 from tests.multihost.test_ray_cluster import (  # noqa: E402
     _forge_workers,
     _placement,
@@ -50,7 +50,7 @@ def hosts(tmp_path_factory):
                 time.sleep(0.5)
             assert not left, f"Forge workers left on the hosts after the tests: {left}"
     finally:
-        _unlock(fd)
+        os.close(fd)
 
 
 FULL_HEAD = """
