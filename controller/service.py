@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 import uuid
+from collections.abc import Coroutine
 from typing import Any, cast
 
 from controller import _wire
@@ -47,6 +49,7 @@ from controller.mesh import ActorMesh, ProcMesh
 
 __all__ = ["Service", "ServiceConfig", "ServiceEndpoint"]
 logger = logging.getLogger("controller")
+RESTART_STOP_TIMEOUT_S = 30.0  # shutdown's wait for cancelled restarts to clean up
 
 
 class Service(Routing):
@@ -59,7 +62,7 @@ class Service(Routing):
         self._init_routing(opts.mesh_name or cls.__name__, cls, config)
         self._opts, self._args, self._kwargs = opts, args, kwargs
         self._next_index = 0
-        self._restarts: dict[int, Any] = {}
+        self._restarts: dict[int, _Restart] = {}  # replica index -> its latest restart
         self._checker: Any = None  # the health-check task (a concurrent future)
         self._on_recover_s: dict[int, float] = {}  # replica index -> its last on_recover time
         self._table_path: str | None = None  # set once pickled: remote handles read it
@@ -148,7 +151,7 @@ class Service(Routing):
                 "service %s: replica %d is down (%s); restarting", self.name, r.index, reason
             )
             loop = get_runtime().background_loop()
-            self._restarts[r.index] = asyncio.run_coroutine_threadsafe(self._restart(r), loop)
+            self._restarts[r.index] = _Restart(self._restart(r), loop)
 
     async def _restart(self, r: Replica) -> None:
         """Replace ``r``'s mesh until it works (backing off), unless the service stops."""
@@ -224,8 +227,13 @@ class Service(Routing):
                     r.wanted, r.state = False, STOPPED
                 meshes = [r.mesh for r in self.replicas if r.mesh is not None]
                 restarts = list(self._restarts.values())
-            for cf in restarts:
-                cf.cancel()
+            for restart in restarts:
+                restart.cancel()
+            # A cancelled restart may be mid-spawn: wait until it has stopped what it started,
+            # so that no replica process outlives the service.
+            await asyncio.get_running_loop().run_in_executor(
+                None, _wait_ended, restarts, RESTART_STOP_TIMEOUT_S
+            )
             if self._checker is not None:
                 self._checker.cancel()
             with self._lock:
@@ -295,7 +303,59 @@ async def _ping(mesh: ActorMesh) -> None:
     )
 
 
+class _Restart:
+    """A replica's restart, run on the runtime's loop; any thread may cancel it and wait
+    until nothing of it runs any more (cancelled mid-spawn, it first stops what it spawned)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._task: asyncio.Task | None = None
+        self._cancelled = False
+        self.ended = threading.Event()
+        loop.call_soon_threadsafe(self._start, coro)
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        if self._cancelled:  # cancelled before it began: nothing to undo
+            coro.close()
+            self.ended.set()
+            return
+        self._task = self._loop.create_task(coro)
+        self._task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("a replica restart failed: %r", task.exception())
+        self.ended.set()
+
+    def cancel(self) -> None:
+        self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
+
+
+def _wait_ended(restarts: list[_Restart], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for restart in restarts:
+        if not restart.ended.wait(max(0.0, deadline - time.monotonic())):
+            logger.warning("a cancelled replica restart did not end within %.0f s", timeout)
+            return
+
+
 async def _stop_mesh(mesh: ActorMesh) -> None:
+    """Stop ``mesh``. A cancel that arrives meanwhile lets the stop finish first (a
+    half-stopped mesh would outlive its service), then propagates."""
+    task = asyncio.ensure_future(_stop_quietly(mesh))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+
+
+async def _stop_quietly(mesh: ActorMesh) -> None:
     try:
         await mesh.shutdown()
     except Exception as e:  # noqa: BLE001 - stopping is best effort; the process may be gone

@@ -54,6 +54,7 @@ def tier_of(path: Path) -> str:
         return ""
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = tier_of(item.path)

@@ -21,11 +21,11 @@ LOCK_WAIT_S = 600.0
 
 
 def _lock() -> int:
-    """Take the simulated hosts (close the fd to give them back). Another process waits for
-    them; if /proc/locks shows this very process holding them, the test skips instead of
-    waiting on itself: pytest-xdist may run another multihost module's test while a module
-    fixture here still holds the hosts (it did in CI: test_monarch_hosts between two
-    test_ray_cluster tests)."""
+    """Take the simulated hosts (close the fd to give them back); another process waits for
+    them. If /proc/locks shows this very process holding them, a module fixture here still
+    has them while another multihost file's test runs: the files' tests were interleaved
+    (tests/conftest.py keeps multihost/ in one xdist group, in file order), which would
+    deadlock, so that fails at once, naming the cause."""
     fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
@@ -33,14 +33,23 @@ def _lock() -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
-            if _holder(fd) == os.getpid():  # a module fixture of this process holds it
+            holder = _holder(fd)
+            if holder == os.getpid() or time.monotonic() > deadline:
                 os.close(fd)
-                pytest.skip("the simulated hosts are held by this process (another multihost "
-                            "module's fixture; pytest-xdist interleaved the files)")  # fmt: skip
-            if time.monotonic() > deadline:
-                os.close(fd)
-                pytest.fail(f"{LOCK} stayed locked for {LOCK_WAIT_S:.0f} s")
+                why = ("this process holds them: another multihost file's module fixture is "
+                       "still up (were the files' tests interleaved?)" if holder == os.getpid()
+                       else f"held for {LOCK_WAIT_S:.0f} s by pid {holder} "
+                       f"({_cmdline(holder)})")  # fmt: skip
+                pytest.fail(f"the simulated hosts ({LOCK}) are taken: {why}")
             time.sleep(0.2)
+
+
+def _cmdline(pid: int | None) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except (OSError, TypeError):
+        return "unknown process"
 
 
 def _holder(fd: int) -> int | None:

@@ -165,6 +165,20 @@ async def test_scale_up_and_drain():
     assert await svc.pid.route() == pids[0]
 
 
+@pytest.mark.parametrize("after_s", [0.0, 0.5])
+async def test_shutdown_during_a_restart_leaves_no_process(after_s):
+    """A replica restarting when the service shuts down: the restart is cancelled
+    mid-spawn and must stop what it started before shutdown returns."""
+    svc = await Echo.options(num_replicas=2, health_poll_rate=0.05).as_service()
+    pids = list(replica_pids(svc).values())
+    os.kill(pids[1], signal.SIGKILL)
+    await wait_until(lambda: svc.metrics()[1]["state"] != "healthy", 5.0)
+    await asyncio.sleep(after_s)  # the new process is starting, or setting up
+    await svc.shutdown()
+    assert get_runtime().proc_meshes == [] and not get_runtime().local_procs
+    assert wait_dead(pids, 5.0) == []
+
+
 async def test_no_process_left_after_shutdown():
     svc = await Echo.options(num_replicas=3, health_poll_rate=0.05).as_service()
     pids = list(replica_pids(svc).values())
