@@ -3,6 +3,7 @@
     pip install 'trl==1.16.*'
     python -m benchmarks.real_e2e [--config short|gen-heavy|both] [--repeats 3] [--steps 3]
                                   [--warmup 2] [--only forge trl_fp32 trl_bf16 ...]
+                                  [--forge-set KEY=VALUE ...]
 
 SmolLM2-135M-Instruct (``smollm2-135m-instruct``, converted once) on 2-digit addition asked in
 chat (``apps.arith``), 8 prompts x 8 completions, temperature 1.0, AdamW lr 1e-5, grad-norm
@@ -21,6 +22,9 @@ Systems, each run in turn within a repetition:
   on this machine for the toy model (``benchmarks.e2e``). vLLM is not an option for TRL on
   this CPU (its colocate and server modes need CUDA).
 - ``trl_best``: per repetition, the faster TRL run.
+- ``forge_set``: Forge with the overrides given by ``--forge-set`` on top (an A/B of one knob
+  against ``forge`` in the same repetitions), e.g. ``--only forge forge_set --forge-set
+  rl.trainer.weights.dtype=bfloat16``.
 
 s/step is the wall time of ``--steps`` steps after ``--warmup`` warm-up steps (start-up and model
 load excluded), medians over repetitions. The last line is machine-readable:
@@ -43,7 +47,7 @@ from benchmarks.e2e import cpu_grpo_config, step_clock, trl_clock, window
 from controller import loops
 
 MAIN_YAML = Path(__file__).resolve().parents[1] / "apps" / "arith" / "smollm2.yaml"
-SYSTEMS = ("forge", "trl_fp32", "trl_bf16")
+SYSTEMS = ("forge", "forge_set", "trl_fp32", "trl_bf16")
 LONG = "Think step by step, then give the answer."
 
 
@@ -113,7 +117,9 @@ def release_memory() -> None:
         pass
 
 
-async def run_forge(model: str, setup: Setup, steps: int, run_dir: Path) -> dict:
+async def run_forge(
+    model: str, setup: Setup, steps: int, run_dir: Path, extra: tuple[str, ...] = ()
+) -> dict:
     from controller import shutdown
     from forge import M
     from forge.launch import app_module, load_app
@@ -133,6 +139,7 @@ async def run_forge(model: str, setup: Setup, steps: int, run_dir: Path) -> dict
     ]
     if setup.instruction:
         overrides.append("rl.data.fn=benchmarks.real_e2e:LongAddition")
+    overrides += extra
     cfg = load_app(MAIN_YAML, overrides)[1].rl
     app = app_module(cfg.app, str(MAIN_YAML), needs=("stage", "MetricLog"))
     run_dir.mkdir(parents=True)
@@ -200,7 +207,7 @@ async def main(args: argparse.Namespace) -> None:
 
     model = str(resolve_model("smollm2-135m-instruct"))
     order = [SETUPS[c] for c in (SETUPS if args.config == "both" else [args.config])]
-    which = args.only or list(SYSTEMS)
+    which = args.only or [s for s in SYSTEMS if s != "forge_set"]
     results: dict[str, dict[str, list[dict]]] = {s.name: {} for s in order}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="forge-real-e2e-") as tmp:
@@ -210,8 +217,9 @@ async def main(args: argparse.Namespace) -> None:
                     out = Path(tmp) / f"{setup.name}-{system}-{rep}"
                     load = os.getloadavg()[0]
                     total = args.warmup + args.steps
-                    if system == "forge":
-                        raw = await run_forge(model, setup, total, out)
+                    if system in ("forge", "forge_set"):
+                        extra = tuple(args.forge_set) if system == "forge_set" else ()
+                        raw = await run_forge(model, setup, total, out, extra)
                     else:
                         raw = run_trl(model, setup, total, out, bf16=system == "trl_bf16")
                         release_memory()  # TRL ran in this process: give its heap back
@@ -248,7 +256,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--only", nargs="+", choices=SYSTEMS)
-    return p.parse_args(argv)
+    p.add_argument("--forge-set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="overrides for the forge_set system")  # fmt: skip
+    args = p.parse_args(argv)
+    if ("forge_set" in (args.only or ())) != bool(args.forge_set):
+        p.error("--forge-set needs forge_set in --only, and forge_set needs --forge-set")
+    return args
 
 
 if __name__ == "__main__":

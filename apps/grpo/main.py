@@ -150,6 +150,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
             m, waited, took = await train_batch(cfg, s.buffer, s.trainer, version, manager,
                                                 critic, colo)  # fmt: skip
             t, version = time.perf_counter(), version + 1
+            log.cut("rollout/")  # this step's rollouts end here: the push starts the next's
             await sync.push(version)  # off the trainer's path when rollouts may be a version old
             if colo is not None:
                 await colo.to_generate()  # the generator (asleep) has the new weights: wake it

@@ -41,6 +41,7 @@ class MetricLog:
         self.episodes = EpisodeSamples(run_dir)  # a sample of each step's episodes
         self.history: list[dict[str, float]] = []
         self._pending: dict[str, list[float]] = {}
+        self._cut: tuple[str, dict[str, list[float]]] | None = None  # (prefix, values)
         self._remote: list[dict] = []
         self._t = time.perf_counter()
         self.alerts = RewardAlerts()
@@ -52,6 +53,20 @@ class MetricLog:
     def add(self, key: str, values: list[float]) -> None:
         """Values of ``key`` for the next step's row (which logs their mean)."""
         self._pending.setdefault(key, []).extend(values)
+
+    def cut(self, prefix: str) -> None:
+        """End the next row's share of the keys starting with ``prefix``: values added so
+        far go to the next ``step`` row, values added after it to the row after. A loop calls
+        it where a step's data ends (e.g. the rollouts' metrics when the trainer has its
+        batch, before the new weights let the next step's rollouts start), so that a row
+        does not depend on how far the next step's work got meanwhile."""
+        if self._cut is not None and self._cut[0] != prefix:
+            raise ValueError(f"one cut prefix per row: {self._cut[0]!r} is cut, not {prefix!r}")
+        moved = {k: self._pending.pop(k) for k in list(self._pending) if k.startswith(prefix)}
+        if self._cut is not None:  # cut twice before the row: both shares are this row's
+            for k, v in self._cut[1].items():
+                moved[k] = v + moved.get(k, [])
+        self._cut = (prefix, moved)
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
         """Write ``metrics`` as a row of its own for ``step`` (an evaluation, a summary)."""
@@ -70,15 +85,20 @@ class MetricLog:
         """Log ``metrics`` plus the means of what was ``add``ed since the last step and of
         anything recorded with ``record_metric`` in this process; returns the row."""
         out = dict(metrics)
-        rewards = {k: v for k, v in self._pending.items() if k.startswith(M.REWARD)}
+        pending, self._pending = self._pending, {}
+        if self._cut is not None:  # the cut keys' later values wait for the next row
+            prefix, before = self._cut
+            self._pending = {k: v for k, v in pending.items() if k.startswith(prefix)}
+            pending = {k: v for k, v in pending.items() if not k.startswith(prefix)} | before
+            self._cut = None
+        rewards = {k: v for k, v in pending.items() if k.startswith(M.REWARD)}
         alert = self.alerts.check(step, rewards)
         if alert is not None:  # printed above the progress bar, and shown by forge top
             tqdm.write(f"[warning] {alert}", file=sys.stdout)
             self.status.alert(step, alert)
-        for key, values in self._pending.items():
+        for key, values in pending.items():
             if values:
                 out[key] = statistics.fmean(values)
-        self._pending = {}
         out.update(merge_states([get_collector().flush(), *self._remote]))
         self._remote = []
         out[M.ELAPSED_S] = time.perf_counter() - self._t
