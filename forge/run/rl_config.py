@@ -99,6 +99,7 @@ class RLConfig(RolloutRunConfig):
         super().__post_init__()  # data, rewards, policy, LoRA, weights, sampling
         self._place()
         self._check_broadcast()
+        self._check_push_dtype()
         check_ppo(self.critic, self.trainer.loss.type)
         self._check_credit()
         validate_phases(self.phases, self.trainer.loss)
@@ -242,6 +243,25 @@ class RLConfig(RolloutRunConfig):
             raise ValueError(
                 "weights type broadcast sends whole models; a LoRA policy pushes adapters "
                 "(a few MB): use weights type shm with trainer.lora"
+            )
+
+    def _check_push_dtype(self) -> None:
+        """Pushes in a narrower type (``trainer.weights.dtype``) round every version the
+        pullers compute with, so each puller must compute in that type already; otherwise the
+        knob would silently give it a different model from the trainer's."""
+        push = self.trainer.weights.dtype
+        if not push:
+            return
+        pullers = [("generator.dtype", self.generator.dtype)]
+        if self.reference is not None and self.reference.update.type != "none":
+            pullers.append(("reference.dtype", self.reference.dtype))
+        wrong = [f"{key}={dtype!r}" for key, dtype in pullers if dtype != push]
+        if wrong:
+            raise ValueError(
+                f"trainer.weights.dtype={push!r} rounds every pushed version to {push}, but "
+                f"{' and '.join(wrong)} would compute with the rounded values, a different "
+                f"model from the trainer's; set {' and '.join(k for k, _ in pullers)} to "
+                f"{push!r}, or remove trainer.weights.dtype"
             )
 
     def _check_env(self) -> None:

@@ -176,3 +176,14 @@ def test_disjoint_gpu_roles_ask_the_provisioner_for_gpus_of_their_own(monkeypatc
     cpu_gen = config_from_dict(RLConfig, _rl(trainer={"device": "cuda"}))
     assert cpu_gen.gpu_options("generator") == {}
     assert cpu_gen.gpu_options("trainer") == {"with_gpus": True}
+
+
+def test_bf16_pushes_need_every_puller_to_compute_in_bf16():
+    push = {"trainer": {"weights": {"dtype": "bfloat16"}}}
+    with pytest.raises(ValueError, match=r"generator.dtype='float32' would compute with the "):
+        config_from_dict(RLConfig, _rl(**push))
+    ok = config_from_dict(RLConfig, _rl(**push, generator={"dtype": "bfloat16"}))
+    assert ok.trainer.weights.dtype == "bfloat16"
+    ref = {"reference": {"dtype": "float32", "update": {"type": "reset", "every": 2}}}
+    with pytest.raises(ValueError, match=r"reference.dtype='float32'"):
+        config_from_dict(RLConfig, _rl(**push, generator={"dtype": "bfloat16"}, **ref))
