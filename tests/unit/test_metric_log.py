@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import pytest
 
+from forge.observability import get_collector
 from forge.observability.names import M
 from forge.run.metric_log import MetricLog
+
+
+@pytest.fixture(autouse=True)
+def _no_metrics_of_other_tests():
+    """A row also holds this process's collector, where earlier tests may have recorded."""
+    get_collector().flush()
 
 
 def test_a_row_holds_the_means_of_what_was_added_since_the_last(tmp_path):
     log = MetricLog(tmp_path, [])
     log.add(M.REWARD, [0.0, 1.0])
     log.add("train/x", [3.0])
-    assert {k: v for k, v in log.step(1, {"a": 1.0}).items() if k != M.ELAPSED_S} == {
+    row = log.step(1, {"a": 1.0})
+    assert {k: v for k, v in row.items() if k != M.ELAPSED_S} == {
         "a": 1.0, M.REWARD: 0.5, "train/x": 3.0}  # fmt: skip
     assert M.REWARD not in log.step(2, {})
 
