@@ -66,8 +66,7 @@ class Config(RLConfig):
 
 @dataclass
 class Handles:
-    """The run's actors and services, typed by their actor classes (``h.trainer.train_step
-    .call(batch)`` is checked); ``None`` for a part the config leaves out."""
+    """The run's actors and services, typed by their actor classes; ``None``: not configured."""
 
     data: DatasetActor
     generator: Generator
