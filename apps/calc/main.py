@@ -18,6 +18,8 @@ tool from SFT instead.
 SFT data carry random factors in half the calls (the tool's result and the answer follow
 those factors), so SFT teaches the format and the copying of the result, and only part of
 the copying of the factors; GRPO (reward 1 for an exact answer, 0 otherwise) sharpens it.
+Both SFT stages are deterministic (``deterministic: true``), so every run starts GRPO from the
+same model (0.484 held out on this project's machine).
 Rollouts sample at temperature 0.5 (the trainer's logprobs use the same): at 1.0 the SFT
 model's samples almost never succeed, so GRPO would see no reward at all.
 

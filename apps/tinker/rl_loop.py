@@ -69,7 +69,7 @@ def main() -> None:
     means, t_loop = [], time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
-        sampler = training.save_weights_and_get_sampling_client(name=f"step-{step}").result()
+        sampler = training.save_weights_and_get_sampling_client().result()
         t1 = time.perf_counter()
         prompts = [tokenizer.encode(p) for p in PROMPTS]
         futures = [

@@ -66,7 +66,7 @@ def main() -> None:
         optim.result()
         print(f"step {step}: loss {losses[-1]:.3f} ({time.perf_counter() - t0:.2f} s)", flush=True)
 
-    sampler = training.save_weights_and_get_sampling_client(name="final").result()
+    sampler = training.save_weights_and_get_sampling_client().result()
     greedy = types.SamplingParams(max_tokens=16, temperature=0.0)
     right = 0
     for q, a in FACTS:

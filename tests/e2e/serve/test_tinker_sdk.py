@@ -91,7 +91,9 @@ def test_a_wrong_key_gets_401(server):
 @pytest.fixture(scope="module")
 def training(server):
     service = tinker.ServiceClient(base_url=server, api_key=KEY)
-    return service, service.create_lora_training_client(base_model="forge/tiny", rank=4).result()
+    yield service, service.create_lora_training_client(base_model="forge/tiny", rank=4).result()
+    # Finished sessions stop their heartbeats (else they outlive the server and warn).
+    service.close("success").result(timeout=30)
 
 
 def _datum(tokens):
@@ -132,7 +134,7 @@ def test_state_saves_and_loads_with_or_without_the_optimizer(training):
 
 def test_sampling_returns_tokens_with_the_trainers_logprobs(training):
     _, tc = training
-    sampler = tc.save_weights_and_get_sampling_client(name="check").result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = [5, 9, 13]
     out = sampler.sample(types.ModelInput.from_ints(prompt), 3,
                          types.SamplingParams(max_tokens=6, seed=1)).result()  # fmt: skip
@@ -166,7 +168,7 @@ def test_the_sdks_non_deprecated_forms_are_served(server):
         assert fb.metrics["loss:sum"] > 0
         await tc.optim_step(types.AdamParams(learning_rate=1e-2))
         path = (await tc.save_state("async-state")).path
-        sampler = await tc.save_weights_and_get_sampling_client(name="async")
+        sampler = await tc.save_weights_and_get_sampling_client()
         out = await sampler.sample(types.ModelInput.from_ints([5, 9]), 2,
                                    types.SamplingParams(max_tokens=3, seed=0))  # fmt: skip
         assert len(out.sequences) == 2
@@ -174,9 +176,11 @@ def test_the_sdks_non_deprecated_forms_are_served(server):
         assert lp[0] is None and len(lp) == 3
         again = await service.create_training_client_from_state_with_optimizer(path)
         assert again.get_info().lora_rank == 2  # fetched when the client was made: no await
+        await service.close("success")
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="DEPRECATED")
+        warnings.filterwarnings("error", message=".*is deprecated")
         asyncio.run(main())
 
 
@@ -187,7 +191,7 @@ def test_unsupported_calls_are_named(training, server):
         tc.forward_backward([d], "cispo").result()
     with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs\\['logprobs'\\]"):
         tc.forward_backward([d], "importance_sampling").result()
-    sampler = tc.save_weights_and_get_sampling_client(name="unsupported").result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
     with pytest.raises(tinker.BadRequestError, match="top-k prompt logprobs"):
         sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 1,
                        types.SamplingParams(max_tokens=2), include_prompt_logprobs=True,
