@@ -31,11 +31,20 @@ def effective_temperature(temperature: float) -> float:
     return temperature if temperature > 0 else 1.0
 
 
+# cross_entropy skips targets equal to its ignore_index; no token id is this one.
+_NO_IGNORE = torch.iinfo(torch.long).min
+
+
 def gather_logprobs(logits_btv: torch.Tensor, targets_bt: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[target] in fp32, via logsumexp + gather (no [B, T, V] log_softmax)."""
-    logits_btv = logits_btv.float()
-    picked_bt = logits_btv.gather(-1, targets_bt.unsqueeze(-1)).squeeze(-1)
-    return picked_bt - torch.logsumexp(logits_btv, dim=-1)
+    """log_softmax(logits)[target] in fp32 (any leading shape). Computed as minus the
+    per-token cross-entropy: PyTorch's fused log-softmax + NLL kernels took 0.60 s forward
+    and backward at [3000, 49152] on 2 CPU threads against 1.05 s for gather minus
+    ``logsumexp`` (the same values within float32 rounding, docs/performance.md)."""
+    logits_nv = logits_btv.float().reshape(-1, logits_btv.shape[-1])
+    nll_n = torch.nn.functional.cross_entropy(
+        logits_nv, targets_bt.reshape(-1), reduction="none", ignore_index=_NO_IGNORE
+    )
+    return -nll_n.view(targets_bt.shape)
 
 
 def head_logits(head: torch.nn.Module, hidden_btd: torch.Tensor) -> torch.Tensor:
