@@ -53,16 +53,15 @@ def slowest(paths: list[Path], n: int) -> str:
 
 def read(paths: list[Path]) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for path in paths:
-        for case in ET.parse(path).getroot().iter("testcase"):
-            row = rows[folder_of(case.get("classname", ""))]
-            row["tests"] += 1
-            row["seconds"] += float(case.get("time", 0) or 0)
-            kinds = {child.tag for child in case}
-            if kinds & {"failure", "error"}:
-                row["failed"] += 1
-            elif "skipped" in kinds:
-                row["skipped"] += 1
+    for case in cases(paths):
+        row = rows[folder_of(case.get("classname", ""))]
+        row["tests"] += 1
+        row["seconds"] += float(case.get("time", 0) or 0)
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            row["failed"] += 1
+        elif "skipped" in kinds:
+            row["skipped"] += 1
     return rows
 
 

@@ -21,6 +21,8 @@ LOCK_WAIT_S = 600.0
 
 
 def _lock() -> int:
+    """Take the simulated hosts (close the fd to give them back); another process waits for
+    them, up to ``LOCK_WAIT_S``."""
     fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
