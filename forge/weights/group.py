@@ -22,8 +22,8 @@ Each member keeps its group (``join``) until a spec with another id arrives.
 
 A group fails as a whole: a member that dies mid-broadcast would otherwise leave the others
 blocked in gloo until the bucket timeout (60 s), holding a generator's weight lock while the
-run waits for its rollouts. So every wait here (the members' arrival before gloo's own
-rendezvous, each bucket's broadcast) polls the group's ``abort`` key, which the sender sets
+run waits for its rollouts. So every wait here (the members' arrival, gloo's rendezvous, each
+bucket's broadcast) polls the group's ``abort`` key, which the sender sets
 when its side fails and the weight sync sets (``GroupHost.abort``, through the trainer) when
 any member's call fails: the others raise ``GroupAborted`` within ~50 ms and the sync
 re-forms the group without the dead.
@@ -35,6 +35,7 @@ import hashlib
 import math
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -169,8 +170,8 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
     if not 0 <= rank < spec.world:
         raise RuntimeError(f"weight group {spec.id[:8]} of {spec.world} has no room for another "
                            "receiver: more replicas joined than the weight sync counted")  # fmt: skip
-    # Everyone arrives before gloo's rendezvous, which cannot be interrupted: a member that
-    # died before arriving fails the others here as soon as the group is aborted.
+    # Everyone arrives before gloo's rendezvous: a member that died before arriving fails the
+    # others here as soon as the group is aborted.
     prefixed.add("arrived", 1)
     _poll(lambda: prefixed.add("arrived", 0) >= spec.world, prefixed, JOIN_TIMEOUT_S,
           f"all {spec.world} members to join weight group {spec.id[:8]}")  # fmt: skip
@@ -180,9 +181,39 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
         opts._timeout = timeout
         group = nccl(prefixed, rank, spec.world, opts)
     else:
-        group = dist.ProcessGroupGloo(prefixed, rank, spec.world, timeout)
+        group = _formed(lambda: dist.ProcessGroupGloo(prefixed, rank, spec.world, timeout), spec)
+    # Nobody leaves join before every member has its group: a sender that starts while a
+    # receiver is still connecting would leave it in gloo's rendezvous if another one died.
+    prefixed.add("formed", 1)
+    _poll(lambda: prefixed.add("formed", 0) >= spec.world, prefixed, JOIN_TIMEOUT_S,
+          f"all {spec.world} members to form weight group {spec.id[:8]}")  # fmt: skip
     _joined["group"] = (spec, rank, group, prefixed)
     return group
+
+
+def _formed(make, spec: GroupSpec) -> dist.ProcessGroup:
+    """``make()`` (gloo's rendezvous, which blocks without the GIL and cannot be interrupted)
+    in a daemon thread, while this one polls the abort key: an aborted group lets go at once
+    (the thread ends at gloo's own timeout, its error dropped). The abort key is read over a
+    connection of its own: a store client serves one request at a time, and the rendezvous
+    holds the group's in a blocking get."""
+    box: list = []
+    watch = dist.PrefixStore(key_prefix(spec.id), dist.TCPStore(
+        spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S)))  # fmt: skip
+
+    def run() -> None:
+        try:
+            box.append(make())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            box.append(e)
+
+    thread = threading.Thread(target=run, name=f"forge-weight-group-{spec.id[:8]}", daemon=True)
+    thread.start()
+    _poll(lambda: bool(box), watch, BUCKET_TIMEOUT_S + 5,
+          f"weight group {spec.id[:8]}'s rendezvous")  # fmt: skip
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 def _store_of(group: dist.ProcessGroup) -> dist.Store | None:

@@ -158,3 +158,27 @@ def test_an_aborted_group_fails_its_join_and_a_member_that_never_comes_is_not_wa
     with pytest.raises(GroupAborted, match="aborted"):
         join(spec, 0)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_member_that_arrives_but_never_connects_is_not_waited_for_in_the_rendezvous():
+    """All members arrived, one never enters gloo's rendezvous (it died there): the others,
+    inside the rendezvous, let go when the group is aborted, not at gloo's 60 s timeout."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from forge.weights.group import JOIN_TIMEOUT_S, GroupAborted, join, key_prefix
+
+    transport = build_transport(WeightTransportConfig(type="broadcast", backend="gloo"))
+    spec = transport.group((7,))  # one receiver: played here, it arrives and goes no further
+    store = dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S))
+    prefixed = dist.PrefixStore(key_prefix(spec.id), store)
+    assert prefixed.add("receivers", 1) == 1
+    prefixed.add("arrived", 1)
+    threading.Timer(1.0, transport.abort, args=(spec.id,)).start()
+    t0 = time.monotonic()
+    with pytest.raises(GroupAborted, match="rendezvous"):
+        join(spec, 0)  # arrival passes; gloo's rendezvous waits for rank 1's address
+    assert 0.9 < time.monotonic() - t0 < 5
