@@ -5,7 +5,9 @@ its parent dies, however it dies, the kernel closes the pipe and the child exits
 taking its own process group with it), a *ready* pipe it writes one line to once it
 listens on its socket, and a pipe holding the session's secret (``FORGE_SESSION_KEY_FD``),
 so that the secret is never in the child's environment, where ``/proc/<pid>/environ`` would
-show it to every process of the user. A waiter thread per process reports its death within milliseconds;
+show it to every process of the user. With ``zygote`` (the local backend's meshes), the process is
+forked by a zygote that has imported torch and transformers already (``controller._zygote``),
+else started with ``subprocess.Popen``. A waiter thread per process reports its death within milliseconds;
 two reader threads forward its output prefixed with ``[mesh rank/size]``.
 """
 
@@ -23,6 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from controller import _zygote
 from controller.env_vars import SESSION_KEY, SESSION_KEY_FD
 from controller.errors import SpawnError, describe_exit
 
@@ -48,6 +51,7 @@ class LocalProc:
         address: str,
         env_vars: dict[str, str],
         on_exit: Callable[[LocalProc], None],
+        zygote: bool = False,
     ):
         self.mesh, self.rank, self.size, self.address = mesh, rank, size, address
         self.stopping = False
@@ -74,7 +78,11 @@ class LocalProc:
             [pkg_root] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
         try:
-            self.popen = subprocess.Popen(
+            named = {"FORGE_LIFELINE_FD": life_r, "FORGE_READY_FD": ready_w}
+            if key is not None:
+                named[SESSION_KEY_FD] = fds[-1]
+            forked = _zygote.spawn_worker(full_env, named) if zygote else None
+            self.popen = forked or subprocess.Popen(
                 [sys.executable, "-m", "controller._worker"],
                 env=full_env,
                 stdin=subprocess.DEVNULL,

@@ -320,6 +320,9 @@ class Runtime:
             if p.wait(2.0) is None:
                 _signal_quietly(p, signal.SIGKILL)
                 p.wait(1.0)
+        from controller import _zygote
+
+        _zygote.close_all()
         ser.close_pool()
         if self.session.is_root:
             shutil.rmtree(self.session.dir, ignore_errors=True)

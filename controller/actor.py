@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from controller._runtime import get_runtime
@@ -164,5 +165,8 @@ def shutdown() -> Future[None]:
                 pass
         for pm in reversed(list(rt.proc_meshes)):
             await pm.stop()
+        from controller import _zygote
+
+        await asyncio.get_running_loop().run_in_executor(None, _zygote.close_all)
 
     return Future(run, "shutdown")

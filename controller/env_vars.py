@@ -122,6 +122,7 @@ __all__ = [
     "uvloop",
     "visible_gpus",
     "worker_place",
+    "zygote",
 ]
 
 BACKENDS = ("local", "ray", "monarch")
@@ -131,6 +132,7 @@ SESSION_KEY = "FORGE_SESSION_KEY"
 SESSION_KEY_FD = "FORGE_SESSION_KEY_FD"
 SHM_PREFIX = "FORGE_SHM_PREFIX"
 HOME = "FORGE_HOME"
+PRELOAD = "FORGE_PRELOAD"  # modules a mesh's processes need: they fork from a zygote (_zygote)
 
 
 def get(name: str) -> str | None:
@@ -221,6 +223,12 @@ def host_cores() -> int | None:
 def uvloop() -> bool:
     """Whether uvloop may be used: ``FORGE_UVLOOP`` is not ``0`` (default on)."""
     return os.environ.get("FORGE_UVLOOP", "1") != "0"
+
+
+def zygote() -> bool:
+    """Whether the local backend forks actor processes from a zygote that has imported torch
+    and transformers (``controller._zygote``): ``FORGE_ZYGOTE`` is not ``0`` (default on)."""
+    return os.environ.get("FORGE_ZYGOTE", "1") != "0"
 
 
 def task_dump() -> bool:

@@ -29,4 +29,7 @@ def actor_env_vars(threads: int, deterministic: bool = False) -> dict[str, str]:
         "TRANSFORMERS_VERBOSITY": "error",
         "OMP_NUM_THREADS": str(threads or 1),
         "FORGE_THREAD_BUDGET": "0" if threads else "1",
+        # Every role imports these: its processes fork from a zygote that has (controller._zygote)
+        "FORGE_PRELOAD": "torch,transformers,transformers.modeling_utils,"
+        "transformers.models.auto.modeling_auto",
     }
