@@ -340,9 +340,24 @@ def _not_dumpable() -> None:
         logger.warning("could not make this worker non-dumpable: %s", e)
 
 
+def _set_title() -> None:
+    """``ps`` and ``top`` show ``forge-worker <mesh> <rank>/<size> (controller._worker)``; a
+    worker forked by a zygote would otherwise show the zygote's command line. The title fits
+    in the space of the original command line (``SPT_NOENV``: the environment's space, which
+    ``/proc/<pid>/environ`` reads, is left alone). Without setproctitle: unchanged."""
+    place = env_vars.worker_place()
+    os.environ.setdefault("SPT_NOENV", "1")
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(f"forge-worker {place.mesh} {place.rank}/{place.size} (controller._worker)")
+
+
 def main() -> None:
     env_vars.take_session_key()  # before anything can start a child that would inherit it
     _not_dumpable()
+    _set_title()
     for p in reversed(env_vars.sys_path()):
         if p not in sys.path:
             sys.path.insert(0, p)

@@ -237,6 +237,7 @@ def close_all() -> None:
 def main() -> None:
     sys.path[0] = os.getcwd()  # as ``python -m`` has it (a script's own folder is first)
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _title_setup()
     for name in filter(None, sys.argv[2].split(",")):
         try:
             __import__(name.strip())
@@ -279,6 +280,18 @@ def main() -> None:
         except OSError:
             break
     os._exit(0)
+
+
+def _title_setup() -> None:
+    """Let setproctitle find the command line's memory now: a child that has replaced its
+    environment (as each does) leaves it nothing to find it by, and ``ps`` would show every
+    worker as this zygote (``controller._worker`` sets the title)."""
+    os.environ["SPT_NOENV"] = "1"  # (the environment's own space is left alone)
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.getproctitle()
 
 
 def _reap(sock: socket.socket) -> None:

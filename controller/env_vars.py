@@ -54,6 +54,9 @@ Variable                  Default            Meaning
                                              the controller's home (files, service tables)
                                              and ``forge serve``'s calls to its trainers;
                                              ``0``: no bound.
+``FORGE_ZYGOTE``          ``1``              ``0``: the local backend starts every actor
+                                             process fresh instead of forking those of meshes
+                                             that name ``FORGE_PRELOAD`` from a zygote.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -73,6 +76,9 @@ Variable                  Meaning (who sets it)
 ``FORGE_LIFELINE_FD``     Pipe whose end-of-file tells the worker its parent died
                           (``controller._local``).
 ``FORGE_SYS_PATH``        The parent's ``sys.path``, as JSON (``controller._local``).
+``FORGE_PRELOAD``         Modules every process of a mesh imports, comma-separated: set,
+                          its processes fork from a zygote that has imported them
+                          (``controller._zygote``; ``forge.run.actor_env_vars`` sets it).
 ``FORGE_SESSION_DIR``     The session's private socket directory (``controller._runtime``).
 ``FORGE_HOME``            Address of the controller's home, where workers on other hosts read
                           service tables and files of the controller's host

@@ -101,20 +101,20 @@ eval: {{at_start: false, at_end: false}}
 
 def actor_processes(root_pid: int, prefix: str = "") -> dict[int, str]:
     """The actor worker processes below ``root_pid`` whose mesh name starts with ``prefix``:
-    ``{pid: mesh}``. Only workers themselves (``python -m controller._worker``): a helper
-    process a worker starts (multiprocessing's resource tracker, ...) inherits its
-    ``FORGE_MESH`` but is not the actor."""
+    ``{pid: mesh}``. Only workers themselves, known by their title (``forge-worker <mesh>
+    <rank>/<size> (controller._worker)``, which a forked worker's environment block cannot
+    show): a helper process a worker starts (multiprocessing's resource tracker, ...) is not
+    the actor."""
     import psutil
 
     found = {}
     for child in psutil.Process(root_pid).children(recursive=True):
         try:
-            mesh = child.environ().get("FORGE_MESH", "")
-            worker = "controller._worker" in child.cmdline()
+            words = " ".join(child.cmdline()).split()
         except psutil.Error:
             continue
-        if worker and mesh.startswith(prefix):
-            found[child.pid] = mesh
+        if len(words) > 2 and words[0] == "forge-worker" and words[1].startswith(prefix):
+            found[child.pid] = words[1]
     return found
 
 

@@ -11,9 +11,9 @@ import sys
 import psutil
 import pytest
 
-from controller import Actor, endpoint, shutdown, this_host
+from controller import Actor, current_rank, endpoint, shutdown, this_host
 from controller.errors import ActorDiedError
-from tests.helpers import REPO, script_env, wait_dead, write_script
+from tests.helpers import REPO, actor_processes, script_env, wait_dead, write_script
 
 PRELOAD = {"FORGE_PRELOAD": "json,numpy", "OMP_NUM_THREADS": "1"}
 
@@ -27,7 +27,7 @@ class Probe(Actor):
             "pid": os.getpid(),
             "ppid": os.getppid(),
             "leads_session": os.getsid(0) == os.getpid(),
-            "rank": os.environ.get("FORGE_RANK"),
+            "rank": str(current_rank().rank),
             "torch_rank": os.environ.get("RANK"),
             "omp": os.environ.get("OMP_NUM_THREADS"),
             "preloaded": "numpy" in sys.modules,
@@ -62,6 +62,9 @@ async def test_a_preloading_mesh_forks_from_one_zygote_and_is_the_process_it_wou
     assert len({f["draw"] for f in facts}) == 3  # numpy reseeded in each child
     assert {f["main"] for f in facts} == {"controller._worker"}
     assert {(f["cwd"], f["path0"]) for f in facts} == {(os.getcwd(), os.getcwd())}
+    # ps shows each as the worker it is, not as the zygote it was forked from
+    found = actor_processes(os.getpid(), "Probe")
+    assert sorted(found) == sorted(f["pid"] for f in facts), found
     # Another mesh with the same import-time variables: the same zygote. Another value of
     # one read at import (OMP_NUM_THREADS): a zygote of its own.
     same = await Probe.options(procs=1, env_vars=PRELOAD).as_actor()
