@@ -33,7 +33,7 @@ class Probe(Actor):
             "preloaded": "numpy" in sys.modules,
             "draw": float(numpy.random.random()),
             "cwd": os.getcwd(),
-            "path0": sys.path[0],
+            "path": sys.path,
             "main": sys.modules["__main__"].__spec__.name,
         }
 
@@ -61,10 +61,13 @@ async def test_a_preloading_mesh_forks_from_one_zygote_and_is_the_process_it_wou
     assert {f["omp"] for f in facts} == {"1"}
     assert len({f["draw"] for f in facts}) == 3  # numpy reseeded in each child
     assert {f["main"] for f in facts} == {"controller._worker"}
-    assert {(f["cwd"], f["path0"]) for f in facts} == {(os.getcwd(), os.getcwd())}
     # ps shows each as the worker it is, not as the zygote it was forked from
     found = actor_processes(os.getpid(), "Probe")
     assert sorted(found) == sorted(f["pid"] for f in facts), found
+    plain = await Probe.options(procs=1, env_vars={"OMP_NUM_THREADS": "1"}).as_actor()
+    p = await plain.facts.call_one()  # (no FORGE_PRELOAD: started as python -m)
+    assert {f["cwd"] for f in facts} == {p["cwd"]} and p["ppid"] == os.getpid()
+    assert all(f["path"] == p["path"] for f in facts), (facts[0]["path"], p["path"])
     # Another mesh with the same import-time variables: the same zygote. Another value of
     # one read at import (OMP_NUM_THREADS): a zygote of its own.
     same = await Probe.options(procs=1, env_vars=PRELOAD).as_actor()
