@@ -5,9 +5,10 @@ its parent dies, however it dies, the kernel closes the pipe and the child exits
 taking its own process group with it), a *ready* pipe it writes one line to once it
 listens on its socket, and a pipe holding the session's secret (``FORGE_SESSION_KEY_FD``),
 so that the secret is never in the child's environment, where ``/proc/<pid>/environ`` would
-show it to every process of the user. With ``zygote`` (the local backend's meshes), the process is
-forked by a zygote that has imported torch and transformers already (``controller._zygote``),
-else started with ``subprocess.Popen``. A waiter thread per process reports its death within milliseconds;
+show it to every process of the user. With ``zygote`` (the local backend's meshes), a process
+whose variables name modules to preload is forked by a zygote that has imported them
+(``controller._zygote``, which also reads ``FORGE_ZYGOTE``); any other is started with
+``subprocess.Popen``. A waiter thread per process reports its death within milliseconds;
 two reader threads forward its output prefixed with ``[mesh rank/size]``.
 """
 

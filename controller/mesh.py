@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from controller import _context, _wire
-from controller import env_vars as env_vars_mod
 from controller._actor_mesh import ActorMesh, ProcInfo, encode_per_rank, shm_reaches
 from controller._launch import mesh_sizes, worker_env_vars
 from controller._local import LocalProc, free_port, kill_all
@@ -229,7 +228,7 @@ async def spawn_local(
         for rank, penv in enumerate(rank_vars):
             address = f"unix:{os.path.join(rt.session.dir, f'{mesh_name}-{rank}.sock')}"
             penv["FORGE_ADDRESS"] = address
-            p = LocalProc(mesh_name, rank, n, address, penv, on_exit, zygote=env_vars_mod.zygote())
+            p = LocalProc(mesh_name, rank, n, address, penv, on_exit, zygote=True)
             procs.append(p)
             rt.local_procs[address] = p
         await asyncio.gather(*(p.wait_ready() for p in procs))
