@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -224,19 +225,27 @@ async def spawn_local(
     rank_vars = worker_env_vars(
         rt.session.env_vars(), mesh_name, sizes, ("127.0.0.1", port), env_vars, rank_env_vars
     )
-    try:
+
+    def start() -> None:  # in a thread: a zygote's first start imports torch (seconds)
         for rank, penv in enumerate(rank_vars):
             address = f"unix:{os.path.join(rt.session.dir, f'{mesh_name}-{rank}.sock')}"
             penv["FORGE_ADDRESS"] = address
-            p = LocalProc(mesh_name, rank, n, address, penv, on_exit, zygote=True)
-            procs.append(p)
-            rt.local_procs[address] = p
+            procs.append(LocalProc(mesh_name, rank, n, address, penv, on_exit, zygote=True))
+
+    loop = asyncio.get_running_loop()
+    started = loop.run_in_executor(None, start)
+    try:
+        await asyncio.shield(started)
+        for p in procs:
+            rt.local_procs[p.address] = p
         await asyncio.gather(*(p.wait_ready() for p in procs))
     except BaseException:
+        with contextlib.suppress(BaseException):  # a start under way ends first: its
+            await started  # processes are then stopped with the others
         for p in procs:
             p.stopping = True
             rt.local_procs.pop(p.address, None)
-        await asyncio.get_running_loop().run_in_executor(None, kill_all, procs, 0.5)
+        await loop.run_in_executor(None, kill_all, procs, 0.5)
         raise
     pm = ProcMesh(mesh_name, shape, procs)
     holder.append(pm)

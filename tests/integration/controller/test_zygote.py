@@ -3,10 +3,12 @@ name modules to preload (``FORGE_PRELOAD``) gets, and what happens when things d
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -114,6 +116,34 @@ async def test_a_dead_zygote_leaves_its_children_serving_and_their_deaths_still_
         await probes.facts.call()
     again = await Probe.options(procs=1, env_vars=PRELOAD).as_actor()  # a new zygote
     assert (await again.facts.call_one())["ppid"] != zygote.pid
+
+
+async def test_a_slow_zygote_start_does_not_stall_the_controller(tmp_path):
+    """The first fork of a zygote waits for its imports (torch: seconds); the controller's
+    event loop must go on meanwhile (other meshes, heartbeats, progress)."""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(3)\n")
+    env = {**PRELOAD, "FORGE_PRELOAD": "slow_to_import", "PYTHONPATH": str(tmp_path)}
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.2)  # ticking
+    t0 = time.monotonic()
+    try:
+        probes = await Probe.options(procs=2, env_vars=env).as_actor()
+        facts = (await probes.facts.call()).values()
+    finally:
+        ticker.cancel()
+    assert time.monotonic() - t0 >= 3  # the import's wait was really there ...
+    assert {f["ppid"] for f in facts} == {_zygotes()[0].pid}
+    assert max(gaps) < 1.0, max(gaps)  # ... and the loop ran through it
 
 
 CONTROLLER = """
