@@ -15,7 +15,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TIMINGS=${FORGE_TEST_TIMINGS:-test-timings.md}
-COSTS=${FORGE_TEST_COSTS:-test-costs.json}  # seconds per test file: copy to tests/costs.json
 REPORTS=$(mktemp -d)
 STEPS=()
 SIDE=()  # process groups of the side venvs' builds
@@ -24,7 +23,7 @@ timings() {
   for pgid in "${SIDE[@]}"; do  # a side venv still building when a tier failed
     kill -- "-$pgid" 2>/dev/null || true
   done
-  "$PY" scripts/test_timings.py --costs "$COSTS" "${STEPS[@]}" "$REPORTS"/*.xml | tee "$TIMINGS" || true
+  "$PY" scripts/test_timings.py "${STEPS[@]}" "$REPORTS"/*.xml | tee "$TIMINGS" || true
   rm -rf "$REPORTS"
 }
 trap timings EXIT
@@ -34,15 +33,9 @@ FORGE_EXTRAS=${FORGE_EXTRAS:-dev,ray,monarch,titan,tensorboard,wandb,envs,lora,s
 echo "[test] setup took $((SECONDS - start)) s"
 STEPS+=(--step "setup=$((SECONDS - start))")
 
-# The side venvs (tinker-cookbook's, vLLM's) are built while the fast tier runs: on a fresh
-# machine that is ~4 minutes of pip, mostly waiting on the network and the disk, which the
-# fast tier (itself waiting on processes and sockets about half the time) hides.
-VLLM_ON=${FORGE_CI_VLLM:-1}
-if [[ "$VLLM_ON" != 0 ]]; then
-  setsid bash scripts/test_vllm.sh --build-only >"$REPORTS/vllm-build.log" 2>&1 &
-  VLLM_BUILD=$!
-  SIDE+=("$VLLM_BUILD")
-fi
+# The side venvs are built beside the tiers, not before them: tinker-cookbook's (~40 s of pip
+# on a fresh machine; its test needs it when the slow tier starts) beside the fast tier, and
+# vLLM's (~170 s) beside the slow tier. Each is a few seconds once built.
 setsid bash -c 'bash scripts/cookbook_venv.sh >"$1/cookbook-python" 2>"$1/cookbook-build.log" \
   || rm -f "$1/cookbook-python"' _ "$REPORTS" &
 COOKBOOK_BUILD=$!
@@ -67,6 +60,12 @@ fi
 
 echo "[test] slow tier"
 start=$SECONDS
+VLLM_ON=${FORGE_CI_VLLM:-1}
+if [[ "$VLLM_ON" != 0 ]]; then
+  setsid bash scripts/test_vllm.sh --build-only >"$REPORTS/vllm-build.log" 2>&1 &
+  VLLM_BUILD=$!
+  SIDE+=("$VLLM_BUILD")
+fi
 # tinker-cookbook's recipe runs from a venv of its own (it pins another transformers).
 wait $COOKBOOK_BUILD || true
 cat "$REPORTS/cookbook-build.log" >&2

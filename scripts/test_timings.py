@@ -4,8 +4,6 @@ reports, then the wall time of each step of scripts/test.sh.
     python scripts/test_timings.py --step setup=61 --step fast=352 reports/*.xml
 
 Then the slowest tests (``--slowest N``, default 15): where a step's wall time goes.
-``--costs FILE`` also writes the seconds of each test file as JSON: copied to
-``tests/costs.json``, it is the order in which xdist's workers get the files (longest first).
 A folder's seconds are the sum of its tests' times (setup, call and teardown, as pytest
 reports them; a module's fixtures count towards its first test), so they add up to a little
 less than the step's wall time, which also holds collection and interpreter start-up.
@@ -14,7 +12,6 @@ less than the step's wall time, which also holds collection and interpreter star
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -34,26 +31,6 @@ def folder_of(classname: str) -> str:
     if parts[0] in NESTED and len(parts) > 2:
         return f"{parts[0]}/{parts[1]}"
     return parts[0]
-
-
-def file_of(classname: str) -> str:
-    """``tests.e2e.apps.test_calc_app`` (or ``....test_calc_app.TestX``) ->
-    ``e2e/apps/test_calc_app.py``, relative to ``tests/``."""
-    parts = [p for p in classname.split(".") if p]
-    if parts and parts[0] == "tests":
-        parts = parts[1:]
-    for i, part in enumerate(parts):
-        if part.startswith("test_"):
-            return "/".join(parts[: i + 1]) + ".py"
-    return "/".join(parts) + ".py"
-
-
-def costs(paths: list[Path]) -> dict[str, float]:
-    """Seconds per test file (setup + call + teardown of its tests), longest first."""
-    per: dict[str, float] = defaultdict(float)
-    for c in cases(paths):
-        per[file_of(c.get("classname", ""))] += float(c.get("time", 0) or 0)
-    return {f: round(s, 1) for f, s in sorted(per.items(), key=lambda t: (-t[1], t[0]))}
 
 
 def cases(paths: list[Path]) -> list[ET.Element]:
@@ -111,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reports", nargs="*", type=Path, help="pytest --junitxml files")
     p.add_argument("--step", action="append", default=[], help="NAME=SECONDS, in order")
     p.add_argument("--slowest", type=int, default=15, help="list the N longest tests (0: none)")
-    p.add_argument("--costs", type=Path, help="write each test file's seconds (JSON) here")
     args = p.parse_args(argv)
     steps = []
     for s in args.step:
@@ -121,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(table(read(reports), steps))
     if args.slowest > 0:
         sys.stdout.write(slowest(reports, args.slowest))
-    if args.costs is not None:
-        args.costs.write_text(json.dumps(costs(reports), indent=1) + "\n")
     return 0
 
 

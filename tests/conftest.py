@@ -32,17 +32,11 @@ serve`` process).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
-# Seconds per test file in a recent CI run (``scripts/test_timings.py --costs``; refresh by
-# copying the ``test-costs.json`` that scripts/test.sh writes). Only the order of the work
-# handed to xdist's workers depends on it.
-COSTS = HERE / "costs.json"
-UNKNOWN_COST_S = 5.0  # a file not in COSTS (new since it was written)
 
 # folder -> marks every test under it carries
 FOLDER_MARKS = {
@@ -60,16 +54,8 @@ def tier_of(path: Path) -> str:
         return ""
 
 
-def pytest_configure(config):
-    # xdist hands out groups in the order collected (below: longest first), not by how many
-    # tests each holds (its default puts the one-test demos, the longest, last).
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        config.option.loadscopereorder = False
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    groups: dict[pytest.Item, str] = {}
     for item in items:
         tier = tier_of(item.path)
         for mark in FOLDER_MARKS.get(tier, ()):
@@ -78,24 +64,8 @@ def pytest_collection_modifyitems(config, items):
         # worker (its module fixtures are built once), and the simulated hosts, which one
         # test at a time may use, keep all of multihost/ on one worker.
         if config.pluginmanager.hasplugin("xdist"):  # (the vLLM venv runs without it)
-            groups[item] = "multihost" if tier == "multihost" else str(item.path)
-            item.add_marker(pytest.mark.xdist_group(groups[item]))
-    if groups and hasattr(config, "workerinput"):  # an xdist worker: it collects for all
-        known = json.loads(COSTS.read_text()) if COSTS.exists() else {}
-        longest_first(items, groups, known)
-
-
-def longest_first(items: list, groups: dict, known: dict[str, float]) -> None:
-    """Reorder ``items`` (each with a ``path``) so that the groups (``groups[item]``) expected
-    to take longest (``known``: seconds by file, relative to ``tests/``) come first, a group's
-    tests keeping their order: two workers then end close together, rather than one running
-    a five-minute demo alone at the end."""
-    files: dict[str, set[str]] = {}
-    for item, group in groups.items():
-        files.setdefault(group, set()).add(Path(item.path).resolve().relative_to(HERE).as_posix())
-    cost = {g: sum(known.get(f, UNKNOWN_COST_S) for f in fs) for g, fs in files.items()}
-    order = {item: i for i, item in enumerate(items)}
-    items.sort(key=lambda it: (-cost[groups[it]], groups[it], order[it]))
+            group = "multihost" if tier == "multihost" else str(item.path)
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

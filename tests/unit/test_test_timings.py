@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 
 from tests.helpers import REPO
 
@@ -39,18 +38,3 @@ def test_folders_and_the_slowest_tests(tmp_path, capsys):
 def test_no_reports_no_slowest_table(capsys):
     assert timings.main(["--step", "setup=30"]) == 0
     assert "slowest" not in capsys.readouterr().out
-
-
-def test_costs_per_file_longest_first(tmp_path):
-    path = tmp_path / "r.xml"
-    path.write_text(
-        REPORT.replace('classname="tests.unit.test_a"', 'classname="tests.unit.test_a.TestA"', 1)
-    )
-    out = tmp_path / "costs.json"
-    assert timings.main([str(path), "--slowest", "0", "--costs", str(out)]) == 0
-    got = json.loads(out.read_text())
-    assert list(got.items()) == [
-        ("e2e/apps/test_calc_app.py", 500.5),  # longest first
-        ("e2e/apps/test_guess_app.py", 140.0),
-        ("unit/test_a.py", 2.2),  # a class's tests count to their file
-    ]
