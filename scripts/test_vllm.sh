@@ -9,7 +9,7 @@
 # packages, 3.5 GB), reusing it takes seconds. It is rebuilt when Forge's dependencies or this
 # script change; each run points its editable Forge at this checkout. FORGE_TORCH_INDEX is
 # read as in setup.sh (an extra index serving the CPU torch wheels). `--build-only` builds (or
-# refreshes) the venv and runs no test (scripts/test.sh does that beside the fast tier).
+# refreshes) the venv and runs no test (scripts/test.sh does that beside the slow tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
