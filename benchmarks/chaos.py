@@ -1,6 +1,7 @@
 """Chaos on the CPU demo: SIGKILL a random generator or reward replica every ~20 s.
 
-    python -m benchmarks.chaos [--every 20] [--seed 0] [--sft-steps 250] [--grpo-steps 500]
+    python -m benchmarks.chaos [--every 20] [--seed 0] [--demo-seed 0] [--sft-steps 250]
+                               [--grpo-steps 500]
                                [--target 0.9] [--run-dir DIR]
 
 Runs the demo (``apps/sumdigits/cpu.yaml``: SFT, then GRPO) in this process with two
@@ -169,6 +170,7 @@ def _overrides(args) -> list[str]:
         "rl.replicas.generator=2",
         "rl.replicas.rewards=2",
         f"rl.eval.every={args.eval_every}",
+        f"seed={args.demo_seed}",
     ]
 
 
@@ -277,7 +279,8 @@ def report(out: dict, run_dir: Path, minutes: float, load: tuple) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--every", type=float, default=20.0, help="seconds between kills (+-50%%)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the killer's seed (which replica, when)")
+    p.add_argument("--demo-seed", type=int, default=0, help="the demo's seed (model, data, roles)")
     p.add_argument("--sft-steps", type=int, default=250)
     p.add_argument("--grpo-steps", type=int, default=500)
     p.add_argument("--eval-every", type=int, default=100)

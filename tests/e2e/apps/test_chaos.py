@@ -1,10 +1,11 @@
-"""Chaos: the CPU demo with a random generator or reward replica SIGKILLed every ~10 s
-(``benchmarks/chaos.py``, shortened) finishes its steps, learns, loses no request and no
-episode, and leaves no process behind."""
+"""Chaos: the CPU demo with a random generator or reward replica SIGKILLed every ~5 s
+(``benchmarks/chaos.py``, shortened) finishes its steps, learns as the demo must, loses no
+request and no episode, and leaves no process behind."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -47,40 +48,46 @@ def test_service_request_counts_add_up_across_a_replica_kill():
 
 
 @pytest.mark.timeout(1200)
-def test_cpu_demo_under_replica_kills(tmp_path):
-    # 150 steps: at 100 the GRPO stage of a quiet machine (2026-11-26) lasted ~40 s, which at
-    # one kill every 5-15 s left room for only 2 kills.
+def test_cpu_demo_learns_under_replica_kills(tmp_path):
+    """The CPU demo's 150-step learning run (``apps/sumdigits/cpu.yaml``, 250 SFT steps) with
+    two generator and two reward replicas, one of them SIGKILLed every 2.5-7.5 s: it learns
+    as the demo must, and loses nothing.
+
+    This is also the test that the demo learns (it replaced a plain run of the same command,
+    which was the same assertions without the kills). Thresholds: the demo's spread at seeds
+    0-7 without kills (docs/benchmarks.md: gain 0.15-0.68, final 0.89-0.965), and this
+    command's own at seeds 0-3 (2026-11-27, quiet, 4-6 kills each): 0.420-0.515 after SFT,
+    0.910-0.960 after GRPO, gain 0.395-0.490. They sit under the worst of both: gain 0.10,
+    final 0.85."""
     steps = 150
+    run = tmp_path / "run"
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.chaos",
-            "--every",
-            "10",
-            "--sft-steps",
-            "150",
-            "--grpo-steps",
-            str(steps),
-            "--eval-every",
-            "0",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
+        [sys.executable, "-m", "benchmarks.chaos", "--every", "5", "--sft-steps", "250",
+         "--grpo-steps", str(steps), "--eval-every", "0", "--run-dir", str(run)],
         capture_output=True,
         text=True,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
         cwd=REPO,
         timeout=1150,
-    )
+    )  # fmt: skip
     tail = out.stdout[-4000:] + out.stderr[-4000:]
     assert out.returncode == 0, tail
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("chaos_kills="), tail
     s = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", last)}
-    assert s["chaos_kills"] >= 3, last  # the GRPO stage lasts well over 45 s
+    # The GRPO stage lasts ~25 s on a quiet machine (4-6 kills at this rate), longer loaded.
+    assert s["chaos_kills"] >= 3, last
     assert s["lost_requests"] == 0 and s["lost_episodes"] == 0, tail
     assert s["orphans"] == 0, tail
     assert s["steps"] == steps, last
     assert s["replicas_back"] >= s["chaos_kills"] - 1, tail  # the last may be cut by the end
     assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10, last
+    assert s["heldout_accuracy"] >= 0.85, last
+    assert (run / "curves.png").stat().st_size > 10_000
+    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps_logged = [r for r in rows if "train/loss" in r]
+    assert len(steps_logged) == steps
+    assert {"time/weight_sync_s", "buffer/sampled_policy_age_mean"} <= set(steps_logged[-1])
+    # A step trained only on groups rolled out before it began logs no rollout metrics.
+    assert sum("rollout/reward" in r for r in steps_logged) >= steps // 2
+    assert max(r["buffer/sampled_policy_age_mean"] for r in steps_logged) <= 1.0

@@ -1,4 +1,5 @@
-"""The apps end to end with real processes: the CPU demo learns, and a killed run resumes."""
+"""The CPU demo end to end with real processes: a killed run resumes. (That the demo learns
+is checked under replica kills, in ``test_chaos.py``.)"""
 
 from __future__ import annotations
 
@@ -30,31 +31,6 @@ def _forge(args: list[str], tmp_path: Path, timeout: float) -> subprocess.Comple
 def _summary(stdout: str) -> dict[str, float]:
     line = [ln for ln in stdout.splitlines() if ln.startswith("heldout_accuracy=")][-1]
     return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
-
-
-def test_cpu_demo_learns(tmp_path):
-    """A shortened demo (fewer SFT and GRPO steps than cpu.yaml) must still visibly learn."""
-    run = tmp_path / "run"
-    out = _forge(
-        ["--config", CONFIG, "--run-dir", str(run), "rl.steps=150", "rl.eval.every=0"],
-        tmp_path,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    s = _summary(out.stdout)
-    # Measured spread (benchmarks/learning_spread.py, this command at seeds 0-7, 2026-11-24):
-    # after SFT 0.21-0.815, after GRPO 0.89-0.965, gain 0.15-0.68 (median 0.445); seed 0
-    # (this test) 0.21 -> 0.89. Thresholds sit under the worst seed: gain 0.10, final 0.85.
-    assert s["heldout_accuracy"] >= s["sft_accuracy"] + 0.10, s
-    assert s["heldout_accuracy"] >= 0.85, s
-    assert (run / "curves.png").stat().st_size > 10_000
-    rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "train/loss" in r]
-    assert len(steps) == 150
-    assert {"time/weight_sync_s", "buffer/sampled_policy_age_mean"} <= set(steps[-1])
-    # A step trained only on groups rolled out before it began logs no rollout metrics.
-    assert sum("rollout/reward" in r for r in steps) >= 75
-    assert max(r["buffer/sampled_policy_age_mean"] for r in steps) <= 1.0  # max_policy_age
 
 
 def test_killed_run_resumes_from_its_checkpoint(tmp_path):
