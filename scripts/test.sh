@@ -44,11 +44,12 @@ SIDE+=("$COOKBOOK_BUILD")
 echo "[test] fast tier"
 start=$SECONDS
 set +e
-# Two workers (pytest-xdist), one test file at a time each (--dist loadgroup with the groups
+# Three workers (pytest-xdist), one test file at a time each (--dist loadgroup with the groups
 # tests/conftest.py gives them: a file's module fixtures are built once, and multihost/ stays
-# on one worker). The fast tier waits on processes and sockets about half the time: 5:28 on
-# two workers against 8:20 on one (benchmarks/ci_durations.md). FORGE_TEST_WORKERS=0: one.
-"$PY" -m pytest -q -m "not slow" -n "${FORGE_TEST_WORKERS:-2}" --dist loadgroup \
+# on one worker). The fast tier waits on processes and sockets much of the time: 8:20 on one
+# worker, 5:02 on two (1.7 cores busy), 4:11-4:26 on three (1.9 cores; 2026-11-27, quiet;
+# benchmarks/ci_durations.md). FORGE_TEST_WORKERS=0: one.
+"$PY" -m pytest -q -m "not slow" -n "${FORGE_TEST_WORKERS:-3}" --dist loadgroup \
   --junitxml="$REPORTS/fast.xml" "$@"
 rc=$?
 set -e
