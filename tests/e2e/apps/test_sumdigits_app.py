@@ -4,7 +4,6 @@ is checked under replica kills, in ``test_chaos.py``.)"""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -26,11 +25,6 @@ def _forge(args: list[str], tmp_path: Path, timeout: float) -> subprocess.Comple
         cwd=REPO,
         timeout=timeout,
     )
-
-
-def _summary(stdout: str) -> dict[str, float]:
-    line = [ln for ln in stdout.splitlines() if ln.startswith("heldout_accuracy=")][-1]
-    return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
 
 
 def test_killed_run_resumes_from_its_checkpoint(tmp_path):
