@@ -77,7 +77,8 @@ def test_two_training_clients_share_one_generator_and_each_learns_its_task(serve
     assert sum(m.startswith("trainer-") for m in meshes) >= 2, sorted(meshes)
     for out in outs:
         result = _last("first=", out)
-        assert result["first"] < 0.2 and result["last"] > 0.8, result
+        # Each step's reward and timing in the message: it failed once in CI (0.143 -> 0.182).
+        assert result["first"] < 0.2 and result["last"] > 0.8, (result, out[-2500:])
 
 
 def test_a_wrong_key_gets_401(server):
