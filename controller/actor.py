@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from controller._runtime import get_runtime
@@ -110,6 +111,14 @@ class Actor(_HandleBase):
         )
 
     @classmethod
+    def service_defaults(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Service options this actor picks for itself from its constructor's arguments
+        (``as_service`` applies them; those given to ``options(...)`` override them). None by
+        default. A replica that batches requests itself, for one, asks for a
+        ``replica_max_concurrent_requests`` that lets it fill its batch."""
+        return {}
+
+    @classmethod
     def _options(cls) -> ActorOptions:
         return cls.__dict__.get("_forge_options", ActorOptions())
 
@@ -145,6 +154,9 @@ class Actor(_HandleBase):
         is checked against the endpoint's signature."""
         opts = cls._options()
         base = getattr(cls, "_forge_base", cls)
+        defaults = base.service_defaults(*args, **kwargs)
+        if defaults:  # the caller's options(...) win over the actor's own choice
+            opts = dataclasses.replace(opts, extra={**defaults, **opts.extra})
         config = ServiceConfig.from_options(opts)
 
         async def run() -> Service:

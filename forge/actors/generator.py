@@ -97,6 +97,18 @@ class Generator(ForgeActor):
         # The newest version a recovery loaded by itself: the app may still send older ones.
         self._recovered_version: int | None = None
 
+    @classmethod
+    def service_defaults(cls, config: Any = None, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """As many requests in flight per replica as its batch has rows: a replica batches
+        rows itself (up to ``max_batch_size``), and the services' default cap of 10 would hold
+        one-sample requests (each turn of a multi-turn episode) to batches of 10. Measured on
+        the calculator demo (multi-turn, 2 cores): 40 GRPO steps in 83 s at the cap of 10,
+        32 s at 128."""
+        size = getattr(config, "max_batch_size", None)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 10:
+            return {"replica_max_concurrent_requests": size}
+        return {}
+
     @endpoint
     async def setup(self) -> None:
         use_deterministic_kernels()

@@ -55,3 +55,15 @@ def test_weights_is_the_shared_transport_config():
     assert cfg.weights == WeightTransportConfig(prefix="p", share=False)
     with pytest.raises(TypeError, match="must be a WeightTransportConfig"):
         GeneratorConfig(model="m", weights=3)
+
+
+def test_a_generator_service_admits_a_full_batch_of_requests():
+    """One-sample requests (the turns of multi-turn episodes) must be able to fill the batch:
+    the services' default cap (10 in flight per replica) is raised to max_batch_size."""
+    from forge.actors.generator import Generator
+
+    assert Generator.service_defaults(GeneratorConfig(model="m", max_batch_size=128)) == {
+        "replica_max_concurrent_requests": 128
+    }
+    assert Generator.service_defaults(GeneratorConfig(model="m", max_batch_size=8)) == {}
+    assert Generator.service_defaults() == {}

@@ -40,7 +40,12 @@ def test_guess_demo_learns(tmp_path):
     first, last = statistics.mean(sampled[:20]), statistics.mean(sampled[-20:])
     assert last >= first + 0.02, (first, last)
     # Rollout metrics land in the row of the step that logged after them; the last row can
-    # miss them when no episode finished since the step before (seen once in CI).
-    for key in ("env/turns", "rollout/reward/success", "env/sampled_tokens"):
+    # miss them when no episode finished since the step before (seen once in CI). An
+    # episode's env metrics come as it ends; a group's rewards once all 8 of its episodes
+    # have, so some rows have none: 103 of 120 rows had them at a cap of 10 requests in flight
+    # per generator replica, 94 once the generator took a full batch (2026-11-27), whose
+    # groups finish in bursts. The windows above need 40.
+    for key in ("env/turns", "env/sampled_tokens"):
         assert sum(key in r for r in steps) >= 100, key
+    assert len(sampled) >= 60, len(sampled)
     assert max(r["train/logprob_gap"] for r in steps[:1]) < 1e-4  # generator == trainer

@@ -116,3 +116,28 @@ class HighestIndexRouter(Router):
 
     def choose(self, replicas, sess_id):
         return max(replicas, key=lambda r: r.index)
+
+
+class Batcher(Actor):
+    """Asks for ``rows`` requests in flight per replica (``service_defaults``), as a replica
+    that batches requests itself does; ``hold`` counts the calls it holds at once."""
+
+    def __init__(self, rows: int = 10):
+        self.active = self.peak = 0
+
+    @classmethod
+    def service_defaults(cls, rows: int = 10, *args, **kwargs) -> dict:
+        return {"replica_max_concurrent_requests": rows}
+
+    @endpoint
+    async def hold(self, seconds: float) -> None:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.active -= 1
+
+    @endpoint
+    async def peak_in_flight(self) -> int:
+        return self.peak
