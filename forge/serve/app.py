@@ -432,10 +432,7 @@ def _stop_strings(state: ServerState, session: SamplingSession, stop: list) -> l
     """Stop strings for Forge's generator: token-id stops become their text; EOS is implicit."""
     if all(isinstance(s, str) for s in stop):
         return stop
-    from forge.models import load_tokenizer
-    from forge.serve.serve_config import resolve_path
-
-    tok = load_tokenizer(resolve_path(state.cfg.base(session.base)))
+    tok = state.tokenizer(session.base)
     out = []
     for s in stop:
         if isinstance(s, str):

@@ -85,6 +85,7 @@ class ServerState:
         self.models: dict[str, ServedModel] = {}
         self.sampling: dict[str, SamplingSession] = {}
         self.base_generators: dict[str, Any] = {}
+        self._tokenizers: dict[str, Any] = {}
         self._spawn_lock = asyncio.Lock()
         self._creating = 0  # training clients being spawned (counted against max_models)
         self.stats = Stats()
@@ -211,6 +212,15 @@ class ServerState:
                     num_replicas=1, env_vars=self._env_vars()
                 ).as_service(cfg)
         return self.base_generators[base_name]
+
+    def tokenizer(self, base_name: str):
+        """The tokenizer of a base model, loaded once (a load takes ~0.3 s of CPU; sampling
+        requests with token-id stops need it every time)."""
+        if base_name not in self._tokenizers:
+            from forge.models import load_tokenizer
+
+            self._tokenizers[base_name] = load_tokenizer(resolve_path(self.cfg.base(base_name)))
+        return self._tokenizers[base_name]
 
     # -- weights ----------------------------------------------------------------------------
 
