@@ -9,6 +9,7 @@ filtering), so ``token_logprobs(model, ..., temperature=T)`` recomputes them exa
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 
@@ -48,14 +49,58 @@ def gather_logprobs(logits_btv: torch.Tensor, targets_bt: torch.Tensor) -> torch
 
 
 def head_logits(head: torch.nn.Module, hidden_btd: torch.Tensor) -> torch.Tensor:
-    """``head(hidden)`` in float32, also under autocast: bf16 logits are off by up to ~0.1
-    nats at logit magnitudes of 20, which would show in every ratio; the head runs only on
-    the positions whose logprobs are needed, so float32 costs little there."""
+    """``head(hidden)`` in float32, also under autocast, unless the head was left to
+    autocast (``TrainerConfig.autocast_head``, which skips ``keep_head_float32``): bf16
+    logits are off by up to ~0.1 nats at logit magnitudes of 20, which shows in every ratio."""
     kind = hidden_btd.device.type
-    if torch.is_autocast_enabled(kind):
+    if torch.is_autocast_enabled(kind) and not getattr(head, _AUTOCAST_HEAD, False):
         with torch.autocast(kind, enabled=False):
             return head(hidden_btd.float())
     return head(hidden_btd)
+
+
+_FLOAT32_HEAD = "_forge_float32_head"  # set on a head whose forward keep_head_float32 wraps
+_AUTOCAST_HEAD = "_forge_autocast_head"  # set on a head left to autocast on purpose
+
+
+def _float32_forward(self: torch.nn.Module, hidden: torch.Tensor, *args, **kwargs):
+    kind = hidden.device.type
+    if torch.is_autocast_enabled(kind):
+        with torch.autocast(kind, enabled=False):
+            return type(self).forward(self, hidden.float(), *args, **kwargs)
+    return type(self).forward(self, hidden, *args, **kwargs)
+
+
+def output_head(model) -> torch.nn.Module | None:
+    """The module that turns hidden states into logits (HF's output embeddings, or an
+    ``lm_head`` attribute), or ``None``."""
+    inner = getattr(model, "module", model)  # DDP
+    get = getattr(inner, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if head is not None else getattr(inner, "lm_head", None)
+
+
+def set_head_precision(model, autocast_head: bool) -> None:
+    """Under autocast, run ``model``'s LM head in float32 (``autocast_head=False``: float32
+    input, autocast off inside it) wherever it is called: the chunked head of
+    ``token_logprobs``, the model's own forward (DDP, FSDP, titan) and the shared-prefix
+    pass, so one rank and several compute the same logits. ``autocast_head=True`` leaves it
+    to autocast (bf16 logits, as TRL and verl compute them under mixed precision): the
+    head's three matmuls then run in bf16, at the price of a larger trainer/generator
+    mismatch (docs/performance.md). Raises if the model has no head to find."""
+    head = output_head(model)
+    if head is None:
+        raise ValueError(
+            f"{type(model).__name__} has no output embeddings or lm_head to set the head's "
+            "precision on; drop trainer.autocast, or set trainer.autocast_head: true"
+        )
+    object.__setattr__(head, _AUTOCAST_HEAD, autocast_head)
+    if autocast_head:
+        head.__dict__.pop("forward", None)
+        object.__setattr__(head, _FLOAT32_HEAD, False)
+    elif not getattr(head, _FLOAT32_HEAD, False):
+        head.forward = types.MethodType(_float32_forward, head)
+        object.__setattr__(head, _FLOAT32_HEAD, True)
 
 
 # Token positions of the probe that checks the chunked head against the model's forward.

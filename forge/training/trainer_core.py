@@ -42,6 +42,7 @@ import torch
 
 from controller import threads
 from forge.losses import LossConfig, build_loss
+from forge.models.logprobs import set_head_precision
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
 from forge.training.hf_trainer import HFAdapter
@@ -190,6 +191,8 @@ class TrainerCore:
         torch.manual_seed(cfg.seed)
         self.adapter = build_adapter(cfg, self.device)
         self.adapter.model.train()
+        if cfg.autocast is not None:  # the head's precision, wherever the model calls it
+            set_head_precision(self.adapter.model, cfg.autocast_head)
         self.model = parallel.wrap_model(self.adapter.model, cfg.parallelism, self.device)
         # With LoRA only the adapter trains: the optimizer never sees (or keeps state for) the
         # frozen base.
