@@ -10,9 +10,12 @@ SmolLM2-135M-Instruct (converted once), bf16 autocast as in ``apps/arith/smollm2
 - ``eager``, ``compile_layers`` (each decoder layer ``compile(dynamic=True)``),
   ``compile_parts`` (only each layer's MLP and RMSNorms): the main job's batch, 8 prompts x 8
   completions of up to 16 sampled tokens (``benchmarks.real_model.sample_batch``).
-- ``long``, ``long_gc``: a gen-heavy batch, 4 prompts x 8 rows of 60-128 tokens (random
-  token ids: the cost does not depend on them), without and with
-  ``trainer.gradient_checkpointing``.
+- ``long``, ``long_gc``, ``long_bf16_head``: a gen-heavy batch, 4 prompts x 8 rows of
+  60-128 tokens (random token ids: the cost does not depend on them), as is, with
+  ``trainer.gradient_checkpointing``, and with ``trainer.autocast_head`` (the LM head in bf16).
+- ``head_ab``: the gen-heavy batch in one process, steps alternating between the float32 head
+  and ``autocast_head`` (an A/B that the machine's hour-to-hour speed moves less); reports
+  both medians (``median_s`` is the float32 head's, ``bf16_head_median_s`` the other's).
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("eager", "compile_layers", "compile_parts", "long", "long_gc")
+VARIANTS = (
+    "eager",
+    "compile_layers",
+    "compile_parts",
+    "long",
+    "long_gc",
+    "long_bf16_head",
+    "head_ab",
+)
 
 
 def long_batch(model_dir: str):
@@ -58,9 +69,11 @@ def run_variant(variant: str, steps: int) -> dict:
 
     torch.set_num_threads(2)
     model_dir = resolve_model("smollm2-135m-instruct")
-    batch = long_batch(model_dir) if variant.startswith("long") else sample_batch(model_dir)[0]
+    long = variant.startswith("long") or variant == "head_ab"
+    batch = long_batch(model_dir) if long else sample_batch(model_dir)[0]
     cfg = TrainerConfig(model=model_dir, device="cpu", autocast="bfloat16",
-                        gradient_checkpointing=variant == "long_gc")  # fmt: skip
+                        gradient_checkpointing=variant == "long_gc",
+                        autocast_head=variant == "long_bf16_head")  # fmt: skip
     core = TrainerCore(cfg)
     if variant.startswith("compile"):
         for layer in core.model.model.layers:
@@ -69,6 +82,8 @@ def run_variant(variant: str, steps: int) -> dict:
                     part.compile(dynamic=True)
             else:
                 layer.compile(dynamic=True)
+    if variant == "head_ab":
+        return head_ab(core, batch, steps)
     times = []
     for _ in range(2 + steps):
         t = time.perf_counter()
@@ -77,6 +92,27 @@ def run_variant(variant: str, steps: int) -> dict:
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"variant": variant, "first_s": times[0], "median_s": statistics.median(times[2:]),
             "steps_s": times[2:], "peak_rss_gb": peak_gb}  # fmt: skip
+
+
+def head_ab(core, batch, steps: int) -> dict:
+    """Alternate the float32 head and the bf16 head (``autocast_head``) step by step."""
+    from forge.models.logprobs import set_head_precision
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 + 2 * steps):
+        bf16 = i % 2 == 1
+        set_head_precision(core.adapter.model, bf16)
+        t = time.perf_counter()
+        core.train_step(batch)
+        if i >= 2:
+            times[bf16].append(time.perf_counter() - t)
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"[trainer_variants] float32 head {times[False]}, bf16 head {times[True]}", file=sys.stderr
+    )
+    return {"variant": "head_ab", "first_s": 0.0, "median_s": statistics.median(times[False]),
+            "bf16_head_median_s": statistics.median(times[True]), "steps_s": times[False],
+            "bf16_head_steps_s": times[True], "peak_rss_gb": peak_gb}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -103,6 +139,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in rows:
         print(f"{r['variant']:16} {r['first_s']:12.1f} {r['median_s']:9.2f} "
               f"{r['peak_rss_gb']:11.2f}")  # fmt: skip
+        if "bf16_head_median_s" in r:
+            print(f"{'  bf16 head':16} {'':12} {r['bf16_head_median_s']:9.2f}")
     return rows
 
 
