@@ -1,12 +1,14 @@
-"""The bf16 decode path with and without contiguous KV for attention, in one process (interleaved).
+"""The bf16 decode path in variants (contiguous KV, the sampler's CDF), in one process, interleaved.
 
     python -m benchmarks.decode_variants [--repeats 4] [--max-tokens 128]
 
 SmolLM2-135M-Instruct (converted once) in bf16, Forge's ``HFEngine`` alone (no actor), 2
 threads, the gen-heavy batch: 4 prompts x 8 samples, ``--max-tokens`` sampled each
-(``ignore_eos``). Variants: ``base``, and ``contig``: decode attention over contiguous copies
-of the KV cache's views (``forge.generation.attention.CONTIGUOUS_DECODE``, what the engine
-does).
+(``ignore_eos``). Variants: ``base`` (attention over the KV cache's views, a float64 cumsum
+over the whole vocabulary per sampled token), ``contig``: decode attention over contiguous
+copies of those views (``forge.generation.attention.CONTIGUOUS_DECODE``), and ``engine``:
+``contig`` plus the two-level inverse CDF (``forge.generation.sampling.inverse_cdf``), what
+the engine does.
 
 Prints each repetition's wall and process CPU seconds, then medians per variant, and whether
 every variant sampled the same tokens as ``base`` (the changes keep the values).
@@ -18,7 +20,17 @@ import argparse
 import statistics
 import time
 
-VARIANTS = {"base": False, "contig": True}
+VARIANTS = {"base": (False, False), "contig": (True, False), "engine": (True, True)}  # KV, CDF
+
+
+def _flat_inverse_cdf(probs_bv, uniforms_b):
+    """The sampler's draw before ``inverse_cdf``: a float64 cumsum over the whole row."""
+    import torch
+
+    cdf_bv = probs_bv.cumsum(-1, dtype=torch.float64)
+    target_b1 = uniforms_b.unsqueeze(1) * cdf_bv[:, -1:]
+    token_b = torch.searchsorted(cdf_bv, target_b1, right=True).squeeze(1)
+    return token_b.clamp_(max=probs_bv.shape[1] - 1)
 
 
 def main() -> None:
@@ -29,7 +41,7 @@ def main() -> None:
 
     import torch
 
-    from forge.generation import attention
+    from forge.generation import attention, sampling
     from forge.generation.hf_engine import HFEngine
     from forge.models import load_model, load_tokenizer
     from forge.models.gguf import resolve_model
@@ -44,18 +56,21 @@ def main() -> None:
                  "give the answer."}] for a, b in pairs]  # fmt: skip
     params = SamplingParams(n=8, max_tokens=args.max_tokens, ignore_eos=True, seed=1)
 
-    def run(contig: bool) -> tuple[float, float, list]:
-        attention.CONTIGUOUS_DECODE = contig
+    two_level = sampling.inverse_cdf
+
+    def run(variant: tuple[bool, bool]) -> tuple[float, float, list]:
+        attention.CONTIGUOUS_DECODE = variant[0]
+        sampling.inverse_cdf = two_level if variant[1] else _flat_inverse_cdf
         wall, cpu = time.perf_counter(), time.process_time()
         out = engine.generate([(p, params) for p in prompts])
         tokens = [c.token_ids for cs in out for c in cs]
         return time.perf_counter() - wall, time.process_time() - cpu, tokens
 
-    run(True)  # warm-up
+    run(VARIANTS["engine"])  # warm-up
     results: dict[str, list] = {v: [] for v in VARIANTS}
     for rep in range(args.repeats):
-        for name, contig in VARIANTS.items():
-            wall, cpu, tokens = run(contig)
+        for name, variant in VARIANTS.items():
+            wall, cpu, tokens = run(variant)
             results[name].append((wall, cpu, tokens))
             print(f"[decode] rep {rep + 1} {name}: {wall:.2f} s wall, {cpu:.2f} s CPU",
                   flush=True)  # fmt: skip

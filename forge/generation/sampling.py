@@ -39,6 +39,35 @@ def top_k_top_p_mask(
     return torch.zeros_like(keep_sorted_bv).scatter(1, order_bv, keep_sorted_bv)
 
 
+# Tokens per block of the two-level inverse CDF (``inverse_cdf``).
+CDF_BLOCK = 256
+
+
+def inverse_cdf(probs_bv: torch.Tensor, uniforms_b: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability (float64) exceeds ``u * total``:
+    zero-probability tokens (a flat CDF) never win; the result is clamped to the vocabulary.
+
+    Two levels instead of a float64 cumsum over the whole vocabulary, which took ~9 ms per
+    decode step at 32 rows x 49,152 tokens (8% of a bf16 decode's CPU): block sums, their
+    cumsum, a search for the block, then a cumsum inside that one block only. The CDF's
+    values differ from a flat cumsum's only in float64 rounding (~1e-16).
+    """
+    b, v = probs_bv.shape
+    nb = -(-v // CDF_BLOCK)
+    padded_bv = probs_bv
+    if nb * CDF_BLOCK != v:  # zero-probability padding: never drawn
+        padded_bv = torch.nn.functional.pad(probs_bv, (0, nb * CDF_BLOCK - v))
+    blocks_bnk = padded_bv.view(b, nb, CDF_BLOCK)
+    block_cdf_bn = blocks_bnk.sum(-1, dtype=torch.float64).cumsum(-1)
+    target_b1 = uniforms_b.unsqueeze(1) * block_cdf_bn[:, -1:]
+    block_b = torch.searchsorted(block_cdf_bn, target_b1, right=True).squeeze(1).clamp_(max=nb - 1)
+    rows_b = torch.arange(b, device=probs_bv.device)
+    before_b = torch.where(block_b > 0, block_cdf_bn[rows_b, (block_b - 1).clamp(min=0)], 0.0)
+    local_bk = blocks_bnk[rows_b, block_b].cumsum(-1, dtype=torch.float64) + before_b[:, None]
+    inner_b = torch.searchsorted(local_bk, target_b1, right=True).squeeze(1)
+    return (block_b * CDF_BLOCK + inner_b.clamp_(max=CDF_BLOCK - 1)).clamp_(max=v - 1)
+
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -89,10 +118,7 @@ def sample_next(
         probs_bv = logprobs_bv.exp()
     if uniforms_b is None:
         uniforms_b = torch.rand(b, dtype=torch.float64)
-    cdf_bv = probs_bv.cumsum(dim=-1, dtype=torch.float64)
-    # The first token whose CDF exceeds u * total: zero-probability tokens (flat CDF) never win.
-    target_b1 = uniforms_b.to(device=device, dtype=torch.float64).unsqueeze(1) * cdf_bv[:, -1:]
-    token_ids_b = torch.searchsorted(cdf_bv, target_b1, right=True).squeeze(1).clamp_(max=v - 1)
+    token_ids_b = inverse_cdf(probs_bv, uniforms_b.to(device=device, dtype=torch.float64))
     drawn_zero_b = probs_bv.gather(1, token_ids_b.unsqueeze(1)).squeeze(1) == 0
     if bool(drawn_zero_b.any()):  # u * total rounded up to the total: take the likeliest token
         token_ids_b = torch.where(drawn_zero_b, probs_bv.argmax(dim=-1), token_ids_b)

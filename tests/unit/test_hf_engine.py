@@ -7,9 +7,12 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from forge.generation import HFEngine, counter_uniform, kv_cache, sample_next, top_k_top_p_mask
+from forge.generation.sampling import inverse_cdf
 from forge.models import load_model, load_tokenizer, make_tiny_model, pad_and_stack, token_logprobs
 from forge.types import SamplingParams
 
@@ -340,3 +343,35 @@ def test_fast_decode_attention_generates_what_plain_attention_does(tmp_path):
             for a, b in zip(fast_out, plain_out):
                 assert a.token_ids == b.token_ids
                 assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def _flat_inverse_cdf(probs_bv: torch.Tensor, uniforms_b: torch.Tensor) -> torch.Tensor:
+    cdf_bv = probs_bv.cumsum(-1, dtype=torch.float64)
+    target_b1 = uniforms_b.unsqueeze(1) * cdf_bv[:, -1:]
+    return (
+        torch.searchsorted(cdf_bv, target_b1, right=True)
+        .squeeze(1)
+        .clamp_(max=probs_bv.shape[1] - 1)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.sampled_from([1, 3, 255, 256, 257, 700, 1024]),
+    zeros=st.floats(0.0, 0.95),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_two_level_inverse_cdf_draws_what_a_flat_cumsum_draws(rows, vocab, zeros, seed):
+    """``inverse_cdf`` (block sums, then one block's cumsum) against a float64 cumsum over the
+    whole row: the same token, zero-probability tokens never drawn, any vocabulary size."""
+    g = torch.Generator().manual_seed(seed)
+    probs_bv = torch.rand(rows, vocab, generator=g) ** 4
+    probs_bv[torch.rand(rows, vocab, generator=g) < zeros] = 0.0
+    probs_bv[:, int(torch.randint(vocab, (1,), generator=g))] += 0.01  # never all zero
+    probs_bv /= probs_bv.sum(-1, keepdim=True)
+    uniforms_b = torch.rand(rows, generator=g, dtype=torch.float64)
+    uniforms_b[0] = 0.0
+    got = inverse_cdf(probs_bv, uniforms_b)
+    assert torch.equal(got, _flat_inverse_cdf(probs_bv, uniforms_b))
+    assert bool((probs_bv.gather(1, got[:, None]) > 0).all())
