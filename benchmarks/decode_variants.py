@@ -23,7 +23,7 @@ import time
 VARIANTS = {"base": (False, False), "contig": (True, False), "engine": (True, True)}  # KV, CDF
 
 
-def _flat_inverse_cdf(probs_bv, uniforms_b):
+def flat_inverse_cdf(probs_bv, uniforms_b):
     """The sampler's draw before ``inverse_cdf``: a float64 cumsum over the whole row."""
     import torch
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     def run(variant: tuple[bool, bool]) -> tuple[float, float, list]:
         attention.CONTIGUOUS_DECODE = variant[0]
-        sampling.inverse_cdf = two_level if variant[1] else _flat_inverse_cdf
+        sampling.inverse_cdf = two_level if variant[1] else flat_inverse_cdf
         wall, cpu = time.perf_counter(), time.process_time()
         out = engine.generate([(p, params) for p in prompts])
         tokens = [c.token_ids for cs in out for c in cs]

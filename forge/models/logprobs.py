@@ -50,7 +50,7 @@ def gather_logprobs(logits_btv: torch.Tensor, targets_bt: torch.Tensor) -> torch
 
 def head_logits(head: torch.nn.Module, hidden_btd: torch.Tensor) -> torch.Tensor:
     """``head(hidden)`` in float32, also under autocast, unless the head was left to
-    autocast (``TrainerConfig.autocast_head``, which skips ``keep_head_float32``): bf16
+    autocast (``set_head_precision(model, autocast_head=True)``): bf16
     logits are off by up to ~0.1 nats at logit magnitudes of 20, which shows in every ratio."""
     kind = hidden_btd.device.type
     if torch.is_autocast_enabled(kind) and not getattr(head, _AUTOCAST_HEAD, False):
@@ -59,7 +59,6 @@ def head_logits(head: torch.nn.Module, hidden_btd: torch.Tensor) -> torch.Tensor
     return head(hidden_btd)
 
 
-_FLOAT32_HEAD = "_forge_float32_head"  # set on a head whose forward keep_head_float32 wraps
 _AUTOCAST_HEAD = "_forge_autocast_head"  # set on a head left to autocast on purpose
 
 
@@ -87,20 +86,20 @@ def set_head_precision(model, autocast_head: bool) -> None:
     pass, so one rank and several compute the same logits. ``autocast_head=True`` leaves it
     to autocast (bf16 logits, as TRL and verl compute them under mixed precision): the
     head's three matmuls then run in bf16, at the price of a larger trainer/generator
-    mismatch (docs/performance.md). Raises if the model has no head to find."""
+    mismatch (docs/performance.md). Raises if a float32 head is asked for and none is found."""
     head = output_head(model)
     if head is None:
+        if autocast_head:  # nothing to change: the model's forward runs under autocast
+            return
         raise ValueError(
-            f"{type(model).__name__} has no output embeddings or lm_head to set the head's "
-            "precision on; drop trainer.autocast, or set trainer.autocast_head: true"
+            f"{type(model).__name__} has no output embeddings or lm_head to keep in float32; "
+            "drop trainer.autocast, or set trainer.autocast_head: true"
         )
     object.__setattr__(head, _AUTOCAST_HEAD, autocast_head)
     if autocast_head:
-        head.__dict__.pop("forward", None)
-        object.__setattr__(head, _FLOAT32_HEAD, False)
-    elif not getattr(head, _FLOAT32_HEAD, False):
+        head.__dict__.pop("forward", None)  # the class's own forward again
+    else:
         head.forward = types.MethodType(_float32_forward, head)
-        object.__setattr__(head, _FLOAT32_HEAD, True)
 
 
 # Token positions of the probe that checks the chunked head against the model's forward.

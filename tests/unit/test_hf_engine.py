@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
+from benchmarks.decode_variants import flat_inverse_cdf
 from forge.generation import HFEngine, counter_uniform, kv_cache, sample_next, top_k_top_p_mask
 from forge.generation.sampling import inverse_cdf
 from forge.models import load_model, load_tokenizer, make_tiny_model, pad_and_stack, token_logprobs
@@ -345,16 +346,6 @@ def test_fast_decode_attention_generates_what_plain_attention_does(tmp_path):
                 assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
-def _flat_inverse_cdf(probs_bv: torch.Tensor, uniforms_b: torch.Tensor) -> torch.Tensor:
-    cdf_bv = probs_bv.cumsum(-1, dtype=torch.float64)
-    target_b1 = uniforms_b.unsqueeze(1) * cdf_bv[:, -1:]
-    return (
-        torch.searchsorted(cdf_bv, target_b1, right=True)
-        .squeeze(1)
-        .clamp_(max=probs_bv.shape[1] - 1)
-    )
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.integers(1, 5),
@@ -373,5 +364,5 @@ def test_the_two_level_inverse_cdf_draws_what_a_flat_cumsum_draws(rows, vocab, z
     uniforms_b = torch.rand(rows, generator=g, dtype=torch.float64)
     uniforms_b[0] = 0.0
     got = inverse_cdf(probs_bv, uniforms_b)
-    assert torch.equal(got, _flat_inverse_cdf(probs_bv, uniforms_b))
+    assert torch.equal(got, flat_inverse_cdf(probs_bv, uniforms_b))
     assert bool((probs_bv.gather(1, got[:, None]) > 0).all())
