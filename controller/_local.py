@@ -41,6 +41,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_env(env_vars: dict[str, str]) -> dict[str, str]:
+    """The environment of an actor process with ``env_vars`` (before its pipes' numbers):
+    this process's, the mesh's variables, this ``sys.path``, unbuffered output, and this
+    package importable."""
+    env = {**os.environ, **env_vars}
+    env["FORGE_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    return env
+
+
 class LocalProc:
     """One actor process of a mesh, owned by this process."""
 
@@ -64,7 +78,7 @@ class LocalProc:
         self._ready_r, ready_w = os.pipe()
         os.set_inheritable(life_r, True)
         os.set_inheritable(ready_w, True)
-        full_env = {**os.environ, **env_vars}
+        full_env = worker_env(env_vars)
         full_env["FORGE_LIFELINE_FD"] = str(life_r)
         full_env["FORGE_READY_FD"] = str(ready_w)
         fds = [life_r, ready_w]
@@ -72,12 +86,6 @@ class LocalProc:
         if key is not None:  # through a pipe: never in the child's /proc/<pid>/environ
             fds.append(_key_pipe(key))
             full_env[SESSION_KEY_FD] = str(fds[-1])
-        full_env["FORGE_SYS_PATH"] = json.dumps([p for p in sys.path if p])
-        full_env["PYTHONUNBUFFERED"] = "1"
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            [pkg_root] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
         try:
             named = {"FORGE_LIFELINE_FD": life_r, "FORGE_READY_FD": ready_w}
             if key is not None:

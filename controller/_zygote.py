@@ -45,13 +45,15 @@ import subprocess
 import sys
 import threading
 import traceback
+from typing import Any
 
 logger = logging.getLogger("controller")
 
 # Names read only while a process runs, never at import: they may differ between the
-# children of one zygote.
+# children of one zygote. (torch's inductor sets TORCHINDUCTOR_CACHE_DIR in the controller's
+# environment the first time it asks for its cache directory, in the middle of a run.)
 RUNTIME_ONLY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT")  # fmt: skip
+                "MASTER_PORT", "TORCHINDUCTOR_CACHE_DIR")  # fmt: skip
 _MAX_MSG = 1 << 20
 _MAX_FDS = 16
 REPLY_TIMEOUT_S = 30.0  # one fork, once the zygote has imported (its start has its own bound)
@@ -61,6 +63,13 @@ START_TIMEOUT_S = 120.0
 def zygote_env(env: dict[str, str]) -> dict[str, str]:
     """The part of a child's environment its zygote must have started with."""
     return {k: v for k, v in env.items() if not k.startswith("FORGE_") and k not in RUNTIME_ONLY}
+
+
+def zygote_key(env: dict[str, str]) -> tuple:
+    """Which zygote may fork a child with ``env``: the same interpreter, working directory,
+    preload list and start-up environment."""
+    preload = env.get("FORGE_PRELOAD", "")
+    return (sys.executable, os.getcwd(), preload, tuple(sorted(zygote_env(env).items())))
 
 
 class ZygoteChild:
@@ -88,13 +97,7 @@ class Zygote:
     def __init__(self, env: dict[str, str], preload: str):
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.popen = subprocess.Popen(  # a script, not -m: the zygote imports no controller
-                [sys.executable, os.path.abspath(__file__), str(there.fileno()), preload],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                pass_fds=(there.fileno(),),
-                start_new_session=True,  # Ctrl-C goes to the controller, as for workers
-            )
+            self.popen = self._start(there, env, preload)
         except BaseException:
             here.close()
             raise
@@ -107,6 +110,17 @@ class Zygote:
         self._children: dict[int, ZygoteChild] = {}
         self._started = False
         threading.Thread(target=self._read, daemon=True, name="forge-zygote").start()
+
+    def _start(self, there: socket.socket, env: dict[str, str], preload: str) -> Any:
+        """Start the zygote process on ``there`` (its end of the socket); a ``Popen`` (or what
+        ``close`` uses of one: ``wait(timeout)``, ``kill()``)."""
+        return subprocess.Popen(  # a script, not -m: the zygote imports no controller
+            [sys.executable, os.path.abspath(__file__), str(there.fileno()), preload],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(there.fileno(),),
+            start_new_session=True,  # Ctrl-C goes to the controller, as for workers
+        )
 
     def spawn(self, env: dict[str, str], fds: dict[str, int]) -> ZygoteChild:
         """Fork a worker with environment ``env`` (its ``fds`` names get the numbers the child
@@ -208,13 +222,12 @@ def spawn_worker(env: dict[str, str], fds: dict[str, int]) -> ZygoteChild | None
     preload = env.get(env_vars.PRELOAD, "")
     if not preload or not env_vars.zygote():
         return None
-    zenv = zygote_env(env)
-    key = (sys.executable, os.getcwd(), preload, tuple(sorted(zenv.items())))
     try:
         with _zlock:
+            key = zygote_key(env)
             z = _zygotes.get(key)
             if z is None or not z.alive:
-                z = _zygotes[key] = Zygote(zenv, preload)
+                z = _zygotes[key] = Zygote(zygote_env(env), preload)
         return z.spawn(env, fds)
     except (OSError, RuntimeError, ValueError) as e:
         logger.warning("could not fork an actor process from a zygote (%s); starting it "
@@ -243,6 +256,12 @@ def main() -> None:
             __import__(name.strip())
         except Exception:  # noqa: BLE001 - a child then imports what it needs itself
             pass
+    serve(sock)
+
+
+def serve(sock: socket.socket, after_fork=None) -> None:
+    """The zygote's loop: fork a child per request on ``sock``, report exits; never returns.
+    ``after_fork(env)``: called in each child once its environment is in place."""
     gc.collect()
     gc.freeze()  # the imported objects stay out of the children's collections (fewer copies)
     wake_r, wake_w = os.pipe()
@@ -271,7 +290,7 @@ def main() -> None:
             reply = {"error": str(e)}
         else:
             if pid == 0:
-                _child(req, fds, (sock.fileno(), wake_r, wake_w))
+                _child(req, fds, (sock.fileno(), wake_r, wake_w), after_fork)
             reply = {"pid": pid}
         for fd in fds:
             os.close(fd)
@@ -308,7 +327,7 @@ def _reap(sock: socket.socket) -> None:
             return
 
 
-def _child(req: dict, fds: list[int], zygote_fds: tuple[int, ...]) -> None:
+def _child(req: dict, fds: list[int], zygote_fds: tuple[int, ...], after_fork=None) -> None:
     """In the forked child: become the worker ``req`` describes; never returns."""
     code = 1
     try:
@@ -332,6 +351,8 @@ def _child(req: dict, fds: list[int], zygote_fds: tuple[int, ...]) -> None:
         sys.path[0] = req["cwd"]
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
+        if after_fork is not None:
+            after_fork(env)
         import runpy
 
         sys.argv = ["-m"]

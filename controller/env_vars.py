@@ -57,6 +57,9 @@ Variable                  Default            Meaning
 ``FORGE_ZYGOTE``          ``1``              ``0``: the local backend starts every actor
                                              process fresh instead of forking those of meshes
                                              that name ``FORGE_PRELOAD`` from a zygote.
+``FORGE_PREFORK``         ``1``              ``0``: ``forge run`` does not fork the actors'
+                                             zygote from itself (``controller._prefork``); a
+                                             fresh zygote imports torch and transformers again.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -119,6 +122,7 @@ __all__ = [
     "inherited_session",
     "lifeline_fd",
     "log_level",
+    "prefork",
     "ready_fd",
     "run_dir",
     "shm_pool_bytes",
@@ -235,6 +239,12 @@ def zygote() -> bool:
     """Whether the local backend forks actor processes from a zygote that has imported torch
     and transformers (``controller._zygote``): ``FORGE_ZYGOTE`` is not ``0`` (default on)."""
     return os.environ.get("FORGE_ZYGOTE", "1") != "0"
+
+
+def prefork() -> bool:
+    """Whether ``forge run`` may fork the actors' zygote from itself (``controller._prefork``):
+    ``FORGE_PREFORK`` and ``FORGE_ZYGOTE`` are not ``0`` (default on)."""
+    return zygote() and os.environ.get("FORGE_PREFORK", "1") != "0"
 
 
 def task_dump() -> bool:
