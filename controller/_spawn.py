@@ -6,9 +6,11 @@ Used by ``Actor.as_actor`` and by services for each replica (and each restart).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from controller._backend import spawn_procs_for
 from controller.endpoint import EndpointProperty
+from controller.env_vars import PRELOAD
 from controller.mesh import ActorMesh
 from controller.options import ActorOptions
 
@@ -18,6 +20,9 @@ async def spawn_actor(
 ) -> ActorMesh:
     """Spawn a proc mesh for ``opts``, construct ``cls`` on it and run ``setup``."""
     mesh_name = name or opts.mesh_name or cls.__name__
+    preload = getattr(cls, "preload", "")
+    if preload and PRELOAD not in opts.env_vars:  # the class's own (``Actor.preload``)
+        opts = dataclasses.replace(opts, env_vars={**opts.env_vars, PRELOAD: preload})
     pm = await spawn_procs_for(opts, mesh_name)
     try:
         am = pm.spawn(mesh_name, cls, *args, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from controller._runtime import get_runtime
 from controller._spawn import spawn_actor
@@ -75,8 +75,15 @@ class Actor(_HandleBase):
     runs on every rank before ``as_actor`` returns, so heavy initialisation errors reach the
     caller. An optional ``__supervise__(failure) -> bool`` is called when a mesh this actor
     spawned loses a process (return True if handled).
+
+    ``preload``: modules every process of this actor imports (comma-separated), e.g.
+    ``"torch,transformers"``. On the local backend its processes then fork from a zygote that
+    has imported them once (``controller._zygote``): a second replica, or a crashed one's
+    restart, starts in milliseconds instead of seconds of imports. A ``FORGE_PRELOAD`` in
+    ``options(env_vars=...)`` wins; ``""`` (the default): plain processes.
     """
 
+    preload: ClassVar[str] = ""
     _forge_options: ActorOptions = ActorOptions()
 
     @classmethod

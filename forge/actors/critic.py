@@ -42,7 +42,12 @@ import os
 import torch
 
 from controller import current_size, endpoint, threads
-from forge.actors.forge_actor import ForgeActor, actor_config, use_deterministic_kernels
+from forge.actors.forge_actor import (
+    MODEL_PRELOAD,
+    ForgeActor,
+    actor_config,
+    use_deterministic_kernels,
+)
 from forge.training.trainer_config import resolve_device
 from forge.training.value_model import CriticConfig
 from forge.types import TrainBatch
@@ -60,6 +65,7 @@ class Critic(ForgeActor):
     """The value model; see the module docstring for its endpoints."""
 
     _busy_name = "critic"
+    preload = MODEL_PRELOAD
 
     def __init__(self, config: CriticConfig | dict) -> None:
         self.cfg = actor_config(CriticConfig, config, "Critic")

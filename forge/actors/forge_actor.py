@@ -19,6 +19,12 @@ from forge.observability import Reduce, get_collector, record_metric
 
 C = TypeVar("C")
 
+# What an actor that holds a model imports: its processes fork from a zygote that has
+# (``Actor.preload``; ``forge.run.actor_env_vars`` names it for every role of a run).
+MODEL_PRELOAD = (
+    "torch,transformers,transformers.modeling_utils,transformers.models.auto.modeling_auto"
+)
+
 
 def use_deterministic_kernels() -> None:
     """In an actor process of a deterministic run (``FORGE_DETERMINISTIC=1``, set by

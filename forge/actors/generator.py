@@ -55,7 +55,7 @@ import time
 from typing import Any
 
 from controller import endpoint
-from forge.actors.forge_actor import ForgeActor, use_deterministic_kernels
+from forge.actors.forge_actor import MODEL_PRELOAD, ForgeActor, use_deterministic_kernels
 from forge.generation.backend import (
     UPDATE_MODES,
     GeneratorBackend,
@@ -80,6 +80,8 @@ class Generator(ForgeActor):
     calls ``update_weights`` on every replica after the trainer pushes; the service layer
     calls ``on_recover`` on a restarted replica; ``get_version``, ``stats``,
     ``state_dict_checksum`` and ``get_param`` are for metrics and checks."""
+
+    preload = MODEL_PRELOAD
 
     _busy_name = "generator"
 

@@ -50,7 +50,12 @@ from collections.abc import Sequence
 import torch
 
 from controller import endpoint, files, threads
-from forge.actors.forge_actor import ForgeActor, actor_config, use_deterministic_kernels
+from forge.actors.forge_actor import (
+    MODEL_PRELOAD,
+    ForgeActor,
+    actor_config,
+    use_deterministic_kernels,
+)
 from forge.training.trainer_config import ReferenceConfig
 from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle
@@ -62,6 +67,8 @@ logger = logging.getLogger("forge.reference")
 
 class ReferenceModel(ForgeActor):
     """The reference policy; see the module docstring for its endpoints."""
+
+    preload = MODEL_PRELOAD
 
     def __init__(self, config: ReferenceConfig | dict) -> None:
         self.cfg = actor_config(ReferenceConfig, config, "ReferenceModel")

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller import endpoint
-from forge.actors.forge_actor import ForgeActor, actor_config
+from forge.actors.forge_actor import MODEL_PRELOAD, ForgeActor, actor_config
 from forge.models.reward_classifier import RewardModelConfig
 from forge.observability import Reduce, record_metric
 from forge.rewards import RewardResult
@@ -43,6 +43,7 @@ class RewardModel(ForgeActor):
     """A learned reward model; see the module docstring for its endpoints."""
 
     _busy_name = "reward_model"
+    preload = MODEL_PRELOAD
 
     def __init__(self, config: RewardModelConfig | dict) -> None:
         self.cfg = actor_config(RewardModelConfig, config, "RewardModel")

@@ -70,7 +70,12 @@ from pathlib import Path
 import torch
 
 from controller import current_rank, current_size, endpoint, files, threads
-from forge.actors.forge_actor import ForgeActor, actor_config, use_deterministic_kernels
+from forge.actors.forge_actor import (
+    MODEL_PRELOAD,
+    ForgeActor,
+    actor_config,
+    use_deterministic_kernels,
+)
 from forge.losses import LossConfig
 from forge.observability.memory import (
     apply_memory_fraction,
@@ -105,6 +110,8 @@ class Trainer(ForgeActor):
     - ``save`` / ``load`` (``forge.run.checkpoint``); ``export_hf`` (``apps/sft``);
     - ``logprobs``, ``state_dict`` (tests and checks); ``close`` (before shutdown).
     """
+
+    preload = MODEL_PRELOAD
 
     _busy_name = "trainer"
 

@@ -151,6 +151,9 @@ def main(config: str, checkpoint: str | None, names: str | None, out: str | None
         finally:
             await shutdown()
 
+    from forge.run.actors import prefork_actor_zygote
+
+    prefork_actor_zygote(rl.threads_per_actor, rl.deterministic)  # its imports once, not twice
     results = loops.run(go())
     show(results)
     target = Path(out) if out else Path(checkpoint or rl.policy.model) / "eval.json"

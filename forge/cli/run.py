@@ -81,15 +81,9 @@ def _prefork_zygote(cfg) -> None:
     environment the apps give their actors (``forge.run.actor_env_vars``) with the config's
     thread settings where it has them at its top (an RL or SFT config), the defaults otherwise;
     a mesh with another environment gets a fresh zygote, as without this."""
-    from controller._prefork import prefork
-    from forge.run import actor_env_vars
+    from forge.run.actors import prefork_actor_zygote
 
-    threads = getattr(cfg, "threads_per_actor", 0)
-    deterministic = getattr(cfg, "deterministic", False)
-    try:
-        prefork(actor_env_vars(threads, deterministic))
-    except ValueError:  # settings the app itself will reject, with its own message
-        pass
+    prefork_actor_zygote(getattr(cfg, "threads_per_actor", 0), getattr(cfg, "deterministic", False))
 
 
 async def _run(module, cfg, run_dir: Path, resume: bool) -> None:

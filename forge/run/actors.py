@@ -3,7 +3,9 @@ downloads, deterministic kernels), given to ``.options(env_vars=...)``."""
 
 from __future__ import annotations
 
-__all__ = ["actor_env_vars"]
+from forge.actors.forge_actor import MODEL_PRELOAD
+
+__all__ = ["actor_env_vars", "prefork_actor_zygote"]
 
 
 def actor_env_vars(threads: int, deterministic: bool = False) -> dict[str, str]:
@@ -30,6 +32,19 @@ def actor_env_vars(threads: int, deterministic: bool = False) -> dict[str, str]:
         "OMP_NUM_THREADS": str(threads or 1),
         "FORGE_THREAD_BUDGET": "0" if threads else "1",
         # Every role imports these: its processes fork from a zygote that has (controller._zygote)
-        "FORGE_PRELOAD": "torch,transformers,transformers.modeling_utils,"
-        "transformers.models.auto.modeling_auto",
+        "FORGE_PRELOAD": MODEL_PRELOAD,
     }
+
+
+def prefork_actor_zygote(threads: int = 0, deterministic: bool = False) -> bool:
+    """Fork the zygote of actors started with ``actor_env_vars(threads, deterministic)`` from
+    this process now (``controller._prefork``): for a command (``forge run``, ``forge eval``)
+    that has imported its app and starts no thread before it spawns. Whether it did; settings
+    ``actor_env_vars`` rejects are left to the app, which names them."""
+    from controller._prefork import prefork
+
+    try:
+        env = actor_env_vars(threads, deterministic)
+    except ValueError:
+        return False
+    return prefork(env)

@@ -90,6 +90,19 @@ async def test_without_preload_or_with_zygotes_off_processes_start_plain(monkeyp
     assert _zygotes() == []
 
 
+class Preloading(Probe):
+    preload = "json,numpy"  # the class names what it imports: no env_vars needed
+
+
+async def test_an_actor_class_that_names_its_imports_forks_from_a_zygote():
+    probes = await Preloading.options(procs=2).as_actor()
+    facts = (await probes.facts.call()).values()
+    (zygote,) = _zygotes()
+    assert {f["ppid"] for f in facts} == {zygote.pid} and all(f["preloaded"] for f in facts)
+    plain = await Preloading.options(procs=1, env_vars={"FORGE_PRELOAD": ""}).as_actor()
+    assert (await plain.facts.call_one())["ppid"] == os.getpid()  # the options' value wins
+
+
 async def test_exit_codes_signals_and_output_reach_the_controller(capfd):
     probes = await Probe.options(procs=2, env_vars=PRELOAD).as_actor()
     await probes.say.call("hello from a forked worker")
