@@ -56,6 +56,8 @@ def prefork(env_vars: dict[str, str]) -> bool:
     preload = env_vars.get(names.PRELOAD, "")
     if not preload or not names.prefork() or _secret_at_start(names.SESSION_KEY):
         return False
+    if names.backend() != "local":  # Ray and Monarch start their workers themselves
+        return False
     env = worker_env(env_vars)
     applied = _applied(_zygote.zygote_env(env), _zygote.zygote_env(dict(os.environ)))
     if applied is None:

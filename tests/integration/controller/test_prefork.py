@@ -123,11 +123,12 @@ def test_a_process_with_another_thread_running_is_not_forked():
         t.join()
 
 
-def test_a_secret_in_the_start_up_environment_or_zygotes_off_mean_no_fork(tmp_path):
+def test_a_secret_in_the_environment_zygotes_off_or_another_backend_mean_no_fork(tmp_path):
     code = "from controller._prefork import prefork\nprint(prefork({'FORGE_PRELOAD': 'json'}))\n"
     path = write_script(tmp_path, code)
     for extra, want in (({}, "True"), ({"FORGE_SESSION_KEY": "ab" * 32}, "False"),
-                        ({"FORGE_ZYGOTE": "0"}, "False")):  # fmt: skip
+                        ({"FORGE_ZYGOTE": "0"}, "False"), ({"FORGE_PREFORK": "0"}, "False"),
+                        ({"FORGE_BACKEND": "ray"}, "False")):  # fmt: skip
         out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                              cwd=str(REPO), env=script_env(**extra), timeout=60)  # fmt: skip
         assert out.stdout.strip() == want, (extra, out.stdout, out.stderr)
