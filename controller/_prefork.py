@@ -18,7 +18,10 @@ process a fresh zygote would have been, and otherwise leaves the meshes to a fre
   ``sys.path`` itself), transformers' verbosity, huggingface_hub's progress bars). Any other
   difference (``PYTHONHASHSEED``, ``CUDA_VISIBLE_DEVICES``, ...) means a fresh zygote;
 - the session's secret is not in this process's start-up environment (a forked child's
-  ``/proc/<pid>/environ`` shows its parent's).
+  ``/proc/<pid>/environ`` shows its parent's);
+- the host has no GPU device (the CUDA driver cannot be used in a child forked after it
+  started, and merely asking ``torch.cuda.is_available()`` starts it), and the local backend
+  is in use (Ray and Monarch start their workers themselves).
 
 The copy closes every inherited descriptor but stdio and its socket (the controller's end
 among them: it must see the controller go), resets signal handlers to an interpreter's
@@ -57,6 +60,8 @@ def prefork(env_vars: dict[str, str]) -> bool:
     if not preload or not names.prefork() or _secret_at_start(names.SESSION_KEY):
         return False
     if names.backend() != "local":  # Ray and Monarch start their workers themselves
+        return False
+    if _has_gpu_devices():
         return False
     env = worker_env(env_vars)
     applied = _applied(_zygote.zygote_env(env), _zygote.zygote_env(dict(os.environ)))
@@ -109,6 +114,19 @@ def _can_apply(name: str, value: str | None) -> bool:
     if name == "HF_HUB_DISABLE_PROGRESS_BARS":
         return value.lower() in _TRUE
     return bool(value)  # PYTHONUNBUFFERED: any non-empty value
+
+
+def _has_gpu_devices() -> bool:
+    """Whether this host has NVIDIA or AMD GPU device files. The CUDA driver is not usable in
+    a child forked after it started, and ``torch.cuda.is_available()`` alone starts it; a
+    fresh zygote cannot have that problem, so a GPU host keeps it (its runs are long enough
+    that a second import does not matter)."""
+    dev = "/dev"
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return True
+    return "kfd" in names or any(n.startswith("nvidia") for n in names)
 
 
 def _secret_at_start(name: str) -> bool:

@@ -29,3 +29,15 @@ def test_values_the_copy_could_not_reproduce_refuse():
         assert _applied({**MINE, name: value}, MINE) is None, (name, value)
     # set in the controller, absent for the child: a fresh interpreter would not have it
     assert _applied(dict(MINE), {**MINE, "OMP_NUM_THREADS": "4"}) is None
+
+
+def test_a_gpu_host_keeps_the_fresh_zygote(monkeypatch):
+    from controller import _prefork
+
+    for names, want in (
+        (["null", "shm"], False),
+        (["nvidia0", "nvidiactl"], True),
+        (["kfd"], True),
+    ):
+        monkeypatch.setattr(_prefork.os, "listdir", lambda _d, n=names: n)
+        assert _prefork._has_gpu_devices() is want, names
