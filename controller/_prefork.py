@@ -26,8 +26,11 @@ process a fresh zygote would have been, and otherwise leaves the meshes to a fre
 The copy closes every inherited descriptor but stdio and its socket (the controller's end
 among them: it must see the controller go), resets signal handlers to an interpreter's
 defaults, takes a session and a process title of its own, and then serves as a fresh zygote
-does (``_zygote.serve``), registered for exactly that environment. ``FORGE_PREFORK=0`` (or
-``FORGE_ZYGOTE=0``) turns it off.
+does (``_zygote.serve``), registered for exactly that environment.
+
+Opt-in (``FORGE_PREFORK=1``): with it on, the guess demo's learning gain fell below its
+test's bound in 2 of 4 runs (+0.013, +0.015 against +0.07 with it off in the same hour, and
++0.023 to +0.079 in earlier runs), and the cause was not found (docs/performance.md).
 """
 
 from __future__ import annotations

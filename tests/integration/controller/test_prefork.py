@@ -63,7 +63,7 @@ asyncio.run(main())
 def _start(tmp_path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(write_script(tmp_path, CONTROLLER)), *args],
-        stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=script_env(),
+        stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=script_env(FORGE_PREFORK="1"),
     )  # fmt: skip
 
 
@@ -112,7 +112,8 @@ def test_the_forked_zygote_and_its_children_end_with_the_controller(tmp_path):
     assert wait_dead(pids, 5) == []
 
 
-def test_a_process_with_another_thread_running_is_not_forked():
+def test_a_process_with_another_thread_running_is_not_forked(monkeypatch):
+    monkeypatch.setenv("FORGE_PREFORK", "1")  # (opt-in)
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
@@ -129,6 +130,7 @@ def test_a_secret_in_the_environment_zygotes_off_or_another_backend_mean_no_fork
     for extra, want in (({}, "True"), ({"FORGE_SESSION_KEY": "ab" * 32}, "False"),
                         ({"FORGE_ZYGOTE": "0"}, "False"), ({"FORGE_PREFORK": "0"}, "False"),
                         ({"FORGE_BACKEND": "ray"}, "False")):  # fmt: skip
+        env = script_env(**{"FORGE_PREFORK": "1", **extra})
         out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                             cwd=str(REPO), env=script_env(**extra), timeout=60)  # fmt: skip
+                             cwd=str(REPO), env=env, timeout=60)  # fmt: skip
         assert out.stdout.strip() == want, (extra, out.stdout, out.stderr)
