@@ -57,7 +57,11 @@ def run_app(
         rdir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, rdir / "config.yaml")
     print(f"[forge] run directory: {rdir}", flush=True)
-    _prefork_zygote(cfg)
+    from forge.run.actors import prefork_actor_zygote
+
+    # The actors' zygote forked from here (opt-in, FORGE_PREFORK=1), with the config's thread
+    # settings where it has them at its top (an RL or SFT config), the defaults otherwise.
+    prefork_actor_zygote(getattr(cfg, "threads_per_actor", 0), getattr(cfg, "deterministic", False))
     try:
         loops.run(_run(module, cfg, rdir, bool(resume)))
     except KeyboardInterrupt:
@@ -73,17 +77,6 @@ def run_app(
         )
         return 1
     return 0
-
-
-def _prefork_zygote(cfg) -> None:
-    """Fork the actors' zygote from this process now (``controller._prefork``): the app's
-    import has brought in what actors import, and no thread of the run runs yet. For the
-    environment the apps give their actors (``forge.run.actor_env_vars``) with the config's
-    thread settings where it has them at its top (an RL or SFT config), the defaults otherwise;
-    a mesh with another environment gets a fresh zygote, as without this."""
-    from forge.run.actors import prefork_actor_zygote
-
-    prefork_actor_zygote(getattr(cfg, "threads_per_actor", 0), getattr(cfg, "deterministic", False))
 
 
 async def _run(module, cfg, run_dir: Path, resume: bool) -> None:
