@@ -57,10 +57,10 @@ Variable                  Default            Meaning
 ``FORGE_ZYGOTE``          ``1``              ``0``: the local backend starts every actor
                                              process fresh instead of forking those of meshes
                                              that name ``FORGE_PRELOAD`` from a zygote.
-``FORGE_PREFORK``         ``0``              ``1``: ``forge run`` forks the actors' zygote
-                                             from itself (``controller._prefork``) instead of
-                                             a fresh zygote importing torch and transformers
-                                             again. Off by default: see docs/performance.md.
+``FORGE_PREFORK``         ``1``              ``forge run`` forks the actors' zygote from
+                                             itself (``controller._prefork``) instead of a
+                                             fresh zygote importing torch and transformers
+                                             again; ``0``: always a fresh zygote.
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -244,9 +244,8 @@ def zygote() -> bool:
 
 def prefork() -> bool:
     """Whether ``forge run`` may fork the actors' zygote from itself (``controller._prefork``):
-    ``FORGE_PREFORK=1`` and ``FORGE_ZYGOTE`` not ``0`` (default off: a demo learned less with
-    it, cause not found; docs/performance.md)."""
-    return zygote() and os.environ.get("FORGE_PREFORK", "0") == "1"
+    ``FORGE_PREFORK`` and ``FORGE_ZYGOTE`` not ``0`` (default on)."""
+    return zygote() and os.environ.get("FORGE_PREFORK", "1") != "0"
 
 
 def task_dump() -> bool:

@@ -35,7 +35,10 @@ def test_guess_demo_learns(tmp_path):
     # wider windows, 8 runs on 2026-11-27 (seeds 0-1 before and after that change, two with
     # a cosine schedule, two in the slow tier) gained +0.023 (that loaded run) to +0.079,
     # median +0.051. A run that learns nothing gains 0 +- ~0.013 (1,900 and 3,800 samples),
-    # so the bound stays +0.02.
+    # so the bound stays +0.02. On 2026-11-28 that check failed in 4 of 11 runs (-0.009 to
+    # +0.082; one run did not learn at all), so the demo now credits each guess by the
+    # interval it was made in (`rollout.credit: gigpo`): 10 runs, 3 of them with two busy
+    # processes beside them or a deterministic SFT, gained +0.025 to +0.076, median +0.047.
     assert s["success_rate"] >= s["baseline"] - 1 / 8, s
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]

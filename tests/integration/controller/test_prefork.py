@@ -113,7 +113,7 @@ def test_the_forked_zygote_and_its_children_end_with_the_controller(tmp_path):
 
 
 def test_a_process_with_another_thread_running_is_not_forked(monkeypatch):
-    monkeypatch.setenv("FORGE_PREFORK", "1")  # (opt-in)
+    monkeypatch.delenv("FORGE_PREFORK", raising=False)  # on by default
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
@@ -130,7 +130,9 @@ def test_a_secret_in_the_environment_zygotes_off_or_another_backend_mean_no_fork
     for extra, want in (({}, "True"), ({"FORGE_SESSION_KEY": "ab" * 32}, "False"),
                         ({"FORGE_ZYGOTE": "0"}, "False"), ({"FORGE_PREFORK": "0"}, "False"),
                         ({"FORGE_BACKEND": "ray"}, "False")):  # fmt: skip
-        env = script_env(**{"FORGE_PREFORK": "1", **extra})
+        env = script_env(**extra)
+        if not extra:
+            env.pop("FORGE_PREFORK", None)  # the default forks
         out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                              cwd=str(REPO), env=env, timeout=60)  # fmt: skip
         assert out.stdout.strip() == want, (extra, out.stdout, out.stderr)
