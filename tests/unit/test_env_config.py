@@ -9,10 +9,11 @@ from forge.launch import load_app
 from tests.helpers import REPO
 
 GUESS = REPO / "apps/guess/cpu.yaml"
+EPISODE = "rl.rollout.credit=episode"  # the demo credits turns (gigpo); these need episodes
 
 
 def test_rewards_next_to_an_env_load_and_score_final_answers():
-    _, cfg = load_app(GUESS, ["rl.rewards=[exact_match]"])
+    _, cfg = load_app(GUESS, [EPISODE, "rl.rewards=[exact_match]"])
     assert cfg.rl.rewards == ["exact_match"] and cfg.rl.env is not None
 
 
@@ -37,7 +38,7 @@ def test_history_window_loads_and_takes_only_a_critic_over_turns():
         load_app(GUESS, ["rl.env.history.turns=-1"])
     with pytest.raises(ValueError, match="history.tunrs"):
         load_app(GUESS, ["rl.env.history.tunrs=1"])
-    ppo = ["rl.env.history.turns=0", "rl.trainer.loss.type=ppo"]
+    ppo = [EPISODE, "rl.env.history.turns=0", "rl.trainer.loss.type=ppo"]
     _, cfg = load_app(GUESS, [*ppo, "rl.critic.level=turn"])
     assert cfg.rl.critic.level == "turn"
     for bad in (["rl.critic.level=token"], ["rl.critic.level=turn",
