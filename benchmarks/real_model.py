@@ -232,8 +232,10 @@ def table(r: dict) -> str:
             f"| prefill tokens/s at batch {b} | {r[f'gen_float32_b{b}_prefill_tps']:.0f} "
             f"| {r[f'gen_bfloat16_b{b}_prefill_tps']:.0f} |"
         )
-    rows.append(f"| memory bandwidth, read (copy: read + write), GB/s | {r['bandwidth_gbs']:.1f} "
-                f"({r.get('copy_gbs', 0.0):.1f}) | |")
+    rows.append(
+        f"| memory bandwidth, read (copy: read + write), GB/s | {r['bandwidth_gbs']:.1f} "
+        f"({r.get('copy_gbs', 0.0):.1f}) | |"
+    )
     return "\n".join(rows)
 
 
