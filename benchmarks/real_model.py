@@ -10,8 +10,8 @@
    FLOPs on the scored positions, plus attention, over the ceiling of the same precision.
 3. **Generator**: prefill and decode tokens/s at batch 1, 8 and 64 (bf16 and float32), and
    decode against its roofline (weights read once per step: bytes / read bandwidth, and
-   FLOPs / matmul ceiling, whichever binds). The read bandwidth is a sum over 512 MB; until
-   2026-11-28 it was a copy's read + write bytes, which overstated the decode roofline ~1.5x.
+   FLOPs / matmul ceiling, whichever binds). The read bandwidth is a float32 sum over 512 MB
+   (a copy's read + write bytes are printed beside it; on the project's machine both ~24 GB/s).
 
 Prints a markdown table (docs/performance.md "Where the time goes on the real model").
 """
