@@ -56,6 +56,9 @@ def tier_of(path: Path) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    # multihost/ first: it is one group on one worker (~7 minutes), so started last it left
+    # the other worker idle at the end of the slow tier; first, the e2e files fill around it.
+    items.sort(key=lambda item: tier_of(item.path) != "multihost")
     for item in items:
         tier = tier_of(item.path)
         for mark in FOLDER_MARKS.get(tier, ()):
