@@ -28,10 +28,10 @@ among them: it must see the controller go), resets signal handlers to an interpr
 defaults, takes a session and a process title of its own, and then serves as a fresh zygote
 does (``_zygote.serve``), registered for exactly that environment.
 
-On by default (``FORGE_PREFORK=0``: off). It was opt-in for a day: the guess demo's learning
-gain fell below its test's bound in 2 of 4 runs with it on. In 11 runs on and off (+0.013 to
-+0.082 on, -0.009 to +0.077 off) it made no difference: the check was fragile either way
-(docs/performance.md).
+On by default (``FORGE_PREFORK=0``: off). It was opt-in for a few hours: the guess demo's
+learning gain fell below its test's bound in 2 of 4 runs with it on. In 11 runs on and off
+(+0.013 to +0.082 on, -0.009 to +0.077 off) it made no difference: the check was fragile
+either way (docs/performance.md).
 """
 
 from __future__ import annotations
