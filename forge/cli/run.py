@@ -59,7 +59,7 @@ def run_app(
     print(f"[forge] run directory: {rdir}", flush=True)
     from forge.run.actors import prefork_actor_zygote
 
-    # The actors' zygote forked from here (opt-in, FORGE_PREFORK=1), with the config's thread
+    # The actors' zygote forked from here (FORGE_PREFORK=0: not), with the config's thread
     # settings where it has them at its top (an RL or SFT config), the defaults otherwise.
     prefork_actor_zygote(getattr(cfg, "threads_per_actor", 0), getattr(cfg, "deterministic", False))
     try:

@@ -113,7 +113,7 @@ def test_the_forked_zygote_and_its_children_end_with_the_controller(tmp_path):
 
 
 def test_a_process_with_another_thread_running_is_not_forked(monkeypatch):
-    monkeypatch.delenv("FORGE_PREFORK", raising=False)  # on by default
+    monkeypatch.setenv("FORGE_PREFORK", "1")  # so the thread is the only reason to refuse
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
