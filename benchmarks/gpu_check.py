@@ -360,6 +360,9 @@ def _broadcast_rank(rank: int, args, init: str, out: str) -> None:
                       "matches_sender": bool(torch.equal(probe, probe_src))}  # fmt: skip
             with open(out, "w") as f:
                 json.dump(result, f)
+        # Both ranks past their last operation before either tears down: without it, rank 0
+        # closing its gloo pairs while rank 1 still received aborted rank 1 (about 1 run in 3).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

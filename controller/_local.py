@@ -26,7 +26,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from controller import _zygote
+from controller import _zygote, malloc
 from controller.env_vars import SESSION_KEY, SESSION_KEY_FD
 from controller.errors import SpawnError, describe_exit
 
@@ -43,9 +43,9 @@ def free_port() -> int:
 
 def worker_env(env_vars: dict[str, str]) -> dict[str, str]:
     """The environment of an actor process with ``env_vars`` (before its pipes' numbers):
-    this process's, the mesh's variables, this ``sys.path``, unbuffered output, and this
-    package importable."""
-    env = {**os.environ, **env_vars}
+    this process's, the mesh's variables, glibc malloc settings (``controller.malloc``), this
+    ``sys.path``, unbuffered output, and this package importable."""
+    env = malloc.tuned_env({**os.environ, **env_vars})  # keep freed memory: no page faults
     env["FORGE_SYS_PATH"] = json.dumps([p for p in sys.path if p])
     env["PYTHONUNBUFFERED"] = "1"
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -61,6 +61,11 @@ Variable                  Default            Meaning
                                              itself (``controller._prefork``) instead of a
                                              fresh zygote importing torch and transformers
                                              again; ``0``: always a fresh zygote.
+``FORGE_MALLOC``          ``1``              Actor processes start with glibc malloc settings
+                                             that keep freed memory for reuse instead of
+                                             page faults (``controller.malloc``); ``0``:
+                                             glibc's defaults (memory given back between
+                                             steps).
 ========================  =================  ===============================================
 
 Set by the process that spawns an actor process (the launch protocol; never set by hand):
@@ -123,6 +128,7 @@ __all__ = [
     "inherited_session",
     "lifeline_fd",
     "log_level",
+    "malloc_tuning",
     "prefork",
     "ready_fd",
     "run_dir",
@@ -246,6 +252,12 @@ def prefork() -> bool:
     """Whether ``forge run`` may fork the actors' zygote from itself (``controller._prefork``):
     ``FORGE_PREFORK`` and ``FORGE_ZYGOTE`` not ``0`` (default on)."""
     return zygote() and os.environ.get("FORGE_PREFORK", "1") != "0"
+
+
+def malloc_tuning(env: dict[str, str] | None = None) -> bool:
+    """Whether actor processes get ``controller.malloc``'s settings: ``FORGE_MALLOC`` (in
+    ``env``, a child's environment, else this process's) is not ``0`` (default on)."""
+    return (os.environ if env is None else env).get("FORGE_MALLOC", "1").strip() != "0"
 
 
 def task_dump() -> bool:

@@ -189,4 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None and args.fn in (_run, _eval):  # the command itself, not a call from Python
+        from controller.malloc import reexec_tuned
+
+        reexec_tuned()  # its forked zygote gets the actors' malloc settings (returns if it has)
     return args.fn(args)
