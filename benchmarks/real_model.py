@@ -13,7 +13,9 @@
    FLOPs / matmul ceiling, whichever binds). The read bandwidth is a float32 sum over 512 MB
    (a copy's read + write bytes are printed beside it; on the project's machine both ~24 GB/s).
 
-Prints a markdown table (docs/performance.md "Where the time goes on the real model").
+Prints a markdown table (docs/performance.md "Where the time goes on the real model"). Runs
+with the glibc malloc settings actor processes get (``controller.malloc``; ``FORGE_MALLOC=0``:
+glibc's defaults, as before 2026-11-28 evening).
 """
 
 from __future__ import annotations
@@ -240,4 +242,7 @@ def table(r: dict) -> str:
 
 
 if __name__ == "__main__":
+    from controller.malloc import reexec_tuned
+
+    reexec_tuned()  # the malloc settings actor processes run with (FORGE_MALLOC=0: not)
     main()

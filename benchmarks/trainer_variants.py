@@ -145,4 +145,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    from controller.malloc import reexec_tuned
+
+    reexec_tuned()  # the malloc settings actor processes run with (FORGE_MALLOC=0: not)
     main()
