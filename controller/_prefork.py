@@ -16,7 +16,10 @@ process a fresh zygote would have been, and otherwise leaves the meshes to a fre
   this process's only in names whose start-up effect can be applied in each child after the
   fork (``APPLIED``: torch's thread count, unbuffered output, ``PYTHONPATH`` (the worker sets
   ``sys.path`` itself), transformers' verbosity, huggingface_hub's progress bars). Any other
-  difference (``PYTHONHASHSEED``, ``CUDA_VISIBLE_DEVICES``, ...) means a fresh zygote;
+  difference (``PYTHONHASHSEED``, ``CUDA_VISIBLE_DEVICES``, ...) means a fresh zygote. So does
+  a controller started without the actors' malloc settings (``controller.malloc``: glibc reads
+  ``GLIBC_TUNABLES`` only at a process's start); ``forge run`` and ``forge eval`` start
+  themselves again with them for this;
 - the session's secret is not in this process's start-up environment (a forked child's
   ``/proc/<pid>/environ`` shows its parent's);
 - the host has no GPU device (the CUDA driver cannot be used in a child forked after it

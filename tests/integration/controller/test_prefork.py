@@ -11,6 +11,7 @@ import threading
 import psutil
 
 from controller._prefork import prefork
+from controller.malloc import tuned_env
 from tests.helpers import REPO, script_env, wait_dead, write_script
 
 CONTROLLER = """
@@ -63,7 +64,8 @@ asyncio.run(main())
 def _start(tmp_path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(write_script(tmp_path, CONTROLLER)), *args],
-        stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=script_env(FORGE_PREFORK="1"),
+        stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+        env=tuned_env(script_env(FORGE_PREFORK="1")),  # started as `forge run` is (malloc)
     )  # fmt: skip
 
 
@@ -130,9 +132,17 @@ def test_a_secret_in_the_environment_zygotes_off_or_another_backend_mean_no_fork
     for extra, want in (({}, "True"), ({"FORGE_SESSION_KEY": "ab" * 32}, "False"),
                         ({"FORGE_ZYGOTE": "0"}, "False"), ({"FORGE_PREFORK": "0"}, "False"),
                         ({"FORGE_BACKEND": "ray"}, "False")):  # fmt: skip
-        env = script_env(**extra)
+        env = tuned_env(script_env(**extra))  # as `forge run` starts (controller.malloc)
         if not extra:
             env.pop("FORGE_PREFORK", None)  # the default forks
         out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                              cwd=str(REPO), env=env, timeout=60)  # fmt: skip
         assert out.stdout.strip() == want, (extra, out.stdout, out.stderr)
+    # Started without the actors' malloc settings (glibc reads them only at a process's
+    # start): a fork would lack them, so a fresh zygote starts with them instead.
+    env = script_env()
+    env.pop("FORGE_PREFORK", None)
+    env.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                         cwd=str(REPO), env=env, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == "False", (out.stdout, out.stderr)
