@@ -69,7 +69,7 @@ def test_forge_top_follows_the_cpu_demo_in_tmux(tmp_path):
     _tmux(sock, "new-session", "-d", "-s", "t", "-x", "160", "-y", "50", demo)
     try:
         _wait(lambda: _grpo_step(run / "status.json") >= 1, 400, "the demo's first GRPO step")
-        _tmux(sock, "new-window", "-t", "t", top)
+        _tmux(sock, "new-window", "-t", "t:1", top)  # "t" alone once resolved to window 0
         _tmux(sock, "resize-window", "-t", "t:1", "-x", "160", "-y", "50")
         size = _tmux(sock, "display-message", "-p", "-t", "t:1", "#{pane_width}x#{pane_height}")
         assert size.strip() == "160x50", size
