@@ -141,11 +141,16 @@ async def test_vllm_in_flight_update_does_not_drain(tmp_path_factory):
         assert logprob_diffs(model, new).max().item() < 1e-4
 
         # drain still waits for running requests: nothing is mixed.
+        # ignore_eos: a row that samples EOS at once would finish between two polls, and
+        # this loop would then wait for rows that never come (CI run39 hung here 400 s).
         long = asyncio.ensure_future(
-            gen.generate.call_one(PROMPT, max_tokens=64, temperature=1.0, seed=3)
+            gen.generate.call_one(PROMPT, max_tokens=64, temperature=1.0, seed=3, ignore_eos=True)
         )
-        while (await gen.stats.call_one())["running_rows"] == 0:
+        for _ in range(3000):
+            if long.done() or (await gen.stats.call_one())["running_rows"] > 0:
+                break
             await asyncio.sleep(0.01)
+        assert not long.done(), "the 64-token request ended before it was seen running"
         assert await gen.update_weights.call_one(handle=store.push(v1, 2), mode="drain") == 2
         [drained] = await long
         assert drained.generator_version == 1
