@@ -214,6 +214,19 @@ def _policy_loss(
     raise _unknown_type(cfg.type)
 
 
+def zero_advantage_inexact(config: LossConfig) -> str | None:
+    """Why a row with advantage 0 may have a nonzero gradient under ``config`` (``None``:
+    its gradient is exactly 0, so a trainer may skip the row; see
+    ``TrainerConfig.skip_zero_advantage``)."""
+    if config.type not in ("grpo", "gspo", "ppo", "reinforce"):
+        return f"loss.type {config.type!r} is not one of the built-in policy losses"
+    if config.kl_coef > 0:
+        return f"loss.kl_coef={config.kl_coef} adds a KL term that every row has"
+    if config.entropy_coef > 0:
+        return f"loss.entropy_coef={config.entropy_coef} adds an entropy term that every row has"
+    return None
+
+
 def build_loss(config: LossConfig) -> LossFn:
     """Return ``loss_fn(**tensors) -> (loss, metrics)`` for ``config`` (see module docstring).
 

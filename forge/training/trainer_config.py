@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from forge.losses import LossConfig
+from forge.losses.loss_config import zero_advantage_inexact
 from forge.training.reference_update import ReferenceUpdateConfig
 from forge.weights.transport_config import WeightTransportConfig
 
@@ -72,6 +73,20 @@ def check_tis(loss, old_logprobs: str, key: str = "trainer.loss") -> None:
             "as pi_old every weight is exactly 1. Set trainer.old_logprobs: current (the "
             "trainer's own logprobs before the update, which is what TIS corrects towards), "
             "or remove tis_cap"
+        )
+
+
+def check_zero_skip(loss, skip: bool | None, key: str = "trainer") -> None:
+    """``skip_zero_advantage=True`` where a zero-advantage row's gradient is not exactly 0
+    would change the update: an error that says why."""
+    if skip is not None and not isinstance(skip, bool):
+        raise TypeError(f"{key}.skip_zero_advantage must be true, false or null, got {skip!r}")
+    why = zero_advantage_inexact(loss) if skip else None
+    if why is not None:
+        raise ValueError(
+            f"{key}.skip_zero_advantage=true, but {why}, so rows with advantage 0 still have "
+            "a gradient and skipping them would change the update; set it to null (skip only "
+            "where exact) or false"
         )
 
 
@@ -213,6 +228,15 @@ class TrainerConfig:
     largest product at long completions: the gen-heavy trainer step 12-17% faster on this
     project's CPU, for a trainer/generator ``mismatch_kl`` of 1.9e-3 instead of 1.4e-3
     (docs/performance.md). ``False``: the head runs in float32."""
+    skip_zero_advantage: bool | None = None
+    """Skip the forward and backward of rows whose advantage is exactly 0 (every row of a
+    group whose samples all got the same reward). Under the policy losses (``grpo``, ``gspo``,
+    ``ppo``, ``reinforce``) with nothing added to them (``kl_coef`` and ``entropy_coef`` 0)
+    such a row's gradient is exactly 0, and the loss keeps the whole batch's denominator, so
+    the update is the same; the loss's diagnostics (``mismatch_kl``, ``clip_fraction``, ...)
+    are then averages over the rows that train, and ``rows_skipped`` counts the others. One
+    trainer rank (``train_step``). ``None``: skip wherever that holds; ``True``: the same, and
+    an error where it does not; ``False``: compute every row."""
     device: Device = "auto"
     """``auto``: ``cuda`` when a GPU is visible, else ``cpu``."""
     attn_implementation: str = "eager"
@@ -307,6 +331,7 @@ class TrainerConfig:
                     f"got {type(value).__name__}"
                 )
         check_tis(self.loss, self.old_logprobs)
+        check_zero_skip(self.loss, self.skip_zero_advantage)
         if self.lora is not None:
             self._check_lora()
 

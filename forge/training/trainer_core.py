@@ -42,12 +42,18 @@ import torch
 
 from controller import threads
 from forge.losses import LossConfig, build_loss
+from forge.losses.loss_config import zero_advantage_inexact
 from forge.models.logprobs import set_head_precision
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
 from forge.training.hf_trainer import HFAdapter
 from forge.training.schedule import build_optimizer, build_scheduler
-from forge.training.trainer_config import TrainerConfig, check_tis, resolve_device
+from forge.training.trainer_config import (
+    TrainerConfig,
+    check_tis,
+    check_zero_skip,
+    resolve_device,
+)
 from forge.types import TrainBatch
 
 __all__ = ["TrainerCore", "build_adapter", "loss_denominator", "mismatch_metrics"]
@@ -66,6 +72,9 @@ def loss_denominator(mask_bt: torch.Tensor, aggregation: str) -> float:
 
 # Metrics folded over micro-batches and ranks by their maximum, not a weighted mean.
 MAX_METRICS = frozenset({"logprob_gap_max"})
+# Metrics that are sums over rows (a zero-advantage row adds exactly 0): kept as folded when
+# such rows are skipped; the others are averages, renormalized over the rows that trained.
+ADDITIVE_METRICS = frozenset({"loss", "policy_loss"})
 
 
 def fold_metrics(sums: dict[str, float], metrics: dict[str, float], weight: float) -> None:
@@ -75,6 +84,20 @@ def fold_metrics(sums: dict[str, float], metrics: dict[str, float], weight: floa
             sums[k] = max(sums.get(k, float("-inf")), v)
         else:
             sums[k] = sums.get(k, 0.0) + weight * v
+
+
+def _over_trained_rows(sums: dict[str, float], trained: float, model) -> dict[str, float]:
+    """Metrics after zero-advantage rows were skipped: the averages divided by the share of the
+    batch that ran. When none ran, every trainable parameter gets a zero gradient, as a full
+    pass would have given it (so AdamW's momentum and weight decay still apply)."""
+    if trained == 0.0:
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return {"loss": 0.0, "policy_loss": 0.0}
+    return {
+        k: v if k in ADDITIVE_METRICS or k in MAX_METRICS else v / trained for k, v in sums.items()
+    }
 
 
 def mismatch_metrics(
@@ -213,6 +236,7 @@ class TrainerCore:
                 "LossConfig(...) or dataclasses.replace(current, kl_coef=...)"
             )
         check_tis(loss_cfg, self.cfg.old_logprobs, key="set_loss(loss_cfg)")
+        check_zero_skip(loss_cfg, self.cfg.skip_zero_advantage, key="set_loss: trainer")
         self.loss_fn = build_loss(loss_cfg)
         self.aggregation = loss_cfg.resolved_aggregation()
         self.cfg = replace(self.cfg, loss=loss_cfg)
@@ -252,6 +276,11 @@ class TrainerCore:
         denom, tokens = max(float(local[0]), 1.0), float(local[1])
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
+        keep_b = self._rows_with_gradient(b)
+        if keep_b is not None:  # one rank: no collective to keep in step
+            micro = [rows[keep_b[rows]] for rows in micro]
+            micro = [rows for rows in micro if rows.numel()]
+        trained = 0.0  # the share of the loss denominator that ran
         budget = threads.get_budget()  # inside the actor's compute(): a share of the cores
         for i, rows in enumerate(micro):
             share = loss_denominator(mask_bt[rows], self.aggregation) / denom
@@ -264,6 +293,10 @@ class TrainerCore:
                 budget.rebalance()
                 (loss * (share * self.world)).backward()
             fold_metrics(sums, metrics, share)
+            trained += share
+        if keep_b is not None:
+            sums = _over_trained_rows(sums, trained, self.model)
+            sums["rows_skipped"] = float((~keep_b).sum().item())
         out = self._reduce_metrics(sums)
         budget.rebalance()
         out["grad_norm"] = self._clip_and_step()
@@ -326,6 +359,16 @@ class TrainerCore:
         out["parts"] = acc["parts"]
         out["seconds"] = acc["seconds"] + time.perf_counter() - t0
         return out
+
+    def _rows_with_gradient(self, b: TrainBatch) -> torch.Tensor | None:
+        """``[B]`` bool: the rows whose gradient can be nonzero, when ``skip_zero_advantage``
+        applies and some row's cannot; else ``None`` (compute every row)."""
+        skip = self.cfg.skip_zero_advantage
+        if skip is False or self.world > 1 or zero_advantage_inexact(self.cfg.loss):
+            return None
+        adv = b.advantages_b
+        keep_b = adv.reshape(adv.shape[0], -1).ne(0).any(-1)
+        return None if bool(keep_b.all()) else keep_b
 
     def _micro_batches(self, b: TrainBatch) -> list[torch.Tensor]:
         lengths_b = b.attention_mask_bt.sum(-1)
