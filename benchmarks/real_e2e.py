@@ -15,7 +15,9 @@ clip 1.0, no KL term, one optimizer step per generation batch.
 Systems, each run in turn within a repetition:
 
 - ``forge``: ``apps/arith/smollm2.yaml`` as shipped (bf16 generator, bf16 autocast trainer,
-  off-by-one rollouts, ``max_policy_age: 1``), evaluation off.
+  off-by-one rollouts, ``max_policy_age: 1``), evaluation off. Its trainer skips the rows
+  whose advantage is exactly 0 (groups whose 8 samples got the same reward; their gradient
+  is 0, TRL computes them): each line says what share of the timed steps' rows that was.
 - ``trl_fp32``, ``trl_bf16``: TRL 1.16 in this process with 2 torch threads, ``use_cpu``,
   generating with transformers ``generate``; ``bf16=False`` / ``True`` (accelerate's CPU bf16
   autocast). No gradient checkpointing, eager attention, no compile: the fastest TRL settings
@@ -156,6 +158,8 @@ async def run_forge(
     rows = [r for r in result["history"] if M.ELAPSED_S in r]
     return {"marks": [math.nan, *marks], "samples": cpu.samples,
             "tokens": [r[M.train("tokens")] for r in rows],
+            # rows whose advantage was exactly 0, not computed (trainer.skip_zero_advantage)
+            "skipped": [r.get(M.train("rows_skipped"), 0.0) for r in rows],
             "train_s": statistics.median(r[M.TRAIN_S] for r in rows)}  # fmt: skip
 
 
@@ -192,12 +196,15 @@ def run_trl(model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool) -> 
 def timed(raw: dict, warmup: int, steps: int, setup: Setup) -> dict:
     w = window(raw["marks"], raw["samples"], warmup, steps)
     tokens = raw["tokens"][warmup : warmup + steps]
+    rows = steps * setup.prompts * setup.group
+    skipped = sum(raw.get("skipped", [])[warmup : warmup + steps]) / rows
     return {
         "s_per_step": w["s_per_step"],
         "tok_per_s": sum(tokens) / w["wall"],
         "completion_len": sum(tokens) / (len(tokens) * setup.prompts * setup.group),
         "cpu_util": w["cpu_util"],
         **({"train_s": raw["train_s"]} if "train_s" in raw else {}),
+        **({"skipped_rows": skipped} if "skipped" in raw else {}),
     }
 
 
@@ -232,6 +239,7 @@ async def main(args: argparse.Namespace) -> None:
                     print(f"[real_e2e] rep {rep + 1} {setup.name} {system}: "
                           f"{r['s_per_step']:.2f} s/step, {r['tok_per_s']:.0f} tok/s, "
                           f"len {r['completion_len']:.1f}, CPU {100 * r['cpu_util']:.0f}%, "
+                          f"skipped {100 * r.get('skipped_rows', 0.0):.0f}% of rows, "
                           f"load {load:.1f} (at {time.perf_counter() - start:.0f}s)",
                           flush=True)  # fmt: skip
     print(f"\n{'config':9s} {'system':9s} {'s/step':>7s} {'tok/s':>6s} {'len':>5s} {'CPU':>5s}"

@@ -125,17 +125,21 @@ def test_store_retention_and_version_errors(prefix):
 
 
 def test_shm_drop_unlinks_file_with_no_leak(prefix):
-    before = sorted(os.listdir(SHM))
+    # Only this test's files: other tests (another xdist worker) create and remove theirs.
+    def mine() -> list[str]:
+        return sorted(f for f in os.listdir(SHM) if prefix in f)
+
+    before = mine()
     transport = SharedMemoryTransport(prefix, spares=0)
     transport.push({"w": torch.ones(1000)}, version=0)
     path = transport.path(0)
     assert os.path.exists(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert sorted(os.listdir(SHM)) == sorted([*before, os.path.basename(path)])  # no temp left
+    assert mine() == sorted([*before, os.path.basename(path)])  # no temp left
     with pytest.raises(ValueError, match="weight version 0 already exists"):
         transport.push({"w": torch.ones(1)}, version=0)
     transport.drop(0)
-    assert sorted(os.listdir(SHM)) == before
+    assert mine() == before
     transport.drop(0)  # already gone: a no-op
 
 

@@ -34,7 +34,10 @@ def arith_run(tmp_path_factory):
     out = forge_run(
         ["--config", "apps/arith/smollm2.yaml", "--run-dir", str(run), "rl.steps=3",
          "rl.max_policy_age=0", f"rl.data.kwargs.heldout_size={HELDOUT}",
-         "rl.rollout.prompts_per_step=4"],
+         "rl.rollout.prompts_per_step=4",
+         # every row computed: the mismatch gate below reads each step's (a step whose
+         # groups all have equal rewards would otherwise train no row and report none)
+         "rl.trainer.skip_zero_advantage=false"],
         timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
