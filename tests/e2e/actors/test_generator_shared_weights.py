@@ -33,10 +33,14 @@ async def test_shared_weights_no_copy_same_tokens_and_leases_follow_lanes(tiny_m
         assert (await gen.stats.call_one())["shared_versions"] == [1]
         assert (await copying.stats.call_one())["shared_versions"] == []
         assert _locked_by_a_reader(h1.location)  # gen's lease on version 1
-        # Computing in place gives the very tokens and logprobs of a private copy.
+        # Computing in place gives the very tokens of a private copy, and its logprobs up to
+        # float32 rounding: the two processes' thread counts (the host's thread budget, which
+        # a neighbouring test moves) set the summation order (CI run40: 5e-7 apart). The
+        # weights themselves are checked bit for bit by the checksum below.
         [a] = await gen.generate.call_one("hello", **greedy)
         [b] = await copying.generate.call_one("hello", **greedy)
-        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
         assert a.generator_version == 1
         assert await gen.state_dict_checksum.call_one() == state_dict_checksum(
             _perturbed(tiny_model_dir, seed=1)
