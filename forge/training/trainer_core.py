@@ -211,6 +211,11 @@ class TrainerCore:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.rank, self.world = parallel.rank_and_world()
+        if cfg.skip_zero_advantage and self.world > 1:
+            raise ValueError(
+                f"trainer.skip_zero_advantage=true runs on one trainer rank, and this trainer "
+                f"has {self.world}: every rank computes every row; set it to null or false"
+            )
         torch.manual_seed(cfg.seed)
         self.adapter = build_adapter(cfg, self.device)
         self.adapter.model.train()
