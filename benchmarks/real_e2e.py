@@ -98,9 +98,13 @@ class LongAddition:
         return self._rows.pop()
 
     def heldout(self) -> list[dict]:
-        """Held-out questions with the long instruction (evaluation is off in the benchmark,
-        but a data source must have them)."""
-        return self._setup.rows(64, seed=10_000)
+        """The task's 200 held-out pairs (never drawn for training) with the long instruction
+        (``benchmarks.real_heldout`` evaluates on them)."""
+        from apps.arith.task import INSTRUCTION, Addition
+
+        return [{**row, "prompt": [{"role": "user", "content": row["prompt"][0]["content"]
+                                    .replace(INSTRUCTION, LONG)}]}
+                for row in Addition().heldout()]  # fmt: skip
 
     def state_dict(self) -> dict:
         return {"seed": self._seed, "rows": list(self._rows)}
@@ -160,10 +164,16 @@ async def run_forge(
             "tokens": [r[M.train("tokens")] for r in rows],
             # rows whose advantage was exactly 0, not computed (trainer.skip_zero_advantage)
             "skipped": [r.get(M.train("rows_skipped"), 0.0) for r in rows],
-            "train_s": statistics.median(r[M.TRAIN_S] for r in rows)}  # fmt: skip
+            "train_s": statistics.median(r[M.TRAIN_S] for r in rows),
+            "model": result["model"]}  # fmt: skip
 
 
-def run_trl(model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool) -> dict:
+def run_trl(
+    model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool, seed: int = 0,
+    save: Path | None = None,
+) -> dict:  # fmt: skip
+    """TRL's GRPOTrainer on ``setup``'s prompts (``seed``'s stream, as Forge's ``seed=``);
+    ``save``: where the final model and tokenizer go."""
     import torch
     from datasets import Dataset
     from transformers import PrinterCallback
@@ -180,15 +190,18 @@ def run_trl(model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool) -> 
     torch.set_num_threads(2)
     args = cpu_grpo_config(
         out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
-        lr=1e-5, steps=steps, seed=0, bf16=bf16,
+        lr=1e-5, steps=steps, seed=seed, bf16=bf16,
     )  # fmt: skip
-    rows = setup.rows(setup.prompts * (steps + 1), seed=0)
+    rows = setup.rows(setup.prompts * (steps + 1), seed=seed)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
                           train_dataset=Dataset.from_list(rows), callbacks=[Clock()])  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     with ProcessTreeCpu(interval=0.2) as cpu:
         marks.append(time.perf_counter())
         trainer.train()
+    if save is not None:
+        trainer.save_model(str(save))
+        trainer.processing_class.save_pretrained(str(save))
     n = setup.prompts * setup.group
     return {"marks": marks, "samples": cpu.samples, "tokens": [x * n for x in lengths]}
 

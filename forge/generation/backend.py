@@ -24,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from forge.generation.prompts import Prompt
+from forge.models.precision import resolve_auto
 from forge.types import Completion, SamplingParams
 from forge.weights.adapter import LORA_MODES
 from forge.weights.transport_config import WeightTransportConfig
@@ -57,8 +58,9 @@ class GeneratorConfig:
     backend: Literal["hf", "vllm"] = "hf"
     """``hf`` (transformers + Forge's continuous batching, runs anywhere torch runs) or
     ``vllm`` (needs ``forge[vllm]``)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """The model's dtype."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """The model's dtype; ``auto``: ``bfloat16`` where the device multiplies bf16 natively
+    (``forge.models.precision``), else ``float32``, decided when the config loads."""
     device: str = "cpu"
     """hf backend: the torch device (``cpu``, ``cuda``, ``cuda:1``)."""
     max_batch_size: int = 32
@@ -116,6 +118,9 @@ class GeneratorConfig:
                 "GeneratorConfig.weights must be a WeightTransportConfig (or a dict of its "
                 f"fields), got {type(self.weights).__name__}"
             )
+        # vllm's device is its own (a GPU where one is visible); hf's is ``device``
+        self.dtype = resolve_auto("generator.dtype", self.dtype,
+                                  self.device if self.backend == "hf" else "auto")  # fmt: skip
         if self.max_batch_size < 1:
             raise ValueError(
                 f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"

@@ -21,6 +21,7 @@ from typing import Literal, get_args
 
 from forge.losses import LossConfig
 from forge.losses.loss_config import zero_advantage_inexact
+from forge.models.precision import resolve_auto, warn_if_slow_bf16
 from forge.training.reference_update import ReferenceUpdateConfig
 from forge.weights.transport_config import WeightTransportConfig
 
@@ -217,11 +218,13 @@ class TrainerConfig:
     """``hf`` (transformers model) or ``titan`` (torchtitan model, needs ``forge[titan]``)."""
     dtype: str = "float32"
     """The parameters' dtype (and the compute dtype without ``autocast``)."""
-    autocast: AutocastDtype | None = None
+    autocast: AutocastDtype | Literal["auto"] | None = None
     """Mixed precision: matmuls run in this type while parameters, gradients and optimizer
     state stay in ``dtype`` (float32); the LM head and the logprobs stay float32 (see
     ``autocast_head``). On this project's CPU (AMX) a real-model step is 1.4x faster
-    (docs/performance.md). ``None``: all in ``dtype``."""
+    (docs/performance.md). ``None``: all in ``dtype``. ``auto``: ``bfloat16`` where the
+    device multiplies bf16 natively (``forge.models.precision``), else ``None``; a CPU
+    without it runs bf16 matmuls ~100x slower than float32."""
     autocast_head: bool = False
     """With ``autocast``: run the LM head in the lower precision too (bf16 logits, upcast for
     the log-softmax, as TRL and verl do under mixed precision). The head is the step's
@@ -300,6 +303,12 @@ class TrainerConfig:
         _positive("TrainerConfig", "micro_batch_size", self.micro_batch_size)
         _positive("TrainerConfig", "bucket_cost_tokens", self.bucket_cost_tokens, allow_zero=True)
         _positive("TrainerConfig", "temperature", self.temperature, allow_zero=True)
+        if self.autocast == "auto":
+            native = resolve_auto("trainer.autocast", "auto", self.device) == "bfloat16"
+            # autocast_head asks for a bf16 head wherever bf16 is used: nothing without it
+            self.autocast, self.autocast_head = ("bfloat16", self.autocast_head) if native else (None, False)  # fmt: skip
+        else:
+            warn_if_slow_bf16("trainer.autocast", self.autocast, self.device)
         if self.autocast is not None:
             _choice("TrainerConfig", "autocast", self.autocast, AUTOCAST_DTYPES)
             if self.dtype != "float32":
@@ -330,6 +339,9 @@ class TrainerConfig:
                     f"TrainerConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
                     f"got {type(value).__name__}"
                 )
+        if self.weights.dtype == "auto":  # pushes in bf16 where the trainer computes in it
+            native = resolve_auto("trainer.weights.dtype", "auto", self.device) == "bfloat16"
+            self.weights.dtype = "bfloat16" if native else ""
         check_tis(self.loss, self.old_logprobs)
         check_zero_skip(self.loss, self.skip_zero_advantage)
         if self.lora is not None:

@@ -57,9 +57,10 @@ class WeightTransportConfig:
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """broadcast: ``auto`` (``nccl`` where CUDA is available, else ``gloo``), ``nccl`` or
     ``gloo``."""
-    dtype: Literal["", "bfloat16", "float16", "float32"] = ""
+    dtype: Literal["", "bfloat16", "float16", "float32", "auto"] = ""
     """Pusher: floating-point tensors are pushed in this type (``""``: as the trainer holds
-    them). ``bfloat16`` where every puller computes in bf16 halves the bytes of each push, and
+    them; ``auto``: ``bfloat16`` where the trainer's device multiplies bf16 natively, else as
+    held, decided by ``TrainerConfig``). ``bfloat16`` where every puller computes in bf16 halves the bytes of each push, and
     pullers whose model is bf16 then compute with the pushed bytes in place (``share``); the
     values they hold are the same, since they round to bf16 either way."""
 

@@ -1,0 +1,104 @@
+"""Where bf16 is fast, and what the ``auto`` precision knobs become.
+
+bf16 pays only where the hardware multiplies bf16 natively: a CUDA GPU that supports it, or an
+x86 CPU with AMX-BF16 or AVX512-BF16 (an Arm CPU with the ``bf16`` feature). Elsewhere torch
+falls back to slow paths: on a 2-core AMD EPYC (Zen 3, AVX2 only) a bf16 matmul at the real
+model's shapes ran at ~1 GFLOP/s against ~110 in float32 (2026-11-29), and a run configured
+for bf16 took ~10x longer. So the main job's configs say ``auto``:
+
+- ``generator.dtype: auto``: ``bfloat16`` where the generator's device has native bf16, else
+  ``float32``;
+- ``trainer.autocast: auto``: ``bfloat16`` mixed precision there, else none (all float32);
+- ``trainer.weights.dtype: auto``: pushes in ``bfloat16`` there, else in the parameters' type.
+
+``auto`` is decided once, when the config loads, on the machine that loads it, and the
+decision is printed; a run's roles then share it. An explicit ``bfloat16`` on a device without
+native bf16 is kept, with a warning that names the cost.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import warnings
+from pathlib import Path
+
+__all__ = ["auto_dtype", "native_bf16", "resolve_auto", "warn_if_slow_bf16"]
+
+_X86_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@functools.cache
+def cpu_bf16() -> bool:
+    """This CPU multiplies bf16 natively (Linux ``/proc/cpuinfo`` flags; ``False`` where
+    they cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return cpuinfo_bf16(text, platform.machine())
+
+
+def cpuinfo_bf16(cpuinfo: str, machine: str) -> bool:
+    """``cpuinfo`` (the text of ``/proc/cpuinfo``) names a native bf16 feature: x86
+    ``amx_bf16`` / ``avx512_bf16``, or Arm's ``bf16`` on an ``aarch64`` ``machine``."""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    arm = machine.lower() in ("aarch64", "arm64")
+    return any(f in flags for f in _X86_FLAGS) or (arm and "bf16" in flags)
+
+
+def native_bf16(device: str) -> bool:
+    """``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``) computes bf16 natively."""
+    import torch
+
+    device = _device(device)
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device == "cpu" and cpu_bf16()
+
+
+def _device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def auto_dtype(device: str) -> str:
+    """``bfloat16`` where ``device`` has native bf16, else ``float32``."""
+    return "bfloat16" if native_bf16(device) else "float32"
+
+
+def warn_if_slow_bf16(knob: str, dtype: str | None, device: str) -> None:
+    """Warn when ``knob`` asks for bf16 on a ``device`` without native bf16."""
+    if dtype == "bfloat16" and not native_bf16(device):
+        device = _device(device)
+        where = "this CPU (no AMX-BF16 or AVX512-BF16)" if device == "cpu" else device
+        warnings.warn(
+            f"{knob}=bfloat16 on {where}: bf16 matmuls fall back to a slow path there "
+            "(~100x slower than float32 on an AVX2 CPU); set it to auto (float32 here) unless "
+            "you mean to test bf16 numerics",
+            stacklevel=3,
+        )
+
+
+_told: set[tuple[str, str]] = set()
+
+
+def resolve_auto(knob: str, value: str | None, device: str) -> str | None:
+    """``value`` with ``auto`` replaced by ``auto_dtype(device)`` (said once per process);
+    an explicit ``bfloat16`` is kept, with ``warn_if_slow_bf16``."""
+    if value != "auto":
+        warn_if_slow_bf16(knob, value, device)
+        return value
+    dtype = auto_dtype(device)
+    if (knob, dtype) not in _told:
+        _told.add((knob, dtype))
+        why = "native bf16" if dtype == "bfloat16" else "no native bf16"
+        print(f"[forge] {knob}: auto -> {dtype} ({_device(device)}: {why})", flush=True)
+    return dtype
