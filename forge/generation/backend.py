@@ -118,9 +118,11 @@ class GeneratorConfig:
                 "GeneratorConfig.weights must be a WeightTransportConfig (or a dict of its "
                 f"fields), got {type(self.weights).__name__}"
             )
-        # vllm's device is its own (a GPU where one is visible); hf's is ``device``
+        # hf's device is ``device``; vllm places itself (a GPU where one is visible) and picks
+        # its own kernels, so an explicit bf16 there is not judged
+        hf = self.backend == "hf"
         self.dtype = resolve_auto("generator.dtype", self.dtype,
-                                  self.device if self.backend == "hf" else "auto")  # fmt: skip
+                                  self.device if hf else "auto", warn=hf)  # fmt: skip
         if self.max_batch_size < 1:
             raise ValueError(
                 f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"

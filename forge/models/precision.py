@@ -76,8 +76,14 @@ def auto_dtype(device: str) -> str:
 
 def warn_if_slow_bf16(knob: str, dtype: str | None, device: str) -> None:
     """Warn when ``knob`` asks for bf16 on a ``device`` without native bf16."""
-    if dtype == "bfloat16" and not native_bf16(device):
-        device = _device(device)
+    if dtype != "bfloat16":
+        return
+    import torch
+
+    device = _device(device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return  # a GPU config loaded on a host without one: nothing to judge here
+    if not native_bf16(device):
         where = "this CPU (no AMX-BF16 or AVX512-BF16)" if device == "cpu" else device
         warnings.warn(
             f"{knob}=bfloat16 on {where}: bf16 matmuls fall back to a slow path there "
@@ -90,11 +96,12 @@ def warn_if_slow_bf16(knob: str, dtype: str | None, device: str) -> None:
 _told: set[tuple[str, str]] = set()
 
 
-def resolve_auto(knob: str, value: str | None, device: str) -> str | None:
+def resolve_auto(knob: str, value: str | None, device: str, warn: bool = True) -> str | None:
     """``value`` with ``auto`` replaced by ``auto_dtype(device)`` (said once per process);
-    an explicit ``bfloat16`` is kept, with ``warn_if_slow_bf16``."""
+    an explicit ``bfloat16`` is kept, with ``warn_if_slow_bf16`` (unless ``warn`` is off)."""
     if value != "auto":
-        warn_if_slow_bf16(knob, value, device)
+        if warn:
+            warn_if_slow_bf16(knob, value, device)
         return value
     dtype = auto_dtype(device)
     if (knob, dtype) not in _told:

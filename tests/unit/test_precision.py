@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,15 @@ def test_main_job_config_is_consistent_either_way(native):
 def test_unknown_value_is_an_error():
     with pytest.raises(ValueError, match="autocast"):
         TrainerConfig(model="m", autocast="bf16")
+
+
+def test_configs_whose_device_is_not_here_are_not_judged(native):
+    """vLLM picks its own kernels, and a GPU trainer loaded on a CPU host is judged where it
+    runs: an explicit bf16 there is no warning."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GeneratorConfig(model="m", backend="vllm", dtype="bfloat16")
+        if not torch.cuda.is_available():
+            TrainerConfig(model="m", device="cuda", autocast="bfloat16")
