@@ -1,6 +1,7 @@
 """The machine's limit and each role's distance from it, on the real model (SmolLM2-135M).
 
     python -m benchmarks.real_model [--threads 2] [--repeats 3] [--out results.json]
+                                    [--dtypes float32 bfloat16]
 
 1. **Ceiling**: torch matmul FLOP/s at the model's GEMM shapes (tokens x 576 against the
    q/k/v/o, gate/up/down and LM-head weights), float32 and bfloat16.
@@ -15,7 +16,9 @@
 
 Prints a markdown table (docs/performance.md "Where the time goes on the real model"). Runs
 with the glibc malloc settings actor processes get (``controller.malloc``; ``FORGE_MALLOC=0``:
-glibc's defaults, as before 2026-11-28 evening).
+glibc's defaults, as before 2026-11-28 evening). ``--dtypes`` defaults to both where the CPU
+multiplies bf16 natively (``forge.models.precision``) and to float32 alone elsewhere (there a
+bf16 matmul runs ~100x slower, and this benchmark would take hours).
 """
 
 from __future__ import annotations
@@ -162,7 +165,13 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="only profile one bf16-autocast trainer step (torch.profiler, top ops)",
     )
+    p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=None,
+                   help="precisions to measure (default: bfloat16 too where it is native)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.dtypes is None:
+        from forge.models.precision import native_bf16
+
+        args.dtypes = ["float32", "bfloat16"] if native_bf16("cpu") else ["float32"]
     torch.set_num_threads(args.threads)
     from forge.models import load_model
     from forge.models.gguf import resolve_model
@@ -175,19 +184,20 @@ def main(argv: list[str] | None = None) -> dict:
     del model
     read, copy = memory_bandwidth()
     r: dict = {"threads": args.threads, "bandwidth_gbs": read / 1e9, "copy_gbs": copy / 1e9}
-    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        r[f"ceiling_{name}_gflops"] = gemm_ceiling(dt, 1024, args.repeats) / 1e9
+    for name in args.dtypes:
+        r[f"ceiling_{name}_gflops"] = gemm_ceiling(getattr(torch, name), 1024, args.repeats) / 1e9
     batch, prompt_len, groups = sample_batch(model_dir)
     flops = trainer_flops(batch, prompt_len, groups, non_embedding)
     r["trainer_step_tflop"] = flops / 1e12
-    for name, ac in (("float32", None), ("bfloat16", "bfloat16")):
-        s = time_trainer(model_dir, batch, ac, args.repeats)
+    for name in args.dtypes:
+        s = time_trainer(model_dir, batch, None if name == "float32" else name, args.repeats)
         r[f"trainer_{name}_s"] = s
         r[f"trainer_{name}_share"] = flops / s / 1e9 / r[f"ceiling_{name}_gflops"]
-    s = time_trainer(model_dir, batch, "bfloat16", args.repeats, attn="sdpa")
-    r["trainer_bfloat16_sdpa_s"] = s
-    r["trainer_bfloat16_sdpa_share"] = flops / s / 1e9 / r["ceiling_bfloat16_gflops"]
-    for dtype in ("bfloat16", "float32"):
+    if "bfloat16" in args.dtypes:
+        s = time_trainer(model_dir, batch, "bfloat16", args.repeats, attn="sdpa")
+        r["trainer_bfloat16_sdpa_s"] = s
+        r["trainer_bfloat16_sdpa_share"] = flops / s / 1e9 / r["ceiling_bfloat16_gflops"]
+    for dtype in args.dtypes[::-1]:
         for b in (1, 8, 64):
             pre, dec = time_generation(model_dir, dtype, b)
             r[f"gen_{dtype}_b{b}_prefill_tps"], r[f"gen_{dtype}_b{b}_decode_tps"] = pre, dec
@@ -205,35 +215,29 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def table(r: dict) -> str:
+    """The markdown table; a precision that was not measured (``--dtypes``) shows "-"."""
+
+    def c(key: str, spec: str = ".0f", around: str = "{}") -> str:
+        return around.format(format(r[key], spec)) if key in r else "-"
+
+    def both(stem: str, spec: str = ".0f") -> str:
+        return f"{c(stem.format('float32'), spec)} | {c(stem.format('bfloat16'), spec)} |"
+
     rows = ["| what | float32 | bfloat16 |", "| --- | --- | --- |"]
-    rows.append(
-        f"| matmul ceiling at the model's shapes, {r['threads']} threads (GFLOP/s) | "
-        f"{r['ceiling_float32_gflops']:.0f} | {r['ceiling_bfloat16_gflops']:.0f} |"
-    )
-    rows.append(
-        f"| trainer step, 64 rows ({r['trainer_step_tflop']:.2f} TFLOP), s | "
-        f"{r['trainer_float32_s']:.2f} | {r['trainer_bfloat16_s']:.2f} |"
-    )
-    rows.append(
-        f"| trainer share of the ceiling | {r['trainer_float32_share']:.0%} | "
-        f"{r['trainer_bfloat16_share']:.0%} |"
-    )
-    rows.append(
-        f"| trainer step with SDPA attention, s (share) | | {r['trainer_bfloat16_sdpa_s']:.2f} "
-        f"({r['trainer_bfloat16_sdpa_share']:.0%}) |"
-    )
+    rows.append(f"| matmul ceiling at the model's shapes, {r['threads']} threads (GFLOP/s) | "
+                + both("ceiling_{}_gflops"))  # fmt: skip
+    rows.append(f"| trainer step, 64 rows ({r['trainer_step_tflop']:.2f} TFLOP), s | "
+                + both("trainer_{}_s", ".2f"))  # fmt: skip
+    rows.append("| trainer share of the ceiling | " + both("trainer_{}_share", ".0%"))
+    rows.append("| trainer step with SDPA attention, s (share) | | "
+                + (f"{c('trainer_bfloat16_sdpa_s', '.2f')} "
+                   f"{c('trainer_bfloat16_sdpa_share', '.0%', '({})')} |"
+                   if "trainer_bfloat16_sdpa_s" in r else "- |"))  # fmt: skip
     for b in (1, 8, 64):
-        rows.append(
-            f"| decode tokens/s at batch {b} (roofline) | "
-            f"{r[f'gen_float32_b{b}_decode_tps']:.0f} "
-            f"({r[f'gen_float32_b{b}_roofline_tps']:.0f}) | "
-            f"{r[f'gen_bfloat16_b{b}_decode_tps']:.0f} "
-            f"({r[f'gen_bfloat16_b{b}_roofline_tps']:.0f}) |"
-        )
-        rows.append(
-            f"| prefill tokens/s at batch {b} | {r[f'gen_float32_b{b}_prefill_tps']:.0f} "
-            f"| {r[f'gen_bfloat16_b{b}_prefill_tps']:.0f} |"
-        )
+        dec = [f"{c(f'gen_{d}_b{b}_decode_tps')} {c(f'gen_{d}_b{b}_roofline_tps', '.0f', '({})')}"
+               if f"gen_{d}_b{b}_decode_tps" in r else "-" for d in ("float32", "bfloat16")]  # fmt: skip
+        rows.append(f"| decode tokens/s at batch {b} (roofline) | {dec[0]} | {dec[1]} |")
+        rows.append(f"| prefill tokens/s at batch {b} | " + both(f"gen_{{}}_b{b}_prefill_tps"))
     rows.append(
         f"| memory bandwidth, read (copy: read + write), GB/s | {r['bandwidth_gbs']:.1f} "
         f"({r.get('copy_gbs', 0.0):.1f}) | |"
