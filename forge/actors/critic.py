@@ -48,7 +48,7 @@ from forge.actors.forge_actor import (
     actor_config,
     use_deterministic_kernels,
 )
-from forge.training.trainer_config import resolve_device
+from forge.models.precision import resolve_device
 from forge.training.value_model import CriticConfig
 from forge.types import TrainBatch
 

@@ -77,6 +77,7 @@ from forge.actors.forge_actor import (
     use_deterministic_kernels,
 )
 from forge.losses import LossConfig
+from forge.models.precision import resolve_device
 from forge.observability.memory import (
     apply_memory_fraction,
     memory_snapshot,
@@ -84,7 +85,7 @@ from forge.observability.memory import (
     release_cached_memory,
 )
 from forge.training import parallel, trainer_checkpoint
-from forge.training.trainer_config import TrainerConfig, resolve_device
+from forge.training.trainer_config import TrainerConfig
 from forge.types import TrainBatch
 from forge.weights import WeightHandle, WeightStore, build_transport
 from forge.weights.relay import remember_latest

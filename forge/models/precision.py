@@ -23,7 +23,7 @@ import platform
 import warnings
 from pathlib import Path
 
-__all__ = ["auto_dtype", "native_bf16", "resolve_auto", "warn_if_slow_bf16"]
+__all__ = ["auto_dtype", "native_bf16", "resolve_auto", "resolve_device", "warn_if_slow_bf16"]
 
 _X86_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -55,13 +55,14 @@ def native_bf16(device: str) -> bool:
     """``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``) computes bf16 natively."""
     import torch
 
-    device = _device(device)
+    device = resolve_device(device)
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return device == "cpu" and cpu_bf16()
 
 
-def _device(device: str) -> str:
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
     if device != "auto":
         return device
     import torch
@@ -80,7 +81,7 @@ def warn_if_slow_bf16(knob: str, dtype: str | None, device: str) -> None:
         return
     import torch
 
-    device = _device(device)
+    device = resolve_device(device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         return  # a GPU config loaded on a host without one: nothing to judge here
     if not native_bf16(device):
@@ -107,5 +108,5 @@ def resolve_auto(knob: str, value: str | None, device: str, warn: bool = True) -
     if (knob, dtype) not in _told:
         _told.add((knob, dtype))
         why = "native bf16" if dtype == "bfloat16" else "no native bf16"
-        print(f"[forge] {knob}: auto -> {dtype} ({_device(device)}: {why})", flush=True)
+        print(f"[forge] {knob}: auto -> {dtype} ({resolve_device(device)}: {why})", flush=True)
     return dtype

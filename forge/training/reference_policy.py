@@ -28,9 +28,10 @@ from collections.abc import Sequence
 import torch
 
 from forge.models import token_logprobs
+from forge.models.precision import resolve_device
 from forge.replay import collate_episodes, join_rows, split_rows
 from forge.training.reference_update import apply_update_, should_update
-from forge.training.trainer_config import ReferenceConfig, resolve_device
+from forge.training.trainer_config import ReferenceConfig
 from forge.types import Episode, TrainBatch
 from forge.weights import WeightHandle, build_transport, pull_handle
 from forge.weights.pull import latest_pushed_version, requested_version

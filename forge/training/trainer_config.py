@@ -406,12 +406,3 @@ class ReferenceConfig:
                     f"ReferenceConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
                     f"got {type(value).__name__}"
                 )
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -44,6 +44,7 @@ from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.losses.loss_config import zero_advantage_inexact
 from forge.models.logprobs import set_head_precision
+from forge.models.precision import resolve_device
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
 from forge.training.hf_trainer import HFAdapter
@@ -52,7 +53,6 @@ from forge.training.trainer_config import (
     TrainerConfig,
     check_tis,
     check_zero_skip,
-    resolve_device,
 )
 from forge.types import TrainBatch
 

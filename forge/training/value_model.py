@@ -33,6 +33,7 @@ from torch import nn
 from forge.losses.value import clipped_value_loss
 from forge.models import position_ids_from_mask
 from forge.models.loading import DTYPES
+from forge.models.precision import resolve_device
 from forge.training.lora import load_base_model
 from forge.training.schedule import build_optimizer, build_scheduler
 from forge.training.trainer_config import (
@@ -41,7 +42,6 @@ from forge.training.trainer_config import (
     ScheduleConfig,
     _choice,
     _positive,
-    resolve_device,
 )
 from forge.training.trainer_core import loss_denominator
 from forge.types import TrainBatch

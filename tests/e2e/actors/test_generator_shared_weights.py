@@ -6,15 +6,25 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from forge.generation.backend import state_dict_checksum
+from forge.actors import Generator
+from forge.generation.backend import GeneratorConfig, state_dict_checksum
+from forge.run import actor_env_vars
 from forge.weights import SharedMemoryTransport, WeightStore, WeightTransportConfig
 from tests.integration.actors.test_generator import (
     LONG,
     _locked_by_a_reader,
     _perturbed,
-    _spawn,
     _wait_running,
 )
+
+
+async def _spawn(model_dir: str, **kwargs) -> Generator:
+    """A generator with one fixed torch thread: both processes then sum in the same order,
+    so their logprobs can be compared bit for bit (with the host's thread budget they were
+    5e-7 apart when a neighbouring test moved it, CI run40)."""
+    return await Generator.options(procs=1, env_vars=actor_env_vars(1)).as_actor(
+        GeneratorConfig(model=model_dir, **kwargs)
+    )
 
 
 async def test_shared_weights_no_copy_same_tokens_and_leases_follow_lanes(tiny_model_dir):
@@ -33,14 +43,10 @@ async def test_shared_weights_no_copy_same_tokens_and_leases_follow_lanes(tiny_m
         assert (await gen.stats.call_one())["shared_versions"] == [1]
         assert (await copying.stats.call_one())["shared_versions"] == []
         assert _locked_by_a_reader(h1.location)  # gen's lease on version 1
-        # Computing in place gives the very tokens of a private copy, and its logprobs up to
-        # float32 rounding: the two processes' thread counts (the host's thread budget, which
-        # a neighbouring test moves) set the summation order (CI run40: 5e-7 apart). The
-        # weights themselves are checked bit for bit by the checksum below.
+        # Computing in place gives the very tokens and logprobs of a private copy.
         [a] = await gen.generate.call_one("hello", **greedy)
         [b] = await copying.generate.call_one("hello", **greedy)
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
         assert a.generator_version == 1
         assert await gen.state_dict_checksum.call_one() == state_dict_checksum(
             _perturbed(tiny_model_dir, seed=1)
