@@ -317,7 +317,8 @@ class TrainerCore:
 
         Gradients are kept as sums weighted by each micro-batch's loss denominator and divided
         by the total at the end, so the update equals one ``train_step`` on all the parts
-        together (up to float rounding). One rank only. Returns the denominator so far."""
+        together (up to float rounding); rows with advantage 0 are skipped as ``train_step``
+        skips them. One rank only. Returns the denominator so far."""
         if self.world > 1:
             raise NotImplementedError(
                 "trajectory streaming (accumulate/apply_accumulated) runs on one trainer rank; "
@@ -326,21 +327,31 @@ class TrainerCore:
         t0 = time.perf_counter()
         if self._acc is None:
             self.optimizer.zero_grad(set_to_none=True)
-            self._acc = {"denom": 0.0, "tokens": 0.0, "seconds": 0.0, "parts": 0.0, "sums": {}}
+            self._acc = {"denom": 0.0, "trained": 0.0, "skipped": 0.0, "tokens": 0.0,
+                         "seconds": 0.0, "parts": 0.0, "sums": {}}  # fmt: skip
         acc, sums = self._acc, self._acc["sums"]
         b = _batch_to(batch, self.device)
         mask_bt = b.response_mask_bt.float()
+        keep_b = self._rows_with_gradient(b)
         budget = threads.get_budget()
         for rows in self._micro_batches(b):
             d = loss_denominator(mask_bt[rows], self.aggregation)
             if rows.numel() == 0 or d == 0:
                 continue  # nothing counted in these rows: no gradient, no metric weight
+            acc["denom"] += d
+            if keep_b is not None:  # their gradient is exactly 0: counted, not computed
+                rows = rows[keep_b[rows]]
+                d = loss_denominator(mask_bt[rows], self.aggregation) if rows.numel() else 0.0
+                if d == 0:
+                    continue
             budget.rebalance()
             loss, metrics = self._micro_loss(b, rows)
             budget.rebalance()
             (loss * d).backward()
             fold_metrics(sums, metrics, d)
-            acc["denom"] += d
+            acc["trained"] += d
+        if keep_b is not None:
+            acc["skipped"] += float((~keep_b).sum().item())
         acc["tokens"] += float(mask_bt.sum().item())
         acc["parts"] += 1
         acc["seconds"] += time.perf_counter() - t0
@@ -358,6 +369,9 @@ class TrainerCore:
             if p.grad is not None:
                 p.grad.div_(denom)
         out = {k: v if k in MAX_METRICS else v / denom for k, v in acc["sums"].items()}
+        if acc["skipped"]:  # as train_step: averages over the rows that trained
+            out = _over_trained_rows(out, acc["trained"] / denom, self.model)
+            out["rows_skipped"] = acc["skipped"]
         threads.get_budget().rebalance()
         out["grad_norm"] = self._clip_and_step()
         out.update(lr=self.last_lr, tokens=acc["tokens"], step=float(self.step))

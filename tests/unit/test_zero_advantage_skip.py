@@ -99,3 +99,37 @@ def test_skip_applies_only_where_it_is_exact(tiny_model):
     core = TrainerCore(TrainerConfig(model=tiny_model, device="cpu", skip_zero_advantage=True))
     with pytest.raises(ValueError, match="skipping them would change the update"):
         core.set_loss(LossConfig(kl_coef=0.1))
+
+
+def test_streamed_parts_skip_zero_rows_and_give_the_same_update(tiny_model):
+    """Trajectory streaming skips as train_step does: accumulate over parts (one of them all
+    zero) + apply_accumulated == train_step on the whole batch, weights and metrics."""
+    advantages = [1.0, 0.0, 0.0, 0.0, -0.5, 0.0, 2.0, 0.0]
+    eps = [dataclasses.replace(e, advantage=a)
+           for e, a in zip(make_episodes(tiny_model, n=8), advantages)]  # fmt: skip
+    streamed, whole = _cores(tiny_model, micro_batch_size=2)
+    for lo, hi in ((0, 2), (2, 4), (4, 8)):  # the second part has advantage 0 throughout
+        streamed.accumulate(collate_episodes(eps[lo:hi]))
+    out_p = streamed.apply_accumulated()
+    out_w = whole.train_step(collate_episodes(eps))
+    _assert_same_weights(streamed, whole)
+    out_s = _cores(tiny_model)[0].train_step(collate_episodes(eps))  # skipping, in one piece
+    assert out_p["rows_skipped"] == out_s["rows_skipped"] == 5.0
+    assert out_p["parts"] == 3.0 and out_p["tokens"] == out_w["tokens"]
+    assert out_p["loss"] == pytest.approx(out_w["loss"], abs=1e-6)
+    assert out_p["grad_norm"] == pytest.approx(out_w["grad_norm"], rel=1e-5)
+    for key in ("mismatch_kl", "logprob_gap", "entropy_sampled", "ratio_mean"):
+        assert out_p[key] == pytest.approx(out_s[key], rel=1e-5), key
+
+
+def test_streamed_parts_of_only_zero_rows_still_step_the_optimizer(tiny_model):
+    streamed, whole = _cores(tiny_model)
+    first = _batch(tiny_model, [1.0, -1.0, 0.5, -0.5])
+    for core in (streamed, whole):
+        core.train_step(first)
+    zeros = _batch(tiny_model, [0.0, 0.0, 0.0, 0.0])
+    streamed.accumulate(zeros)
+    out_p = streamed.apply_accumulated()
+    whole.train_step(zeros)
+    _assert_same_weights(streamed, whole)
+    assert out_p["rows_skipped"] == 4.0 and out_p["loss"] == 0.0 and out_p["grad_norm"] == 0.0
