@@ -11,7 +11,8 @@ that item's result is ``TIMED_OUT`` and the rest of the batch goes to a fresh ch
     scorer.map([["42", "6*7"], ...])   # [{"ok": 1.0}, {"timed_out": 5.0}, ...]
 
 The child (``python -m forge.rewards.bounded <module:function> <memory MiB> <parent pid>``)
-imports the function once, limits its own address space (a huge intermediate ends in
+imports the function once, calls the module's ``warm_up()`` if it has one (lazy imports and
+first-call costs are paid at start, under ``start_timeout_s``, not by the first item's bound), limits its own address space (a huge intermediate ends in
 ``MemoryError``, scored as an error, not in the host's OOM killer), dies with its parent
 (``PR_SET_PDEATHSIG``; it also stays in the parent's process group, which Forge's workers kill
 whole) and speaks JSON lines on stdin/stdout, so the parent never unpickles anything the
@@ -229,7 +230,10 @@ def _child_main(target: str, max_memory_mb: int, parent: int) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     module, _, name = target.partition(":")
-    fn = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    fn = getattr(mod, name)
+    if callable(getattr(mod, "warm_up", None)):
+        mod.warm_up()  # before READY: counted against start_timeout_s
 
     def say(obj: Any) -> None:
         out.write(json.dumps(obj).encode() + b"\n")

@@ -175,6 +175,13 @@ def _parse(text: str, timeout: int) -> list:
     return parse(text, parsing_timeout=timeout)
 
 
+def warm_up() -> None:
+    """In the scoring process, at its start (``forge.rewards.bounded``): math-verify's first
+    parse imports sympy and its LaTeX parser (~0.8 s quiet, several times that on a loaded
+    host), which would otherwise count against the first answer's time bound."""
+    score_pair(["1", "\\boxed{1}", 1])
+
+
 def score_pair(item: list) -> float:
     """In the scoring process: ``[target, answer, soft timeout]`` -> 1.0 | 0.0."""
     from math_verify import verify
