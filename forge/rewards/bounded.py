@@ -12,7 +12,8 @@ that item's result is ``TIMED_OUT`` and the rest of the batch goes to a fresh ch
 
 The child (``python -m forge.rewards.bounded <module:function> <memory MiB> <parent pid>``)
 imports the function once, calls the module's ``warm_up()`` if it has one (lazy imports and
-first-call costs are paid at start, under ``start_timeout_s``, not by the first item's bound), limits its own address space (a huge intermediate ends in
+first-call costs are paid at start, under ``start_timeout_s``, not by the first item's
+bound), limits its own address space (a huge intermediate ends in
 ``MemoryError``, scored as an error, not in the host's OOM killer), dies with its parent
 (``PR_SET_PDEATHSIG``; it also stays in the parent's process group, which Forge's workers kill
 whole) and speaks JSON lines on stdin/stdout, so the parent never unpickles anything the
