@@ -70,7 +70,7 @@ def memory_bandwidth() -> tuple[float, float]:
     return statistics.median(read[1:]), statistics.median(copy[1:])
 
 
-def sample_batch(model_dir: str):
+def sample_batch(model_dir: str, dtype: str = "bfloat16"):
     from apps.arith.task import Addition
     from forge.generation.hf_engine import HFEngine
     from forge.models import load_model, load_tokenizer
@@ -80,7 +80,7 @@ def sample_batch(model_dir: str):
     tok = load_tokenizer(model_dir)
     src = Addition(seed=5)
     items = [src.sample() for _ in range(8)]
-    engine = HFEngine(load_model(model_dir, dtype="bfloat16"), tok, max_batch_size=64, seed=0)
+    engine = HFEngine(load_model(model_dir, dtype=dtype), tok, max_batch_size=64, seed=0)
     params = SamplingParams(n=8, max_tokens=16, temperature=1.0)
     outs = engine.generate([(it["prompt"], params) for it in items])
     eps = [Episode(f"e{i}", c.prompt_ids, c.token_ids, c.logprobs, reward=0.0, policy_version=0,

@@ -59,6 +59,7 @@ from forge.generation import attention, kv_cache
 from forge.generation.prefix_cache import PrefixCache, PrefixHit
 from forge.generation.prompts import Prompt, encode_prompt
 from forge.generation.sampling import counter_uniform, sample_next
+from forge.models import cpu_head
 from forge.models.logprobs import position_ids_from_mask
 from forge.observability.memory import tensor_bytes
 from forge.types import Completion, SamplingParams
@@ -134,6 +135,8 @@ class HFEngine:
         self.device = next(model.parameters()).device
         # Decode steps attend without repeating grouped KV heads (attention.py).
         self._fast_attention = attention.use_fast_decode(model)
+        # A float32 CPU head through oneDNN (forge/models/cpu_head.py): ~2x MKL's at decode.
+        cpu_head.use_onednn_head(model)
         self.pad_id = tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = tokenizer.eos_token_id

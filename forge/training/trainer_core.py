@@ -43,6 +43,7 @@ import torch
 from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.losses.loss_config import zero_advantage_inexact
+from forge.models.cpu_head import use_onednn_head
 from forge.models.logprobs import set_head_precision
 from forge.models.precision import resolve_device
 from forge.models.shared_prefix import shared_prefix_logprobs
@@ -221,6 +222,8 @@ class TrainerCore:
         self.adapter.model.train()
         if cfg.autocast is not None:  # the head's precision, wherever the model calls it
             set_head_precision(self.adapter.model, cfg.autocast_head)
+        if self.world == 1:  # the generator's head product too (same logits): cpu_head.py
+            use_onednn_head(self.adapter.model)
         self.model = parallel.wrap_model(self.adapter.model, cfg.parallelism, self.device)
         # With LoRA only the adapter trains: the optimizer never sees (or keeps state for) the
         # frozen base.
