@@ -75,7 +75,6 @@ def main() -> None:
     params = SamplingParams(n=8, max_tokens=16, ignore_eos=True, seed=1)
     _ab("generation", model, lambda: engine.generate([(p, params) for p in prompts]),
         args.repeats)  # fmt: skip
-    del engine, model
 
     batch = sample_batch(model_dir, dtype="float32")[0]
     core = TrainerCore(TrainerConfig(model=model_dir, device="cpu"))
