@@ -1,18 +1,18 @@
 """The LM head's float32 product through oneDNN on CPU, where MKL's is slow.
 
 PyTorch's CPU ``linear`` in float32 calls MKL's sgemm. At an LM head's shape (a few to a
-thousand rows against a ``[49152, 576]`` weight) that ran at 40-75 GFLOP/s on a 2-core AMD
+thousand rows against a ``[49152, 576]`` weight) that ran at 10-75 GFLOP/s on a 2-core AMD
 EPYC (Zen 3), against ~110 for the model's other products; oneDNN's inner-product kernel,
 which PyTorch ships too, did the same product in about half the time (decode batch of 64:
 84 -> 44 ms; one row: 11.6 -> 6.5 ms; 1,024 rows: 772 -> 610 ms; 2026-11-29,
-docs/performance.md). The head is a third of a float32 decode step there, so generation got
-~14% faster.
+docs/performance.md). The head was a fifth of the main job's float32 generation there;
+in A/B runs generation got 5-16% faster and the trainer step 8%.
 
-``use_onednn_head(model)`` makes a float32 CPU model's head use it, in the generator and in
-the trainer alike (the two then compute the same logits). Autograd works: the backward is
-the two products ``linear``'s own backward runs. Heads it leaves alone: small ones (under
-``MIN_WEIGHT_ELEMENTS``; the gain is in large vocabularies and the tiny test models keep
-their numbers), other types or devices, a head whose forward is already replaced (the
+``use_onednn_head(model)`` makes a float32 CPU model's head use it, in the generator, the
+reference model and a one-rank trainer alike (they then compute the same logits). Autograd
+works: the backward is the two products ``linear``'s own backward runs. Heads it leaves
+alone: small ones (under ``MIN_WEIGHT_ELEMENTS``; the gain is in large vocabularies and the
+tiny test models keep their numbers), other types or devices, a head whose forward is already replaced (the
 trainer's float32 head under autocast), and any head where the probe disagrees with
 ``linear`` beyond float32 rounding. ``ENABLED = False`` turns it off (in-process A/B runs).
 """
@@ -55,7 +55,11 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     x_nk = x.reshape(-1, x.shape[-1])
     if not x_nk.is_contiguous():
         x_nk = x_nk.contiguous()
-    return _OneDnnLinear.apply(x_nk, weight).view(*x.shape[:-1], weight.shape[0])
+    if torch.is_grad_enabled() and (x_nk.requires_grad or weight.requires_grad):
+        out_nv = _OneDnnLinear.apply(x_nk, weight)
+    else:  # generation, reference and old-logprob passes: no graph, nothing saved
+        out_nv = _product(x_nk, weight)
+    return out_nv.view(*x.shape[:-1], weight.shape[0])
 
 
 def _head_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

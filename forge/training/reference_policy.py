@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from forge.models import token_logprobs
+from forge.models.cpu_head import use_onednn_head
 from forge.models.precision import resolve_device
 from forge.replay import collate_episodes, join_rows, split_rows
 from forge.training.reference_update import apply_update_, should_update
@@ -48,6 +49,7 @@ class ReferenceCore:
         from forge.training.lora import load_base_model  # an adapter directory: merged
 
         self.model = load_base_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
+        use_onednn_head(self.model)  # the trainer's and generator's head kernel (cpu_head.py)
         self.model.eval().requires_grad_(False)
         self.applied_version = 0  # the policy version the weights last moved to (0: initial)
         self.seen_version = 0  # the newest version offered, applied or skipped by the rule
