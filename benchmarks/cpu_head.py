@@ -1,4 +1,4 @@
-"""The float32 LM head through MKL (``linear``) or oneDNN (``forge.models.cpu_head``), A/B in one process.
+"""The float32 LM head through MKL (``linear``) or oneDNN (``cpu_head``), A/B in one process.
 
     python -m benchmarks.cpu_head [--repeats 6]
 

@@ -6,15 +6,16 @@ EPYC (Zen 3), against ~110 for the model's other products; oneDNN's inner-produc
 which PyTorch ships too, did the same product in about half the time (decode batch of 64:
 84 -> 44 ms; one row: 11.6 -> 6.5 ms; 1,024 rows: 772 -> 610 ms; 2026-11-29,
 docs/performance.md). The head was a fifth of the main job's float32 generation there;
-in A/B runs generation got 5-16% faster and the trainer step 8%.
+in A/B runs generation got 5-16% faster and the trainer step 2-8%.
 
 ``use_onednn_head(model)`` makes a float32 CPU model's head use it, in the generator, the
 reference model and a one-rank trainer alike (they then compute the same logits). Autograd
 works: the backward is the two products ``linear``'s own backward runs. Heads it leaves
 alone: small ones (under ``MIN_WEIGHT_ELEMENTS``; the gain is in large vocabularies and the
-tiny test models keep their numbers), other types or devices, a head whose forward is already replaced (the
-trainer's float32 head under autocast), and any head where the probe disagrees with
-``linear`` beyond float32 rounding. ``ENABLED = False`` turns it off (in-process A/B runs).
+tiny test models keep their numbers), other types or devices, a head whose forward is
+already replaced (the trainer's float32 head under autocast), and any head where the probe
+disagrees with ``linear`` beyond float32 rounding. ``ENABLED = False`` turns it off
+(in-process A/B runs).
 """
 
 from __future__ import annotations

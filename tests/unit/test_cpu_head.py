@@ -42,7 +42,8 @@ def test_values_and_gradients_equal_linear():
 def _llama(vocab: int, dtype=torch.float32) -> LlamaForCausalLM:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+                      num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2)  # fmt: skip
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
