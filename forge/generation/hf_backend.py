@@ -313,6 +313,7 @@ class HFBackend(HFWeights, GeneratorBackend):
                 "prefix_reused_tokens",
                 "prefill_tokens",
                 "prefill_shared_rows",
+                "prefill_common_tokens",
             )
         }
         prefix["prefix_cached_tokens"] = sum(

@@ -61,6 +61,7 @@ from forge.generation.prompts import Prompt, encode_prompt
 from forge.generation.sampling import counter_uniform, sample_next
 from forge.models import cpu_head
 from forge.models.logprobs import position_ids_from_mask
+from forge.models.shared_prefix import MIN_COMMON_SAVING, common_length
 from forge.observability.memory import tensor_bytes
 from forge.types import Completion, SamplingParams
 
@@ -290,10 +291,12 @@ class HFEngine:
         logits give the first sample. Row i reuses ``reuse[i]`` cached positions, stacked
         left-padded to ``past`` columns, so its tokens end up contiguous and right-aligned.
         """
-        if all(h is None for h in hits):
+        from_cache = any(h is not None for h in hits)
+        if not from_cache:
             shared = self._prefill_shared(rows)
             if shared is not None:
                 return shared
+            hits = self._common_start(rows) or hits
         lengths = [len(r.prompt_ids) for r in rows]
         cached = [0 if h is None else min(len(h.key), n - 1) for h, n in zip(hits, lengths)]
         width = max(n - c for n, c in zip(lengths, cached))
@@ -311,7 +314,9 @@ class HFEngine:
             cache = kv_cache.stack_left_padded([h.kv if h else None for h in hits], reuse)
         else:
             cache = kv_cache.growing_cache()
-        self.counters["prefix_reused_tokens"] += sum(reuse)
+        self.counters["prefix_reused_tokens" if from_cache else "prefill_common_tokens"] += sum(
+            reuse
+        )
         self.counters["prefill_tokens"] += sum(lengths) - sum(reuse)
         self._select_slots(rows)
         out = self.model(
@@ -326,6 +331,29 @@ class HFEngine:
         return _Running(
             rows, out.past_key_values, attention_mask_bt, next_pos_b, out.logits[:, -1].float()
         )
+
+    def _common_start(self, rows: list[_Row]) -> list[PrefixHit] | None:
+        """When the rows' prompts start with the same tokens (a system prompt, the chat
+        template's header), their KV computed once on one row, as a hit for every row;
+        ``None`` when that would save fewer than ``MIN_COMMON_SAVING`` positions."""
+        n = common_length([r.prompt_ids for r in rows]) if len(rows) > 1 else 0
+        if self.lora is not None or (len(rows) - 1) * n < MIN_COMMON_SAVING:
+            return None
+        ids = torch.tensor([rows[0].prompt_ids[:n]], device=self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(n, device=self.device)[None],
+            past_key_values=kv_cache.growing_cache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if not kv_cache.is_full_attention(out.past_key_values):
+            return None
+        self.counters["prefill_tokens"] += n
+        return [
+            PrefixHit(tuple(ids[0].tolist()), kv_cache.row_kv(out.past_key_values, 0, n))
+        ] * len(rows)
 
     def _prefill_shared(self, rows: list[_Row]) -> _Running | None:
         """Prefill each distinct prompt once and give its rows copies of the KV and first

@@ -146,6 +146,32 @@ def test_generates_n_samples_with_max_tokens(engine):
     assert b[0].prompt.endswith("<|im_start|>assistant\n")
 
 
+def test_common_start_prefilled_once_same_samples(model_and_tokenizer, monkeypatch):
+    """Prompts that start alike (a system prompt) prefill that start once: the same tokens
+    and (within float rounding) logprobs as prefilling every prompt whole."""
+    from forge.generation import hf_engine
+
+    model, tok = model_and_tokenizer
+    system = [{"role": "system", "content": "You are a careful assistant who adds numbers."}]
+    requests = [
+        (system + [{"role": "user", "content": f"What is {a} + {b}?"}],
+         SamplingParams(n=3, max_tokens=6, seed=a))
+        for a, b in [(12, 7), (3, 45), (60, 1), (9, 99)]
+    ]  # fmt: skip
+    on = HFEngine(model, tok, max_batch_size=32)
+    got = on.generate(requests)
+    assert on.counters["prefill_common_tokens"] > 0
+    monkeypatch.setattr(hf_engine, "MIN_COMMON_SAVING", 10**9)
+    off = HFEngine(model, tok, max_batch_size=32)
+    want = off.generate(requests)
+    assert off.counters["prefill_common_tokens"] == 0
+    assert on.counters["prefill_tokens"] < off.counters["prefill_tokens"]
+    for cs, ws in zip(got, want):
+        for c, w in zip(cs, ws):
+            assert c.token_ids == w.token_ids
+            assert c.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+
+
 def test_version_captured_when_request_is_added(engine):
     rid = engine.add_request("abc", SamplingParams(max_tokens=3, seed=1))
     engine.version = 8  # a weight update lands mid-flight

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from forge.models import load_model, make_tiny_model, token_logprobs
-from forge.models.shared_prefix import shared_prefix_logprobs
+from forge.models.shared_prefix import common_length, shared_prefix_logprobs
 from forge.replay.collate import collate_episodes
 from forge.types import Episode
 
@@ -18,11 +18,14 @@ def model(tmp_path_factory):
     return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0))
 
 
-def _episodes(groups: int, size: int, multi_turn: bool = False) -> list[Episode]:
-    rng = random.Random(0)
+def _episodes(
+    groups: int, size: int, multi_turn: bool = False, common: int = 0, seed: int = 0
+) -> list[Episode]:
+    rng = random.Random(seed)
+    system = [rng.randrange(4, 200) for _ in range(common)]  # every prompt starts with it
     out = []
     for g in range(groups):
-        prompt = [rng.randrange(4, 200) for _ in range(rng.randrange(5, 30))]
+        prompt = system + [rng.randrange(4, 200) for _ in range(rng.randrange(1, 30))]
         for i in range(size):
             n = rng.randrange(1, 9)
             resp = [rng.randrange(4, 200) for _ in range(n)]
@@ -43,10 +46,11 @@ def _episodes(groups: int, size: int, multi_turn: bool = False) -> list[Episode]
     return out
 
 
+@pytest.mark.parametrize("common", [0, 20])  # 20: the prompts' shared start runs once, upstream
 @pytest.mark.parametrize("temperature", [0.7, 1.0])  # 1.0: the path that skips the division
 @pytest.mark.parametrize("multi_turn", [False, True])
-def test_values_and_gradients_match_token_logprobs(model, multi_turn, temperature):
-    b = collate_episodes(_episodes(groups=3, size=4, multi_turn=multi_turn))
+def test_values_and_gradients_match_token_logprobs(model, multi_turn, temperature, common):
+    b = collate_episodes(_episodes(groups=3, size=4, multi_turn=multi_turn, common=common))
     mask_bt = b.response_mask_bt
     weights_bt = torch.randn(mask_bt.shape) * mask_bt
 
@@ -74,3 +78,30 @@ def test_no_sharing_returns_none(model):
         shared_prefix_logprobs(model, b.input_ids_bt, b.attention_mask_bt, b.response_mask_bt)
         is None
     )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_common_start_of_uneven_prompts(model, seed):
+    """Prompts that share a start and then differ in length (one may be the start plus a
+    single token): values and gradients as without sharing."""
+    eps = _episodes(groups=4, size=3, common=24, seed=seed)
+    eps[0] = Episode(**{**eps[0].__dict__, "prompt_ids": eps[1].prompt_ids[:25]})
+    b = collate_episodes(eps)
+    weights_bt = torch.randn(b.response_mask_bt.shape) * b.response_mask_bt
+    model.zero_grad()
+    ref_bt = token_logprobs(model, b.input_ids_bt, b.attention_mask_bt)
+    (ref_bt * weights_bt).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    lp_bt = shared_prefix_logprobs(model, b.input_ids_bt, b.attention_mask_bt, b.response_mask_bt)
+    (lp_bt * weights_bt).sum().backward()
+    assert torch.allclose(lp_bt * b.response_mask_bt, ref_bt * b.response_mask_bt, atol=1e-5)
+    for name, grad in ref_grads.items():
+        got = dict(model.named_parameters())[name].grad
+        assert torch.allclose(got, grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_common_length():
+    assert common_length([(1, 2, 3, 4), (1, 2, 5)]) == 2
+    assert common_length([(1, 2, 3), (1, 2, 3, 4)]) == 2  # each keeps >= 1 token of its own
+    assert common_length([(7, 2), (1, 2)]) == 0
