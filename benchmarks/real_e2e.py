@@ -14,8 +14,9 @@ clip 1.0, no KL term, one optimizer step per generation batch.
 
 Systems, each run in turn within a repetition:
 
-- ``forge``: ``apps/arith/smollm2.yaml`` as shipped (bf16 generator, bf16 autocast trainer,
-  off-by-one rollouts, ``max_policy_age: 1``), evaluation off. Its trainer skips the rows
+- ``forge``: ``apps/arith/smollm2.yaml`` as shipped (on-policy, ``max_policy_age: 0``;
+  precision ``auto``: a bf16 generator and bf16-autocast trainer on a CPU with native bf16,
+  float32 on one without), evaluation off. Its trainer skips the rows
   whose advantage is exactly 0 (groups whose 8 samples got the same reward; their gradient
   is 0, TRL computes them): each line says what share of the timed steps' rows that was.
 - ``trl_fp32``, ``trl_bf16``: TRL 1.16 in this process with 2 torch threads, ``use_cpu``,
