@@ -6,11 +6,14 @@ tokens before a row's first scored token) runs once; its KV is gathered to the r
 it (``index_select``: gradients from every row flow back into the one prefix computation), and
 only the rows' tails (completion, and for multi-turn everything after the first sampled token)
 run per row on top of it. Tokens that every prefix starts with (a system prompt, the chat
-template's header: 30 of the 46 prompt tokens in the real-model main job) run once more
-upstream, on one row whose KV all prefixes attend to. The result has ``token_logprobs``' layout and values (up to float
-rounding): position t holds log softmax(logits_{t-1} / temperature)[token_t] for scored tail
-positions, 0 elsewhere. On the CPU demo (38-token prompts, 6-token answers, groups of 8) the
-trainer runs ~4x fewer token positions.
+template's header: 27 of the 46 prompt tokens in the real-model main job) run once more
+upstream, on one row whose KV all prefixes attend to. Rows that are the same tokens as an
+earlier row (a group's identical completions, common once a policy converges) run once too:
+their logprobs are gathered back to every copy, so each copy's gradient flows into the one
+computation, as if it had run on its own. The result has ``token_logprobs``' layout and values
+(up to float rounding): position t holds log softmax(logits_{t-1} / temperature)[token_t] for
+scored tail positions, 0 elsewhere. On the CPU demo (38-token prompts, 6-token answers, groups
+of 8) the trainer runs ~4x fewer token positions.
 
 Rows must be right-padded with their real tokens first (``collate_episodes``' layout).
 """
@@ -33,6 +36,7 @@ __all__ = ["MIN_COMMON_SAVING", "common_length", "shared_prefix_logprobs"]
 # Run the prefixes' common start once when that saves at least this many token positions
 # (one more pass through the body costs about as much as a few dozen positions on a CPU).
 MIN_COMMON_SAVING = 32
+REPEATS_ONCE = True  # identical rows computed once (False: every row runs; in-process A/B)
 
 
 def common_length(prefixes) -> int:
@@ -62,6 +66,7 @@ def shared_prefix_logprobs(
     scored_bt: torch.Tensor,
     temperature: float = 1.0,
     min_saving: float = 0.25,
+    stats: dict[str, float] | None = None,
 ) -> torch.Tensor | None:
     """Logprobs ``[B, T]`` like ``token_logprobs``, prefixes shared; ``None`` when sharing does
     not pay (fewer than ``min_saving`` of the token positions would be saved, or the model has
@@ -69,7 +74,8 @@ def shared_prefix_logprobs(
 
     ``scored_bt`` marks the positions whose logprobs matter (the loss mask); a row's prefix is
     everything before its first scored position, and only positions from there on are returned
-    (earlier ones hold 0)."""
+    (earlier ones hold 0). ``stats`` (when given) gets ``repeated_rows``: rows computed once
+    for an identical earlier row."""
     split = _split_head(model)
     if split is None:
         return None
@@ -83,7 +89,19 @@ def shared_prefix_logprobs(
     index: dict[tuple[int, ...], int] = {}
     src = [index.setdefault(tuple(ids[b][: cut[b]]), len(index)) for b in range(batch)]
     shared_len = sum(len(k) for k in index)
-    if sum(lengths) == 0 or (sum(cut) - shared_len) < min_saving * sum(lengths):
+    # Rows with the same prefix and the same tail tokens: the first of them runs for all.
+    distinct: dict[tuple, int] = {}
+    rows_u: list[int] = []  # distinct row u -> the row that runs for it
+    u_b: list[int] = []  # row -> its distinct row
+    for b in range(batch):
+        key = (src[b], tuple(ids[b][cut[b] : lengths[b]]), None if REPEATS_ONCE else b)
+        u = distinct.setdefault(key, len(rows_u))
+        if u == len(rows_u):
+            rows_u.append(b)
+        u_b.append(u)
+    runs = set(rows_u)
+    repeated = sum(lengths[b] - cut[b] for b in range(batch) if b not in runs)
+    if sum(lengths) == 0 or (sum(cut) - shared_len + repeated) < min_saving * sum(lengths):
         return None
 
     device = input_ids_bt.device
@@ -126,22 +144,23 @@ def shared_prefix_logprobs(
     cache = p_out.past_key_values
     if not _plain_cache(cache):
         return None  # sliding windows etc.: gathering rows of the cache is not enough
-    src_b = torch.tensor(src, device=device)
     plen_u = torch.tensor(plen, device=device)
     last_hidden_bd = p_out.last_hidden_state[
         torch.arange(len(prefixes), device=device), plen_u - 1 - common
     ]
 
-    # Tails: each row's tokens from its cut on, right-padded.
-    tail_len = [max(0, n - c) for n, c in zip(lengths, cut)]
+    # Tails: each distinct row's tokens from its cut on, right-padded.
+    n_u = len(rows_u)
+    tail_len = [max(0, lengths[b] - cut[b]) for b in rows_u]
     t_width = max(1, max(tail_len))
-    t_ids = torch.zeros((batch, t_width), dtype=torch.long)
-    t_mask = torch.zeros((batch, t_width), dtype=torch.long)
-    for b in range(batch):
-        if tail_len[b]:
-            t_ids[b, : tail_len[b]] = torch.tensor(ids[b][cut[b] : lengths[b]])
-            t_mask[b, : tail_len[b]] = 1
+    t_ids = torch.zeros((n_u, t_width), dtype=torch.long)
+    t_mask = torch.zeros((n_u, t_width), dtype=torch.long)
+    for u, b in enumerate(rows_u):
+        if tail_len[u]:
+            t_ids[u, : tail_len[u]] = torch.tensor(ids[b][cut[b] : lengths[b]])
+            t_mask[u, : tail_len[u]] = 1
     t_ids, t_mask = t_ids.to(device), t_mask.to(device)
+    src_b = torch.tensor([src[b] for b in rows_u], device=device)  # each distinct row's prefix
     # index_select, not ``keys[src_b]``: its backward is an index_add, ~10x faster on CPU than
     # the accumulating index_put that advanced indexing takes (60 of them a step).
     expanded = DynamicCache(
@@ -165,7 +184,11 @@ def shared_prefix_logprobs(
     if temp != 1.0:  # a division is a full pass over [N, vocab], forward and backward
         logits_nv = logits_nv / temp
     lp_n = gather_logprobs(logits_nv, t_ids[real_bt])
-    lp_tail = lp_n.new_zeros(batch, t_width).index_put((real_bt,), lp_n)
+    lp_tail = lp_n.new_zeros(n_u, t_width).index_put((real_bt,), lp_n)
+    if n_u < batch:  # every row gets its distinct row's logprobs (index_select: see above)
+        lp_tail = lp_tail.index_select(0, torch.tensor(u_b, device=device))
+    if stats is not None:
+        stats["repeated_rows"] = float(batch - n_u)
     # Scatter tails back to their positions (one spare column per tail slot, then cut off).
     pos_bt = torch.tensor(cut, device=device)[:, None] + torch.arange(t_width, device=device)
     lp_bt = lp_tail.new_zeros(batch, width + t_width).scatter(1, pos_bt, lp_tail)

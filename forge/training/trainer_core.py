@@ -144,13 +144,15 @@ def _micro_rows(
     device: str,
     bucket_cost: int | None = None,
     prefixes: list[tuple[object, int]] | None = None,
+    row_keys: list[object] | None = None,
 ) -> list[torch.Tensor]:
     """Row indices of each micro-batch; every rank gets the same (global max) count.
 
     ``bucket_cost`` (``None``: rows in batch order): rows are sorted by length, so a
     micro-batch pads to lengths close to its own; with ``micro_batch_size`` unset on one rank,
     the sorted rows are split where that saves positions (``_length_cuts``; ``prefixes``: each
-    row's shared prefix as ``(key, length)``, computed once per micro-batch that has it)."""
+    row's shared prefix as ``(key, length)``, computed once per micro-batch that has it;
+    ``row_keys``: rows with equal keys are computed once per micro-batch)."""
     rows = len(lengths)
     world = parallel.rank_and_world()[1]
     order = list(range(rows))
@@ -159,7 +161,8 @@ def _micro_rows(
         if micro_batch_size is None and world == 1 and rows > 1:
             idx = torch.tensor(order, device=device)
             pre = None if prefixes is None else [prefixes[i] for i in order]
-            cuts = _length_cuts([lengths[i] for i in order], bucket_cost, pre)
+            keys = None if row_keys is None else [row_keys[i] for i in order]
+            cuts = _length_cuts([lengths[i] for i in order], bucket_cost, pre, keys)
             return [idx[a:b] for a, b in zip([0, *cuts], [*cuts, rows])]
     per = rows if micro_batch_size is None else micro_batch_size
     local = math.ceil(rows / per)
@@ -173,12 +176,16 @@ def _micro_rows(
 
 
 def _length_cuts(
-    sorted_lengths: list[int], cost: int, prefixes: list[tuple[object, int]] | None = None
+    sorted_lengths: list[int],
+    cost: int,
+    prefixes: list[tuple[object, int]] | None = None,
+    row_keys: list[object] | None = None,
 ) -> list[int]:
     """Where to split ascending ``sorted_lengths`` so that the positions computed are least:
-    per part, its rows x its longest row, plus each distinct prefix in it once (``prefixes``:
-    per row ``(key, length)``), plus ``cost``. Exact dynamic programming over blocks of rows
-    (single rows up to 128 rows; cuts fall on block edges beyond)."""
+    per part, its rows x its longest row (rows with the same ``row_keys`` entry count once),
+    plus each distinct prefix in it once (``prefixes``: per row ``(key, length)``), plus
+    ``cost``. Exact dynamic programming over blocks of rows (single rows up to 128 rows; cuts
+    fall on block edges beyond)."""
     n = len(sorted_lengths)
     block = max(1, math.ceil(n / 128))
     edges = list(range(0, n, block)) + [n]
@@ -188,13 +195,19 @@ def _length_cuts(
         longest = sorted_lengths[edges[j] - 1]
         seen: set = set()
         shared = 0
+        rows: set = set()
         for i in range(j - 1, -1, -1):  # part = blocks i..j-1
             if prefixes is not None:
                 for key, plen in prefixes[edges[i] : edges[i + 1]]:
                     if key not in seen:
                         seen.add(key)
                         shared += plen
-            c = best[i] + cost + shared + (edges[j] - edges[i]) * longest
+            if row_keys is None:
+                count = edges[j] - edges[i]
+            else:
+                rows.update(row_keys[edges[i] : edges[i + 1]])
+                count = len(rows)
+            c = best[i] + cost + shared + count * longest
             if c < best[j]:
                 best[j], prev[j] = c, i
     cuts, j = [], m
@@ -234,6 +247,7 @@ class TrainerCore:
         self.aggregation = cfg.loss.resolved_aggregation()
         self.step = 0
         self._acc: dict | None = None  # trajectory streaming: the step being accumulated
+        self._repeated_rows = 0.0  # rows this step computed once for an identical row
 
     def set_loss(self, loss_cfg: LossConfig) -> None:
         """Train with ``loss_cfg`` from the next ``train_step`` on (e.g. a schedule phase that
@@ -272,7 +286,10 @@ class TrainerCore:
         t0 = time.perf_counter()
         b = _batch_to(batch, self.device)
         mask_bt = b.response_mask_bt.float()
-        micro = self._micro_batches(b)
+        keep_b = self._rows_with_gradient(b)
+        # Rows whose gradient is 0 are left out before the micro-batches are cut (one rank: no
+        # collective to keep in step).
+        micro = self._micro_batches(b, None if keep_b is None else keep_b.nonzero().squeeze(1))
         # One all-reduce for both: the loss denominator and the token count of the global batch.
         local = torch.tensor(
             [loss_denominator(mask_bt, self.aggregation), float(mask_bt.sum().item())],
@@ -283,11 +300,8 @@ class TrainerCore:
             torch.distributed.all_reduce(local)
         denom, tokens = max(float(local[0]), 1.0), float(local[1])
         self.optimizer.zero_grad(set_to_none=True)
+        self._repeated_rows = 0.0
         sums: dict[str, float] = {}
-        keep_b = self._rows_with_gradient(b)
-        if keep_b is not None:  # one rank: no collective to keep in step
-            micro = [rows[keep_b[rows]] for rows in micro]
-            micro = [rows for rows in micro if rows.numel()]
         trained = 0.0  # the share of the loss denominator that ran
         budget = threads.get_budget()  # inside the actor's compute(): a share of the cores
         for i, rows in enumerate(micro):
@@ -306,6 +320,8 @@ class TrainerCore:
             sums = _over_trained_rows(sums, trained, self.model)
             sums["rows_skipped"] = float((~keep_b).sum().item())
         out = self._reduce_metrics(sums)
+        if self._repeated_rows:  # identical rows computed once (shared_prefix_logprobs)
+            out["rows_repeated"] = self._repeated_rows
         budget.rebalance()
         out["grad_norm"] = self._clip_and_step()
         out.update(lr=self.last_lr, tokens=tokens, step=float(self.step))
@@ -330,6 +346,7 @@ class TrainerCore:
         t0 = time.perf_counter()
         if self._acc is None:
             self.optimizer.zero_grad(set_to_none=True)
+            self._repeated_rows = 0.0
             self._acc = {"denom": 0.0, "trained": 0.0, "skipped": 0.0, "tokens": 0.0,
                          "seconds": 0.0, "parts": 0.0, "sums": {}}  # fmt: skip
         acc, sums = self._acc, self._acc["sums"]
@@ -375,6 +392,8 @@ class TrainerCore:
         if acc["skipped"]:  # as train_step: averages over the rows that trained
             out = _over_trained_rows(out, acc["trained"] / denom, self.model)
             out["rows_skipped"] = acc["skipped"]
+        if self._repeated_rows:
+            out["rows_repeated"] = self._repeated_rows
         threads.get_budget().rebalance()
         out["grad_norm"] = self._clip_and_step()
         out.update(lr=self.last_lr, tokens=acc["tokens"], step=float(self.step))
@@ -392,21 +411,32 @@ class TrainerCore:
         keep_b = adv.reshape(adv.shape[0], -1).ne(0).any(-1)
         return None if bool(keep_b.all()) else keep_b
 
-    def _micro_batches(self, b: TrainBatch) -> list[torch.Tensor]:
-        lengths_b = b.attention_mask_bt.sum(-1)
+    def _micro_batches(self, b: TrainBatch, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Row indices of each micro-batch, of ``rows`` (``None``: every row of ``b``)."""
+        if rows is not None and rows.numel() == 0:
+            return []
+        mask_bt = b.attention_mask_bt if rows is None else b.attention_mask_bt[rows]
+        lengths_b = mask_bt.sum(-1)
         cost = self.cfg.bucket_cost_tokens if self.cfg.length_buckets else None
-        prefixes = None
+        prefixes = keys = None
         if cost is not None and self.adapter.name == "hf" and self.world == 1:
-            # Shared prompts run once per micro-batch that has them; the rest of a row pads.
-            scored_bt = b.response_mask_bt.bool()
+            # Shared prompts run once per micro-batch that has them, and so do identical rows
+            # (shared_prefix_logprobs); the rest of a row pads.
+            scored_bt = b.response_mask_bt if rows is None else b.response_mask_bt[rows]
+            scored_bt = scored_bt.bool()
             cut_b = torch.where(scored_bt.any(-1), scored_bt.float().argmax(-1), lengths_b)
-            ids, cuts = b.input_ids_bt.tolist(), cut_b.tolist()
+            ids = (b.input_ids_bt if rows is None else b.input_ids_bt[rows]).tolist()
+            cuts, n = cut_b.tolist(), lengths_b.tolist()
             prefixes = [(tuple(row[:c]), c) for row, c in zip(ids, cuts)]
+            keys = [(tuple(row[:m]), c) for row, m, c in zip(ids, n, cuts)]
             lengths_b = lengths_b - cut_b
         lengths = lengths_b.tolist()
-        return _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes)
+        micro = _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes, keys)
+        return micro if rows is None else [rows[m] for m in micro]
 
-    def _rows_logprobs(self, b: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+    def _rows_logprobs(
+        self, b: TrainBatch, rows: torch.Tensor, stats: dict[str, float] | None = None
+    ) -> torch.Tensor:
         lp_bt = None
         if self.adapter.name == "hf" and self.world == 1:  # a group's prompt runs once
             with self.precision():
@@ -416,6 +446,7 @@ class TrainerCore:
                     b.attention_mask_bt[rows],
                     b.response_mask_bt[rows],
                     self.cfg.temperature,
+                    stats=stats,
                 )
         if lp_bt is None:  # the rows' own width: right padding past their longest is dropped
             width = b.attention_mask_bt.shape[1]
@@ -439,7 +470,9 @@ class TrainerCore:
         )
 
     def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        lp_bt = self._rows_logprobs(b, rows)
+        stats: dict[str, float] = {}
+        lp_bt = self._rows_logprobs(b, rows, stats)
+        self._repeated_rows += stats.get("repeated_rows", 0.0)
         old_bt = lp_bt.detach() if self.cfg.old_logprobs == "current" else None
         if self._reference_from_base(b):  # the KL's reference: this model, adapter disabled
             ref_bt = self.base_logprobs(b, rows)

@@ -6,6 +6,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from forge.models import load_model, make_tiny_model, token_logprobs
 from forge.models.shared_prefix import common_length, shared_prefix_logprobs
@@ -99,3 +101,59 @@ def test_common_length():
     assert common_length([(1, 2, 3, 4), (1, 2, 5)]) == 2
     assert common_length([(1, 2, 3), (1, 2, 3, 4)]) == 2  # each keeps >= 1 token of its own
     assert common_length([(7, 2), (1, 2)]) == 0
+
+
+def _with_repeats(eps: list[Episode], copies: dict[int, int]) -> list[Episode]:
+    """``eps`` with row ``i``'s response (and loss mask) copied into row ``j`` for each
+    ``j: i`` in ``copies``."""
+    out = list(eps)
+    for j, i in copies.items():
+        src = eps[i]
+        out[j] = Episode(**{**eps[j].__dict__, "response_ids": src.response_ids,
+                            "behavior_logprobs": src.behavior_logprobs,
+                            "loss_mask": src.loss_mask})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("multi_turn", [False, True])
+def test_identical_rows_run_once_with_every_copys_gradient(model, multi_turn):
+    """Rows that repeat an earlier row of their group (same prompt, same completion) are
+    computed once; values and gradients equal every row computed on its own. The same
+    completion under another prompt is a different row."""
+    eps = _episodes(groups=3, size=4, multi_turn=multi_turn, common=20)
+    # group 0: rows 1 and 3 copy row 0; group 1: row 5 copies row 4; row 8 (group 2) takes
+    # row 0's completion under its own prompt: not a repeat
+    eps = _with_repeats(eps, {1: 0, 3: 0, 5: 4, 8: 0})
+    b = collate_episodes(eps)
+    _assert_matches_token_logprobs(model, b)
+    stats: dict[str, float] = {}
+    shared_prefix_logprobs(
+        model, b.input_ids_bt, b.attention_mask_bt, b.response_mask_bt, stats=stats
+    )
+    assert stats["repeated_rows"] == 3
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    picks=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+    seed=st.integers(0, 1000),
+)
+def test_repeats_property(model, picks, seed):
+    """Any pattern of repeats inside groups of 4 (row k of a group takes the completion of
+    row ``picks[k]`` of that group): logprobs equal the row-by-row computation, and
+    ``repeated_rows`` counts the rows beyond each group's distinct completions."""
+    eps = _episodes(groups=2, size=4, seed=seed)
+    eps = _with_repeats(eps, {k: 4 * (k // 4) + p for k, p in enumerate(picks)})
+    b = collate_episodes(eps)
+    ref_bt = token_logprobs(model, b.input_ids_bt, b.attention_mask_bt)
+    stats: dict[str, float] = {}
+    lp_bt = shared_prefix_logprobs(
+        model, b.input_ids_bt, b.attention_mask_bt, b.response_mask_bt, stats=stats
+    )
+    mask_bt = b.response_mask_bt
+    assert lp_bt is not None
+    assert torch.allclose(lp_bt * mask_bt, ref_bt * mask_bt, atol=1e-5)
+    distinct = {(tuple(e.prompt_ids), tuple(e.response_ids)) for e in eps}
+    assert stats["repeated_rows"] == len(eps) - len(distinct)

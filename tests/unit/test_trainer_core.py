@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -137,6 +138,11 @@ def test_length_buckets_split_where_padding_saved_exceeds_the_cost():
     assert _length_cuts(short_long, 1, [("p", 100)] * 16) == []  # 282 > 245 positions
     assert _length_cuts(short_long, 1, [("p", 10)] * 16) == [8]  # 102 < 155
     assert _length_cuts(list(range(300)), 0)[:2] == [3, 6]  # > 128 rows: cuts on blocks of 3
+    # identical rows are computed once per part: 8 copies of one short row cost one row
+    # (distinct: 60 + 16 x 9 = 204 against 60 + 8 + 60 + 72 = 200, split; copies: 60 + 9 x 9 =
+    # 141 against 60 + 1 + 60 + 72 = 193, not)
+    assert _length_cuts(short_long, 60, None, list(range(16))) == [8]
+    assert _length_cuts(short_long, 60, None, ["a"] * 8 + list(range(8))) == []
     parts = _micro_rows([5, 40, 6, 41, 7], None, "cpu", bucket_cost=10)
     assert [p.tolist() for p in parts] == [[0, 2, 4], [1, 3]]
     assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
@@ -250,3 +256,27 @@ def test_thread_share_is_reread_at_every_layer_forward_and_backward(tiny_model, 
     from forge.training.hf_trainer import rebalance_per_layer
 
     assert rebalance_per_layer(core.model) == 0
+
+
+def test_identical_rows_are_computed_once_with_the_same_update(tiny_model, monkeypatch):
+    """Rows i and i + 4 of ``make_episodes(n=8)`` are the same tokens (here with their own
+    advantages): computed once, the step's gradients and loss are those of computing every
+    row, and ``rows_repeated`` counts the copies."""
+    from forge.models import shared_prefix
+
+    eps = make_episodes(tiny_model, n=8)
+    eps = [dataclasses.replace(e, advantage=a)
+           for e, a in zip(eps, [1.0, -1.0, 0.5, -0.5, 0.25, 2.0, -0.75, 1.5])]  # fmt: skip
+    batch = collate_episodes(eps)
+    out, grads = {}, {}
+    for once in (True, False):
+        monkeypatch.setattr(shared_prefix, "REPEATS_ONCE", once)
+        core = _core(tiny_model)
+        out[once] = core.train_step(batch)
+        grads[once] = _grads(core)
+    assert out[True]["rows_repeated"] == 4.0 and "rows_repeated" not in out[False]
+    assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5, abs=1e-7)
+    assert out[True]["grad_norm"] == pytest.approx(out[False]["grad_norm"], rel=1e-4)
+    assert grads[True].keys() == grads[False].keys()
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)
