@@ -266,7 +266,8 @@ def test_weights_relay_host_to_host_and_survive_a_dead_relay(hosts, tmp_path):
     k = r["after_kill"]
     assert k["sha"] == r["src2"], k  # the orphan finished from the pusher, bit-exact
     assert 0 < k["from_parent"] < r["size2"], k  # part from the killed host, the rest not
-    assert r["first"] != "finished"
+    # (the killed host's own copy may have finished before it died, on a loaded machine: a CI
+    # run saw that; what this test is about is the orphan's copy, checked above)
 
 
 MESH = """
