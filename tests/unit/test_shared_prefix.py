@@ -27,9 +27,7 @@ def _episodes(
     system = [rng.randrange(4, 200) for _ in range(common)]  # every prompt starts with it
     out = []
     for g in range(groups):
-        prompt = system + [
-            rng.randrange(4, 200) for _ in range(rng.randrange(1 if common else 5, 30))
-        ]
+        prompt = system + [rng.randrange(4, 200) for _ in range(rng.randrange(1, 30))]
         for i in range(size):
             n = rng.randrange(1, 9)
             resp = [rng.randrange(4, 200) for _ in range(n)]
