@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-DTYPES = ("float32", "bfloat16", "float16")
-AUTOCAST = ("bfloat16", "float16")
+from forge.models.precision import resolve_auto
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+AUTOCAST = ("bfloat16", "float16", "auto")
 
 
 @dataclass
@@ -68,12 +70,15 @@ class ServeConfig:
     numbers them) before it runs anyway."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where trainers and generators run."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """The generators' weights. On a CPU with AMX, ``bfloat16`` samples several times faster;
-    sampled logprobs then differ from the trainer's float32 ones by bf16 rounding."""
-    autocast: Literal["bfloat16", "float16"] | None = None
+    sampled logprobs then differ from the trainer's float32 ones by bf16 rounding. ``auto``:
+    ``bfloat16`` where ``device`` multiplies bf16 natively, else ``float32`` (decided when the
+    config loads; see ``forge.models.precision``)."""
+    autocast: Literal["bfloat16", "float16", "auto"] | None = None
     """The trainers' mixed precision: float32 master weights and optimizer, matmuls in the
-    lower precision (``None``: float32)."""
+    lower precision (``None``: float32). ``auto``: ``bfloat16`` where ``device`` multiplies
+    bf16 natively, else ``None``."""
     max_body_bytes: int = 64 << 20
     """The largest request body accepted (413 above it)."""
     max_decompressed_bytes: int = 256 << 20
@@ -104,6 +109,10 @@ class ServeConfig:
             raise ValueError(
                 f"serve.autocast {self.autocast!r} is not one of {AUTOCAST} (or null: float32)"
             )
+        self.dtype = resolve_auto("serve.dtype", self.dtype, self.device)
+        if self.autocast is not None:
+            autocast = resolve_auto("serve.autocast", self.autocast, self.device)
+            self.autocast = None if autocast == "float32" else autocast
         if not self.header_timeout_s > 0:
             raise ValueError(f"serve.header_timeout_s must be > 0, got {self.header_timeout_s}")
 

@@ -51,6 +51,15 @@ def test_precision_knobs_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"dtype: 'bf16' is not one of \['float32', 'bfloat16'"):
         load_config(None, {"dtype": "bf16"})
     with pytest.raises(
-        ValueError, match=r"autocast: 'float32' is not one of \['bfloat16', 'float16'\]"
+        ValueError, match=r"autocast: 'float32' is not one of \['bfloat16', 'float16', 'auto'\]"
     ):
         load_config(None, {"autocast": "float32"})
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_follows_the_device(monkeypatch, native):
+    from forge.models import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device: native)
+    cfg = load_config(None, {"dtype": "auto", "autocast": "auto"})
+    assert (cfg.dtype, cfg.autocast) == (("bfloat16", "bfloat16") if native else ("float32", None))
