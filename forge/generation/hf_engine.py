@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from forge.generation import attention, kv_cache
+from forge.generation import attention, kv_cache, packed_weights
 from forge.generation.prefix_cache import PrefixCache, PrefixHit
 from forge.generation.prompts import Prompt, encode_prompt
 from forge.generation.sampling import counter_uniform, sample_next
@@ -138,6 +138,8 @@ class HFEngine:
         self._fast_attention = attention.use_fast_decode(model)
         # A float32 CPU head through oneDNN (forge/models/cpu_head.py): ~2x MKL's at decode.
         cpu_head.use_onednn_head(model)
+        # Long decodes: the body's float32 CPU weights laid out once per version for oneDNN.
+        self._packer = packed_weights.DecodePacker(model)
         self.pad_id = tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = tokenizer.eos_token_id
@@ -159,11 +161,13 @@ class HFEngine:
     def version(self, value: int) -> None:
         if value != self._version:
             self._prefix.reset(value)  # KV computed with the old weights must not be reused
+            self._packer.clear()  # nor layouts of the old weights
         self._version = value
 
     def clear_prefix_cache(self) -> None:
-        """Drop all kept KV (call before changing the weights in place)."""
+        """Drop all kept KV and weight layouts (call before changing the weights in place)."""
         self._prefix.reset(self._version)
+        self._packer.clear()
 
     def kv_cache_bytes(self) -> int:
         """Bytes of KV held now: the running batch's cache (with its spare positions) and
@@ -418,6 +422,8 @@ class HFEngine:
         if not keep:
             self._running = None
             return done
+        # the most tokens a running row may still decode: whether weight layouts pay
+        left = max(run.rows[i].params.max_tokens - len(run.rows[i].token_ids) for i in keep)
         # Finished rows leave the batch (a copy of its cache) once they are a quarter of it or
         # new rows wait for room; until then they ride along and their outputs are ignored.
         dead = len(run.rows) - len(keep)
@@ -431,13 +437,14 @@ class HFEngine:
         if self._fast_attention:  # the 4D decode mask, so the model does not build one per step
             mask = attention.decode_mask(mask, self._fast_attention, self.model.dtype)
         self._select_slots(run.rows)
-        out = self.model(
-            input_ids=token_ids_b.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=run.next_pos_b.unsqueeze(1),
-            past_key_values=run.cache,
-            use_cache=True,
-        )
+        with self._packer.active(left):
+            out = self.model(
+                input_ids=token_ids_b.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=run.next_pos_b.unsqueeze(1),
+                past_key_values=run.cache,
+                use_cache=True,
+            )
         run.cache, run.logits_bv = out.past_key_values, out.logits[:, -1].float()
         run.next_pos_b = run.next_pos_b + 1
         self._running = run
