@@ -28,6 +28,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from forge.models import cpu_head
+from forge.models.cpu_head import onednn_linear
 from forge.models.logprobs import output_head
 
 MIN_TOKENS = 64  # tokens still to decode for the layout (~0.44 s) to pay (module docstring)
@@ -44,11 +46,7 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
     if x.dtype != torch.float32 or x.device.type != "cpu" or type(x) is not torch.Tensor:
         return F.linear(x, self.weight, self.bias)
-    x_nk = x.reshape(-1, x.shape[-1])
-    if not x_nk.is_contiguous():
-        x_nk = x_nk.contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(x_nk, packer.layout(self), self.bias, "none", [], "")
-    return out.view(*x.shape[:-1], self.out_features)
+    return onednn_linear(x, packer.layout(self), self.bias)
 
 
 def _usable(module: torch.nn.Module) -> bool:
@@ -66,11 +64,7 @@ def _usable(module: torch.nn.Module) -> bool:
 
 def available() -> bool:
     """This torch build has the oneDNN ops the layouts need."""
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    return cpu_head.available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 class DecodePacker:

@@ -31,8 +31,15 @@ MIN_WEIGHT_ELEMENTS = 1 << 20  # 4 MB of float32: a real vocabulary, not a test 
 ENABLED = True
 
 
-def _product(x_nk: torch.Tensor, weight_vk: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x_nk, weight_vk, None, "none", [], "")
+def available() -> bool:
+    """This torch build has oneDNN's inner product (``torch.ops.mkldnn._linear_pointwise``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _product(
+    x_nk: torch.Tensor, weight_vk: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x_nk, weight_vk, bias, "none", [], "")
 
 
 class _OneDnnLinear(torch.autograd.Function):
@@ -51,15 +58,20 @@ class _OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_w
 
 
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (no bias) for float32 CPU tensors, any leading shape."""
+def onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for float32 CPU tensors, any leading shape. ``weight``
+    may be one laid out for oneDNN already (``forge.generation.packed_weights``: no grad)."""
     x_nk = x.reshape(-1, x.shape[-1])
     if not x_nk.is_contiguous():
         x_nk = x_nk.contiguous()
     if torch.is_grad_enabled() and (x_nk.requires_grad or weight.requires_grad):
         out_nv = _OneDnnLinear.apply(x_nk, weight)
+        if bias is not None:
+            out_nv = out_nv + bias
     else:  # generation, reference and old-logprob passes: no graph, nothing saved
-        out_nv = _product(x_nk, weight)
+        out_nv = _product(x_nk, weight, bias)
     return out_nv.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -83,8 +95,7 @@ def usable(head: torch.nn.Module | None) -> bool:
         and w.dtype == torch.float32
         and w.dim() == 2
         and w.numel() >= MIN_WEIGHT_ELEMENTS
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and available()
     )
 
 

@@ -39,6 +39,22 @@ def test_values_and_gradients_equal_linear():
     assert _close(onednn_linear(wide[:, 1:4], w), F.linear(wide[:, 1:4], w))
 
 
+
+def test_a_bias_is_added_with_and_without_autograd():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(300, 48, generator=gen).requires_grad_()
+    b = torch.randn(300, generator=gen).requires_grad_()
+    x = torch.randn(4, 48, generator=gen)
+    got = onednn_linear(x, w, b)
+    got.sum().backward()
+    gb = b.grad.clone()
+    b.grad = None
+    want = F.linear(x, w, b)
+    want.sum().backward()
+    assert _close(got, want) and _close(gb, b.grad)
+    with torch.no_grad():
+        assert _close(onednn_linear(x, w, b), want)
+
 def _llama(vocab: int, dtype=torch.float32) -> LlamaForCausalLM:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
