@@ -39,7 +39,6 @@ def test_values_and_gradients_equal_linear():
     assert _close(onednn_linear(wide[:, 1:4], w), F.linear(wide[:, 1:4], w))
 
 
-
 def test_a_bias_is_added_with_and_without_autograd():
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(300, 48, generator=gen).requires_grad_()
@@ -54,6 +53,7 @@ def test_a_bias_is_added_with_and_without_autograd():
     assert _close(got, want) and _close(gb, b.grad)
     with torch.no_grad():
         assert _close(onednn_linear(x, w, b), want)
+
 
 def _llama(vocab: int, dtype=torch.float32) -> LlamaForCausalLM:
     torch.manual_seed(0)
