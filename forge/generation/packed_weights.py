@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 from forge.models import cpu_head
-from forge.models.cpu_head import onednn_linear
 from forge.models.logprobs import output_head
 
 MIN_TOKENS = 64  # tokens still to decode for the layout (~0.44 s) to pay (module docstring)
@@ -46,7 +45,7 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
     if x.dtype != torch.float32 or x.device.type != "cpu" or type(x) is not torch.Tensor:
         return F.linear(x, self.weight, self.bias)
-    return onednn_linear(x, packer.layout(self), self.bias)
+    return cpu_head.onednn_linear(x, packer.layout(self), self.bias)
 
 
 def _usable(module: torch.nn.Module) -> bool:
