@@ -166,6 +166,7 @@ async def run_forge(
             # rows whose advantage was exactly 0, not computed (trainer.skip_zero_advantage)
             "skipped": [r.get(M.train("rows_skipped"), 0.0) for r in rows],
             "train_s": statistics.median(r[M.TRAIN_S] for r in rows),
+            "rewards": [r.get(M.REWARD, math.nan) for r in rows],  # each step's mean reward
             "model": result["model"]}  # fmt: skip
 
 
@@ -204,7 +205,9 @@ def run_trl(
         trainer.save_model(str(save))
         trainer.processing_class.save_pretrained(str(save))
     n = setup.prompts * setup.group
-    return {"marks": marks, "samples": cpu.samples, "tokens": [x * n for x in lengths]}
+    rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
+    return {"marks": marks, "samples": cpu.samples, "tokens": [x * n for x in lengths],
+            "rewards": rewards}  # fmt: skip
 
 
 def timed(raw: dict, warmup: int, steps: int, setup: Setup) -> dict:

@@ -86,7 +86,8 @@ async def main(args: argparse.Namespace) -> None:
                 after = await evaluate(model, setup)
                 rows.setdefault(system, []).append({**after, "minutes": minutes, "step_s": step_s})
                 say(f"{setup.name} {system} seed {seed}: {args.steps} steps in {minutes:.1f} "
-                    f"min (median step {step_s:.1f} s); held-out {fmt(after)}")  # fmt: skip
+                    f"min (median step {step_s:.1f} s); held-out {fmt(after)}; training "
+                    f"reward by step {' '.join(f'{r:.2f}' for r in raw['rewards'])}")  # fmt: skip
     print(f"\n{setup.name}: base {fmt(before)}; after {args.steps} steps, seeds {args.seeds}:")
     for system, runs in rows.items():
         each = ", ".join(f"{r['correct']:.3f}" for r in runs)
