@@ -71,11 +71,11 @@ def sample_batch(model, tok, setup: Setup, seed: int) -> dict:
 
 
 def trl_advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
-    """TRL 1.16's ``scale_rewards="group"`` advantages (sample std, +1e-4)."""
-    r = rewards.view(-1, group)
-    mean = r.mean(1).repeat_interleave(group)
-    std = r.std(1).repeat_interleave(group)
-    return (rewards - mean) / (std + 1e-4)
+    """TRL 1.16's ``scale_rewards="group"`` advantages, ``(r - mean) / (sample std + 1e-4)``:
+    Forge's ``grpo_advantages`` with TRL's std and eps."""
+    from forge.losses import grpo_advantages
+
+    return grpo_advantages(rewards, group, eps=1e-4, unbiased=True)
 
 
 def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tuple[list, list]:
