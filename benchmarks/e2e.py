@@ -184,7 +184,7 @@ def window(marks: list[float], samples: list, warmup: int, steps: int) -> dict:
 
 # ---------------------------------------------------------------------------------- Forge
 def forge_config(model: Path, age: int, setup: Setup, threads: int | None = None):
-    """The demo's GRPO stage (``grpo:`` of ``apps/sumdigits/cpu.yaml``) for this setup."""
+    """The demo's RL stage (``rl:`` of ``apps/sumdigits/cpu.yaml``) for this setup."""
     from forge.launch import load_app
 
     overrides = [
@@ -203,7 +203,7 @@ def forge_config(model: Path, age: int, setup: Setup, threads: int | None = None
     ]
     if threads is not None:
         overrides.append(f"rl.threads_per_actor={threads}")
-    return load_app(TASK_YAML, overrides)[1].grpo
+    return load_app(TASK_YAML, overrides)[1].rl
 
 
 @contextlib.contextmanager
