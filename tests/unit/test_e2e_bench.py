@@ -104,3 +104,18 @@ def test_bad_arguments_are_named():
         e2e.parse_args(["--gen-steps", "0"])
     with pytest.raises(SystemExit):
         e2e.parse_args(["--config", "long"])
+
+
+def test_forge_config_is_the_demos_rl_stage_with_the_setups_shape(tmp_path):
+    # The benchmark builds its Forge side from apps/sumdigits/cpu.yaml; a renamed stage or
+    # key there must fail here, not half-way into a 16-minute run.
+    setup = e2e.setups(e2e.parse_args(["--config", "short"]))[0]
+    cfg = e2e.forge_config(tmp_path / "model", 1, setup, threads=2)
+    assert cfg.app == "apps.grpo.main"
+    assert cfg.policy.model == str(tmp_path / "model")
+    assert cfg.steps == setup.warmup + setup.steps and cfg.max_policy_age == 1
+    rollout = cfg.rollout
+    assert (rollout.prompts_per_step, rollout.group_size, rollout.max_tokens) == (
+        setup.prompts, setup.group, setup.max_tokens,
+    )  # fmt: skip
+    assert rollout.filter == "keep_all" and cfg.threads_per_actor == 2
