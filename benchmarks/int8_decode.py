@@ -100,7 +100,7 @@ def main() -> None:
     from forge.generation.hf_engine import HFEngine
     from forge.models import load_model, load_tokenizer
     from forge.models.gguf import resolve_model
-    from forge.models.logprobs import output_head
+    from forge.models.logprobs import gather_logprobs, output_head
     from forge.training.trainer_core import mismatch_metrics
     from forge.types import SamplingParams
 
@@ -148,9 +148,8 @@ def main() -> None:
         lp, gen = [], []
         for c in completions:
             ids = torch.tensor([list(c.prompt_ids) + list(c.token_ids)])
-            logits = model(input_ids=ids).logits[0, len(c.prompt_ids) - 1 : -1].float()
-            tokens = torch.tensor(c.token_ids)[:, None]
-            lp.append(torch.log_softmax(logits, -1).gather(1, tokens)[:, 0])
+            logits = model(input_ids=ids).logits[:, len(c.prompt_ids) - 1 : -1].float()
+            lp.append(gather_logprobs(logits, torch.tensor([c.token_ids]))[0])
             gen.append(torch.tensor(c.logprobs))
         width = max(len(x) for x in lp)
         pad = lambda xs: torch.stack([F.pad(x, (0, width - len(x))) for x in xs])  # noqa: E731
