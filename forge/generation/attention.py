@@ -144,6 +144,18 @@ def use_fast_decode(model) -> str | None:
     return _FAST[current] if model.config._attn_implementation == _FAST[current] else None
 
 
+def has_sliding_window(model) -> bool:
+    """Whether some attention layer of ``model`` sees only a window of recent positions
+    (Gemma 3's local layers, Mistral's window). Such a model keeps every position in the
+    engine's cache and hides the old ones with the masks it builds itself from the 2D mask:
+    positions are columns, and a row's tokens are contiguous, so the window is exact."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    if getattr(config, "sliding_window", None) is None:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    return layer_types is None or "sliding_attention" in layer_types
+
+
 def _has_eager(model) -> bool:
     """Whether the model's modeling file has the eager function the fallback calls."""
     return hasattr(sys.modules[type(model).__module__], "eager_attention_forward")

@@ -136,6 +136,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         # Decode steps attend without repeating grouped KV heads (attention.py).
         self._fast_attention = attention.use_fast_decode(model)
+        self._sliding = attention.has_sliding_window(model)
         # A float32 CPU head through oneDNN (forge/models/cpu_head.py): ~2x MKL's at decode.
         cpu_head.use_onednn_head(model)
         # Long decodes: the body's float32 CPU weights laid out once per version for oneDNN.
@@ -434,7 +435,9 @@ class HFEngine:
             [run.attention_mask_bt, run.attention_mask_bt.new_ones(len(run.rows), 1)], dim=1
         )
         mask = run.attention_mask_bt
-        if self._fast_attention:  # the 4D decode mask, so the model does not build one per step
+        if self._fast_attention and not self._sliding:
+            # the 4D decode mask, so the model does not build one per step (a model with
+            # sliding-window layers builds its own: the window is a mask of its own)
             mask = attention.decode_mask(mask, self._fast_attention, self.model.dtype)
         self._select_slots(run.rows)
         with self._packer.active(left):

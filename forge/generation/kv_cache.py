@@ -7,7 +7,9 @@ which the attention mask hides). Each cache layer holds keys/values of shape ``[
 Prefix reuse (``prefix_cache.py``) adds two more: copy one row's tokens out of a batch cache,
 and stack such copies back into a left-padded batch cache to prefill on top of.
 Only full-attention layers (``DynamicLayer``) are supported; sliding-window caches keep extra
-state that this padding would corrupt.
+state that this padding would corrupt. The engine's caches are full-attention in every layer,
+also for models with sliding-window layers: those keep every position, and the masks the model
+builds hide the positions outside its window (``attention.has_sliding_window``).
 
 The engine's caches are made of ``GrowingLayer``s: a ``DynamicLayer`` whose keys and values are
 views into a buffer with spare positions, so a decode step writes one column in place instead

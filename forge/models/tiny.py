@@ -59,14 +59,36 @@ class TinyPreset:
     num_key_value_heads: int
     intermediate_size: int
     max_position_embeddings: int = 512
+    extra: tuple[tuple[str, object], ...] = ()  # family-specific config fields
 
 
+# A sliding window this short bites in tests whose rows run to a few dozen tokens.
+_TEST_WINDOW = 8
 PRESETS: dict[str, TinyPreset] = {
     "tiny": TinyPreset("qwen2", 64, 2, 4, 2, 128),
     "mini": TinyPreset("qwen2", 128, 2, 4, 2, 256),  # the CPU demo's policy (~0.33M params)
     "small": TinyPreset("qwen2", 256, 4, 8, 4, 688),
     "llama": TinyPreset("llama", 64, 2, 4, 2, 128),
+    # One tiny preset per family forge verifies (docs/models.md): what each treats as special.
+    "qwen3": TinyPreset("qwen3", 64, 2, 4, 2, 128, extra=(("head_dim", 16),)),  # q/k norm
+    "gemma3": TinyPreset(  # sliding and global layers, q/k norm, scaled embedding
+        "gemma3",
+        64,
+        2,
+        4,
+        1,
+        128,
+        extra=(
+            ("head_dim", 32),
+            ("sliding_window", _TEST_WINDOW),
+            ("layer_types", ["sliding_attention", "full_attention"]),
+            ("query_pre_attn_scalar", 32),
+        ),
+    ),
+    "mistral": TinyPreset("mistral", 64, 2, 4, 2, 128, extra=(("sliding_window", _TEST_WINDOW),)),
+    "phi3": TinyPreset("phi3", 64, 2, 4, 2, 128),  # fused qkv and gate_up projections
 }
+FAMILY_PRESETS = ("llama", "tiny", "qwen3", "gemma3", "mistral", "phi3")  # "tiny" is qwen2
 
 
 def _build_tokenizer(corpus: list[str] | None):
@@ -110,9 +132,23 @@ def _build_tokenizer(corpus: list[str] | None):
 
 
 def _build_config(preset: TinyPreset, tokenizer):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
-    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[preset.family]
+    config_cls = {
+        "qwen2": Qwen2Config,
+        "llama": LlamaConfig,
+        "qwen3": Qwen3Config,
+        "gemma3": Gemma3TextConfig,
+        "mistral": MistralConfig,
+        "phi3": Phi3Config,
+    }[preset.family]
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in (EOS_TOKEN, IM_END_TOKEN)]
     return config_cls(
         vocab_size=len(tokenizer),
@@ -127,6 +163,7 @@ def _build_config(preset: TinyPreset, tokenizer):
         bos_token_id=eos_ids[0],
         eos_token_id=eos_ids,
         dtype="float32",
+        **dict(preset.extra),
     )
 
 
@@ -140,7 +177,8 @@ def make_tiny_model(
 
     Args:
         out_dir: directory to create (or overwrite files in).
-        preset: one of ``PRESETS`` ("tiny", "small", "llama").
+        preset: one of ``PRESETS`` ("tiny", "small", "llama", one per family in
+            ``FAMILY_PRESETS``).
         seed: weight-initialisation seed; the same seed gives bit-identical weights.
             The global torch RNG is left untouched.
         corpus: optional texts to learn BPE merges from; default is a pure byte vocabulary.

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from forge.training.trainer_config import LoraConfig
+from forge.training.trainer_config import DEFAULT_LORA_TARGETS, LoraConfig
 from forge.weights.adapter import LORA_MODES, AdapterSpec, adapter_key_parts
 
 __all__ = [
@@ -90,6 +90,17 @@ def _peft_config(targets: tuple[str, ...], rank: int, alpha: float, dropout: flo
     )
 
 
+def default_targets(model: torch.nn.Module) -> tuple[str, ...]:
+    """``DEFAULT_LORA_TARGETS`` where the model has them all, else the leaf names of its
+    linear layers except the output head's."""
+    have = linear_names(model)
+    if all(t in have for t in DEFAULT_LORA_TARGETS):
+        return DEFAULT_LORA_TARGETS
+    head = model.get_output_embeddings()
+    heads = {n.rpartition(".")[2] for n, m in model.named_modules() if m is head}
+    return tuple(n for n in have if n not in heads)
+
+
 def check_targets(model: torch.nn.Module, targets: tuple[str, ...], where: str) -> None:
     """``ValueError`` naming the model's linear layers if a target is not one of them."""
     have = linear_names(model)
@@ -103,7 +114,12 @@ def check_targets(model: torch.nn.Module, targets: tuple[str, ...], where: str) 
 
 def wrap_with_lora(model: torch.nn.Module, cfg: LoraConfig, base: str):
     """Inject LoRA layers into ``model`` (in place) and freeze its base; returns the
-    ``PeftModel`` around it. ``base``: the base model's path or id, recorded in exports."""
+    ``PeftModel`` around it. ``base``: the base model's path or id, recorded in exports.
+    With the default ``target_modules`` on a model that lacks some of those names (Phi-3's
+    fused ``qkv_proj`` and ``gate_up_proj``), ``cfg.target_modules`` becomes every linear
+    layer but the output head, so pushes and exports name what was adapted."""
+    if cfg.target_modules == DEFAULT_LORA_TARGETS:
+        cfg.target_modules = default_targets(model)
     check_targets(model, cfg.target_modules, "trainer.lora")
     peft = import_peft()
     config = _peft_config(cfg.target_modules, cfg.rank, cfg.alpha, cfg.dropout, base)
