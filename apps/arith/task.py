@@ -27,8 +27,14 @@ INSTRUCTION = "Answer with just the number."
 _NUMBER = re.compile(r"(?<![\d.])-?\d+(?!\d|\.\d)")  # whole numbers; "149." counts
 
 
-def prompt_for(a: int, b: int) -> list[dict]:
-    """The chat prompt for ``a + b``."""
+TEXT_PROMPT = "Question: What is {a} plus {b}?\nAnswer:"  # for base models (no chat template)
+
+
+def prompt_for(a: int, b: int, style: str = "chat") -> list[dict] | str:
+    """The prompt for ``a + b``: chat messages, or plain text (``style="text"``) for a base
+    model, which answers on the same line (stop at a newline)."""
+    if style == "text":
+        return TEXT_PROMPT.format(a=a, b=b)
     return [{"role": "user", "content": f"What is {a} + {b}? {INSTRUCTION}"}]
 
 
@@ -61,10 +67,13 @@ class Addition:
     seed: int = 0
     heldout_size: int = 200
     heldout_seed: int = 10_000
+    style: str = "chat"  # "text": plain-text prompts, for a base model
 
     def __post_init__(self) -> None:
         if not 1 <= self.digits <= 9:
             raise ValueError(f"digits must be 1..9, got {self.digits}")
+        if self.style not in ("chat", "text"):
+            raise ValueError(f"style must be 'chat' or 'text', got {self.style!r}")
         lo, hi = 10 ** (self.digits - 1), 10**self.digits - 1
         if self.heldout_size > (hi - lo + 1) ** 2 // 2:
             raise ValueError(f"heldout_size={self.heldout_size} leaves too few training pairs")
@@ -85,10 +94,13 @@ class Addition:
         while True:
             a, b = self._draw(self._rng)
             if (a, b) not in self._held:
-                return {"prompt": prompt_for(a, b), "target": str(a + b)}
+                return {"prompt": prompt_for(a, b, self.style), "target": str(a + b)}
 
     def heldout(self) -> list[dict]:
-        return [{"prompt": prompt_for(a, b), "target": str(a + b)} for a, b in self.heldout_pairs]
+        return [
+            {"prompt": prompt_for(a, b, self.style), "target": str(a + b)}
+            for a, b in self.heldout_pairs
+        ]
 
     def state_dict(self) -> dict:
         return {"rng": self._rng.getstate()}

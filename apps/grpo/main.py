@@ -39,6 +39,7 @@ from forge import (
     GroupScorer,
     M,
     MetricLog,
+    ParityWatch,
     PhaseTracker,
     ReferenceModel,
     ReplayBuffer,
@@ -52,6 +53,7 @@ from forge import (
     Trainer,
     WeightSync,
     actor_env_vars,
+    check_parity,
     load_tokenizer,
     progress,
     step_row,
@@ -129,6 +131,9 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     critic = GAECritic(s.critic, cfg.critic, cfg.whiten_advantages) if cfg.critic else None
     evaluate = Evaluator.of_run(cfg, scorer, s.generator, await s.data.heldout.call_one(),
                                 log, before=sync.wait)  # fmt: skip
+    if cfg.parity.check_at_start and not resume:
+        await check_parity(cfg, s.data, s.generator, s.trainer)  # before any update
+    parity = ParityWatch(cfg)
     if cfg.eval.at_start and not resume:
         await evaluate(version)
     phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
@@ -148,6 +153,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
                 log.add(M.PHASE, [float(phase.index)])
             m, waited, took = await train_batch(cfg, s.buffer, s.trainer, version, manager,
                                                 critic, colo)  # fmt: skip
+            parity.observe(version, m)
             t, version = time.perf_counter(), version + 1
             log.cut("rollout/")  # this step's rollouts end here: the push starts the next's
             await sync.push(version)  # off the trainer's path when rollouts may be a version old

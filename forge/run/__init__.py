@@ -15,6 +15,8 @@ An app (``apps/grpo/main.py``) spawns actors and services, then wires these into
 ``train_next``           wait for a batch (bounded), then a training step (PPO: critic)
 ``train_streamed``       trajectory streaming: train on episodes as they arrive
 ``Evaluator``            greedy held-out accuracy or episode success, logged
+``check_parity``         generator against trainer logprobs before the first step
+``ParityWatch``          stops a run whose on-policy mismatch stays above its bound
 ``sft_then_rl``          a pipeline of apps (SFT, then RL) in one run directory
 =======================  ==============================================================
 """
@@ -27,6 +29,8 @@ from forge.run.evaluate import Evaluator, evaluate_policy
 from forge.run.flush import ActorMetrics
 from forge.run.gae_critic import GAECritic, check_ppo, train_step
 from forge.run.metric_log import MetricLog, progress, step_row
+from forge.run.parity import ParityConfig, ParityWatch, PolicyMismatchError
+from forge.run.parity import check_at_start as check_parity
 from forge.run.placement import PlacementConfig
 from forge.run.policy import PolicyConfig, retarget
 from forge.run.rl_config import EvalConfig, ReplicasConfig, RLConfig
@@ -42,8 +46,11 @@ __all__ = [
     "Evaluator",
     "GAECritic",
     "MetricLog",
+    "ParityConfig",
+    "ParityWatch",
     "PlacementConfig",
     "PolicyConfig",
+    "PolicyMismatchError",
     "RLConfig",
     "ReplicasConfig",
     "Roles",
@@ -53,6 +60,7 @@ __all__ = [
     "TrainerDiedError",
     "WeightSync",
     "actor_env_vars",
+    "check_parity",
     "check_ppo",
     "check_restarts",
     "evaluate_policy",
