@@ -32,6 +32,7 @@ from typing import Any
 from forge import Environment, StepResult
 
 _INT = re.compile(r"-?\d+")
+_MAX_DIGITS = 100
 
 
 def mul(a: int, b: int) -> int:
@@ -51,9 +52,11 @@ def call_text(a: int, b: int) -> str:
 
 
 def parse_answer(text: str) -> int | None:
-    """The first integer in the model's text, or None."""
+    """The first integer in the model's text, or None; None too when that integer has over
+    ``_MAX_DIGITS`` digits (no answer here has, and ``int()`` raises ``ValueError`` past
+    4,300)."""
     m = _INT.search(text)
-    return int(m.group(0)) if m else None
+    return int(m.group(0)) if m and len(m.group(0)) <= _MAX_DIGITS else None
 
 
 class Calculator(Environment):

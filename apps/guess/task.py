@@ -35,6 +35,7 @@ from typing import Any
 from forge import Environment, StepResult
 
 _INT = re.compile(r"-?\d+")
+_MAX_DIGITS = 100
 
 
 def intro(n: int) -> str:
@@ -47,9 +48,11 @@ def feedback(word: str, low: int, high: int, hint_range: bool) -> str:
 
 
 def parse_guess(text: str) -> int | None:
-    """The first integer in the model's text, or None."""
+    """The first integer in the model's text, or None; None too when that integer has over
+    ``_MAX_DIGITS`` digits (no answer here has, and ``int()`` raises ``ValueError`` past
+    4,300)."""
     m = _INT.search(text)
-    return int(m.group(0)) if m else None
+    return int(m.group(0)) if m and len(m.group(0)) <= _MAX_DIGITS else None
 
 
 class GuessNumber(Environment):

@@ -13,7 +13,6 @@ the policy can learn the format) and counts in metrics. Parsers are chosen by na
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,49 +54,57 @@ class HermesToolParser(ToolParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, several allowed.
 
     ``arguments`` may also be a JSON-encoded string of an object (some models emit that). A
-    block with invalid JSON, no string ``name``, non-object ``arguments``, or an opening tag
-    never closed becomes a ``ToolCallError``.
+    block with invalid JSON (nesting deeper than the interpreter's recursion limit and
+    integers too long to convert count as invalid), no string ``name``, non-object
+    ``arguments``, or an opening tag never closed becomes a ``ToolCallError``.
     """
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 
-    def __init__(self) -> None:
-        self._block = re.compile(
-            re.escape(self.open_tag) + r"(.*?)" + re.escape(self.close_tag), re.DOTALL
-        )
-
     def parse(self, text: str) -> list[ToolCall | ToolCallError]:
+        # str.find, not a lazy regex: a regex retries every unclosed opening tag to the end
+        # of the text, so a text of many of them is read once per tag.
         calls: list[ToolCall | ToolCallError] = []
-        end = 0
-        for match in self._block.finditer(text):
-            calls.append(self._parse_one(match.group(1), match.group(0)))
-            end = match.end()
-        rest = text[end:]
-        if self.open_tag in rest:
-            raw = rest[rest.index(self.open_tag) :]
-            calls.append(
-                ToolCallError(f"{self.open_tag} was never closed by {self.close_tag}", raw)
-            )
+        pos = 0
+        while (start := text.find(self.open_tag, pos)) >= 0:
+            body_at = start + len(self.open_tag)
+            stop = text.find(self.close_tag, body_at)
+            if stop < 0:
+                never = f"{self.open_tag} was never closed by {self.close_tag}"
+                calls.append(ToolCallError(never, text[start:]))
+                break
+            pos = stop + len(self.close_tag)
+            calls.append(self._parse_one(text[body_at:stop], text[start:pos]))
         return calls
 
     @staticmethod
     def _parse_one(body: str, raw: str) -> ToolCall | ToolCallError:
         try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
+            obj = _loads(body)
+        except ValueError as e:
             return ToolCallError(f"the tool call is not valid JSON: {e}", raw)
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return ToolCallError('a tool call needs a JSON object with a string "name"', raw)
         args = obj.get("arguments", {})
         if isinstance(args, str):
             try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as e:
+                args = _loads(args) if args.strip() else {}
+            except ValueError as e:
                 return ToolCallError(f'"arguments" is a string but not valid JSON: {e}', raw)
         if not isinstance(args, dict):
             return ToolCallError('"arguments" must be a JSON object of named arguments', raw)
         return ToolCall(obj["name"], args, raw)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads``, with every way model text can fail it as ``ValueError``: invalid JSON
+    (``JSONDecodeError``), an integer too long to convert, nesting past the interpreter's
+    recursion limit."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser}

@@ -187,10 +187,9 @@ class ReasoningGymReward:
         return {**self.__dict__, "_dataset": None}
 
     def extract(self, response: str) -> str:
-        """The answer ``__call__`` scores: the last ``<answer>`` tag's text, else the response."""
-        from reasoning_gym.utils import extract_answer
-
-        answer = extract_answer(response)
+        """The answer ``__call__`` scores: the last ``<answer>`` tag's text, else the response
+        (both stripped), as reasoning-gym's ``extract_answer`` finds it."""
+        answer = _last_answer_tag(response)
         return response.strip() if answer is None else answer
 
     def __call__(self, prompt: Any, response: str, target: Any) -> float:
@@ -206,3 +205,17 @@ class ReasoningGymReward:
         if self.binary:
             return 1.0 if score >= 1.0 else 0.0
         return score
+
+
+def _last_answer_tag(text: str) -> str | None:
+    """The stripped text of the last ``<answer>...</answer>`` (each opening tag paired with
+    the first closing tag after it), or None: ``reasoning_gym.utils.extract_answer``'s answer.
+    Read with ``str.find``: its lazy regex reads the rest of the text again from every
+    unclosed opening tag."""
+    last, pos = None, 0
+    while (start := text.find("<answer>", pos)) >= 0:
+        stop = text.find("</answer>", start + len("<answer>"))
+        if stop < 0:
+            break
+        last, pos = (start + len("<answer>"), stop), stop + len("</answer>")
+    return None if last is None else text[last[0] : last[1]].strip()

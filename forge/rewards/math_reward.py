@@ -24,20 +24,34 @@ __all__ = ["MathReward", "extract_final_answer", "score_pair"]
 logger = logging.getLogger("forge.rewards")
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_RE = re.compile(r"answer\s*(?:is)?\s*\**\s*[:：]\s*([^\n]+)", re.IGNORECASE)
+_BRACE_RE = re.compile(r"[{}]")
+# "answer", an optional "is", optional bold stars, a colon, then the rest of the line. Written
+# so that no two ``\s*`` meet: ``answer\s*(?:is)?\s*\**\s*[:：]`` reads the same texts but,
+# when no colon follows, tries every three-way split of a long whitespace run.
+_ANSWER_RE = re.compile(r"answer\s*(?:is\s*)?(?:\*+\s*)?[:：]\s*([^\n]+)", re.IGNORECASE)
 # A number with thousands separators, or a plain integer / decimal / simple fraction.
 _NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
 def _last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` (braces balanced), or None."""
-    for m in reversed(list(_BOXED_RE.finditer(text))):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            return text[m.end() : i - 1]
+    """Content of the last complete ``\\boxed{...}`` (braces balanced), or None.
+
+    One pass pairs every brace with its match, so many unclosed boxes are read once, not
+    once per box.
+    """
+    starts = [m.end() for m in _BOXED_RE.finditer(text)]
+    if not starts:
+        return None
+    closes: dict[int, int] = {}  # just after an opening brace -> where its closing brace is
+    opened: list[int] = []
+    for m in _BRACE_RE.finditer(text):
+        if m.group() == "{":
+            opened.append(m.end())
+        elif opened:
+            closes[opened.pop()] = m.start()
+    for start in reversed(starts):
+        if start in closes:
+            return text[start : closes[start]]
     return None
 
 

@@ -343,6 +343,23 @@ async def test_tool_calls_are_executed_between_turns(tok):
     )
 
 
+async def test_a_tool_call_nested_too_deeply_is_a_malformed_call_not_a_crash(tok):
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    hostile = "<tool_call>" + "[" * 1000 + "</tool_call>"  # json.loads: RecursionError
+    policy = ScriptedPolicy(tok, [hostile, "42"])
+    traj = await run_episode(
+        GuessEnv(), {"q": "?"}, policy, tok, tools=ToolSet([add]), max_context_tokens=8192
+    )
+    assert traj.finish_reason == "done" and traj.num_turns == 2
+    assert traj.info["tool_calls"] == 1 and traj.info["tool_errors"] == 1
+    [answer] = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert "malformed tool call" in answer and "nested too deeply" in answer
+
+
 async def test_dict_rewards_versions_and_function_env(tok):
     def reset(state, task):
         state["n"] = 0
