@@ -31,14 +31,22 @@ def encode_prompt(
     - token ids (a non-empty list of ints): used verbatim, nothing added; ``text`` is
       ``tokenizer.decode(ids)``, for the record only.
 
-    ``max_positions`` (the model's context length): a prompt of that many tokens or more is a
-    ``ValueError``, since no token could be generated after it. ``TypeError`` for any other
+    Chat messages for a tokenizer without a chat template (a base model) are a ``ValueError``
+    that names the fix. ``max_positions`` (the model's context length): a prompt of that many
+    tokens or more is a ``ValueError``, since no token could be generated after it. ``TypeError`` for any other
     prompt type, ``ValueError`` for a prompt that encodes to zero tokens.
     """
     if isinstance(prompt, str):
         text = prompt
         ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"chat messages given to a model without a chat template "
+                f"({getattr(tokenizer, 'name_or_path', '?')}: a base model): give it plain-text "
+                "prompts (strings), e.g. 'Question: ...\nAnswer:', with a stop string such as "
+                "generator.sampling.stop: ['\\n']; or use the model's instruct version"
+            )
         text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     elif isinstance(prompt, list) and prompt:

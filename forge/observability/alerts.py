@@ -24,9 +24,17 @@ class RewardAlerts:
         self.every = every
         self.zero_since: int | None = None
 
-    def check(self, step: int, values: Mapping[str, Sequence[float]]) -> str | None:
+    def check(
+        self,
+        step: int,
+        values: Mapping[str, Sequence[float]],
+        samples: Sequence[Mapping] = (),
+    ) -> str | None:
         """``values``: the step's reward values by metric name (``rollout/reward`` and
-        ``rollout/reward/<component>``); returns the warning to show, if any."""
+        ``rollout/reward/<component>``); ``samples``: the step's episode records
+        (``episode_log.episode_record``), two of which the warning shows with the prompt's
+        first token ids, so a wrong template or a missing BOS is visible at once; returns
+        the warning to show, if any."""
         total = values.get(M.REWARD)
         if not total:
             return None
@@ -47,5 +55,28 @@ class RewardAlerts:
             f"every reward was 0 at step {step} ({len(total)} episodes{which}, since step "
             f"{self.zero_since}): equal rewards give zero advantages, so nothing is learned. "
             "Check the reward on a few responses (`forge episodes <run_dir>`): does it parse "
-            "the policy's answer format and the data's targets?"
+            "the policy's answer format and the data's targets?" + _show(samples)
         )
+
+
+def _show(samples: Sequence[Mapping], n: int = 2, chars: int = 120) -> str:
+    """Two sampled responses and the first prompt's head (text and token ids)."""
+    if not samples:
+        return ""
+    lines = []
+    for r in samples[:n]:
+        said = [m.get("content", "") for m in r.get("messages", []) if m.get("role") == "assistant"]
+        lines.append(f"  response: {said[-1][:chars]!r}" if said else "  response: (none)")
+    first = samples[0]
+    asked = [
+        m.get("content", "") for m in first.get("messages", []) if m.get("role") != "assistant"
+    ]
+    head = first.get("prompt_head_ids")
+    if asked:
+        lines.append(f"  prompt starts: {asked[0][:chars]!r}")
+    if head is not None:
+        lines.append(
+            f"  prompt's first token ids: {head} (does it start with the model's BOS, as "
+            "`forge models check MODEL` shows it?)"
+        )
+    return "\n" + "\n".join(lines)

@@ -24,6 +24,7 @@ from forge.observability.backends import read_jsonl
 __all__ = ["EpisodeSamples", "episode_record", "read_episodes", "show_episodes"]
 
 FILE = "episodes.jsonl"
+PROMPT_HEAD = 8  # the prompt's first token ids kept per record: a missing BOS shows there
 
 
 def episode_record(episode, messages: list[dict], num_turns: int = 1) -> dict[str, Any]:
@@ -44,6 +45,7 @@ def episode_record(episode, messages: list[dict], num_turns: int = 1) -> dict[st
         "num_turns": num_turns,
         "messages": [{"role": m.get("role"), "content": str(m.get("content"))} for m in messages],
         "target": target,
+        "prompt_head_ids": [int(t) for t in episode.prompt_ids[:PROMPT_HEAD]],
     }
 
 
@@ -67,6 +69,10 @@ class EpisodeSamples:
 
     def add(self, records: list[dict]) -> None:
         self._pending += records
+
+    def pending(self) -> list[dict]:
+        """The records kept so far for the coming step."""
+        return list(self._pending)
 
     def write(self, step: int) -> None:
         if not self._pending:

@@ -92,7 +92,7 @@ class MetricLog:
             pending = {k: v for k, v in pending.items() if not k.startswith(prefix)} | before
             self._cut = None
         rewards = {k: v for k, v in pending.items() if k.startswith(M.REWARD)}
-        alert = self.alerts.check(step, rewards)
+        alert = self.alerts.check(step, rewards, self.episodes.pending())
         if alert is not None:  # printed above the progress bar, and shown by forge top
             tqdm.write(f"[warning] {alert}", file=sys.stdout)
             self.status.alert(step, alert)

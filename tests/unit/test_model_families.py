@@ -107,3 +107,13 @@ def test_a_grpo_step_moves_logprobs_as_the_advantages_say(family, lora):
     moved = [n for n, p in core.model.named_parameters() if n in before and not p.equal(before[n])]
     assert moved, f"{family}: no trainable weight changed"
     assert objective() > start
+
+
+def test_chat_messages_for_a_model_without_a_chat_template_name_the_fix(tmp_path):
+    from forge.generation.prompts import encode_prompt
+
+    tok = load_tokenizer(make_tiny_model(tmp_path / "m"))
+    tok.chat_template = None  # a base model's tokenizer
+    with pytest.raises(ValueError, match="without a chat template.*plain-text prompts"):
+        encode_prompt(tok, [{"role": "user", "content": "What is 3 plus 5?"}])
+    assert encode_prompt(tok, "Question: What is 3 plus 5?\nAnswer:")[1]

@@ -36,3 +36,28 @@ def test_metric_log_prints_the_warning_and_publishes_it(tmp_path, capsys):
     assert any("every reward was 0" in x for x in log.status.fields["alerts"])
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0][M.REWARD] == 0.0
+
+
+def test_the_warning_shows_two_responses_and_the_prompts_first_token_ids(tmp_path, capsys):
+    from forge.observability.episode_log import episode_record
+    from forge.types import Episode
+
+    log = MetricLog(tmp_path, ["jsonl"], steps=1)
+    said = ["the answer to the answer to", "the answer is the answer", "third"]
+    episodes = [
+        Episode(f"e{i}", [9259, 1902, 603], [5, 6], [-1.0, -1.0], 0.0, 0) for i in range(3)
+    ]
+    conversation = [{"role": "user", "content": "Question: What is 3 plus 5?\nAnswer:"}]
+    log.episodes.add(
+        [
+            episode_record(e, [*conversation, {"role": "assistant", "content": s}])
+            for e, s in zip(episodes, said)
+        ]
+    )
+    log.add(M.REWARD, [0.0, 0.0, 0.0])
+    log.step(1, {})
+    out = capsys.readouterr().out
+    assert "response: 'the answer to the answer to'" in out
+    assert "response: 'the answer is the answer'" in out and "third" not in out
+    assert "prompt starts: 'Question: What is 3 plus 5?\\nAnswer:'" in out
+    assert "prompt's first token ids: [9259, 1902, 603]" in out
