@@ -126,6 +126,19 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
 
+def _models_check(args: argparse.Namespace) -> int:
+    from forge.models.check import BatchShape, check_model, format_report
+
+    shape = BatchShape(args.rows, args.prompt_tokens, args.new_tokens)
+    try:
+        report = check_model(args.model, shape)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"forge models check: error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forge", description="Forge: RL post-training for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -179,9 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8000, help="0: any free port")
     srv.add_argument("--api-key", help="the key clients must send (default: $FORGE_API_KEY)")
     srv.set_defaults(fn=_serve)
+    models = sub.add_parser("models", help="inspect a model before training it")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    check = models_sub.add_parser(
+        "check",
+        help="family, tokens, template, precision, memory, a greedy probe and the generator's "
+        "logprob parity against the trainer's float32 forward",
+    )
+    check.add_argument("model", help="a model directory, hub id, GGUF file or shipped name")
+    check.add_argument("--rows", type=int, default=64, help="batch rows for the memory estimate")
+    check.add_argument("--prompt-tokens", type=int, default=64)
+    check.add_argument("--new-tokens", type=int, default=16)
+    check.set_defaults(fn=_models_check)
     tiny = sub.add_parser("make-tiny-model", help="build a small HF model + tokenizer locally")
     tiny.add_argument("dir", help="output directory")
-    tiny.add_argument("--preset", default="tiny", choices=["tiny", "mini", "small", "llama"])
+    tiny.add_argument("--preset", default="tiny", help="a preset of forge.models.tiny.PRESETS")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_make_tiny_model)
     return p
