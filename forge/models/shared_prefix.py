@@ -59,6 +59,19 @@ def _plain_cache(cache) -> bool:
     )
 
 
+def _full_span(model) -> float:
+    """How many columns a batch may span and still attend as under full attention: a model's
+    sliding window (Gemma 3's local layers, Mistral), else unbounded. Within it the window
+    hides nothing, so full-attention caches and their row gathers are exact; a wider batch
+    takes ``token_logprobs``."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return float("inf")
+    return float(window)
+
+
 def shared_prefix_logprobs(
     model,
     input_ids_bt: torch.Tensor,
@@ -70,7 +83,8 @@ def shared_prefix_logprobs(
 ) -> torch.Tensor | None:
     """Logprobs ``[B, T]`` like ``token_logprobs``, prefixes shared; ``None`` when sharing does
     not pay (fewer than ``min_saving`` of the token positions would be saved, or the model has
-    no separable body and head, or its cache is not a plain full-attention KV).
+    no separable body and head, or its cache is not a plain full-attention KV, or the batch is
+    wider than the model's sliding window).
 
     ``scored_bt`` marks the positions whose logprobs matter (the loss mask); a row's prefix is
     everything before its first scored position, and only positions from there on are returned
@@ -81,6 +95,8 @@ def shared_prefix_logprobs(
         return None
     body, head = split
     batch, width = input_ids_bt.shape
+    if width > _full_span(model):
+        return None  # a sliding window would see the prefixes' padding as distance
     lengths = attention_mask_bt.sum(-1).tolist()
     scored = scored_bt.bool()
     first = torch.where(scored.any(-1), scored.float().argmax(-1), attention_mask_bt.sum(-1))
@@ -123,6 +139,7 @@ def shared_prefix_logprobs(
             input_ids=p_ids[:1, :common],
             attention_mask=p_mask[:1, :common],
             position_ids=torch.arange(common, device=device)[None],
+            past_key_values=DynamicCache(),  # full-attention layers (see _full_span)
             use_cache=True,
         )
         if not _plain_cache(c_out.past_key_values):
@@ -138,7 +155,7 @@ def shared_prefix_logprobs(
         input_ids=p_ids[:, common:],
         attention_mask=p_mask,
         position_ids=torch.arange(common, p_width, device=device).expand(len(prefixes), -1),
-        past_key_values=past,
+        past_key_values=DynamicCache() if past is None else past,
         use_cache=True,
     )
     cache = p_out.past_key_values

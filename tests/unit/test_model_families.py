@@ -117,3 +117,30 @@ def test_chat_messages_for_a_model_without_a_chat_template_name_the_fix(tmp_path
     with pytest.raises(ValueError, match="without a chat template.*plain-text prompts"):
         encode_prompt(tok, [{"role": "user", "content": "What is 3 plus 5?"}])
     assert encode_prompt(tok, "Question: What is 3 plus 5?\nAnswer:")[1]
+
+
+@pytest.mark.parametrize("width", ["within_window", "wider"])
+def test_shared_prefixes_give_the_full_forwards_logprobs(family, width):
+    """The trainer's shared-prefix path (a group's prompt once) equals ``token_logprobs``; on a
+    batch wider than a sliding window it steps aside (``None``) rather than differ."""
+    from forge.models import token_logprobs
+    from forge.models.shared_prefix import _full_span, shared_prefix_logprobs
+
+    model = load_model(family)
+    long = width == "wider"
+    prompts = [[5, 6, 7], [5, 6, 7], [9, 10, 11, 12], [9, 10, 11, 12]]
+    tails = [[20, 21], [22, 23, 24], [25], [26, 27]]
+    if long:
+        prompts = [p * 4 for p in prompts]
+    batch = _batch(list(zip(prompts, tails)), pad_id=0)
+    with torch.no_grad():
+        shared = shared_prefix_logprobs(
+            model, batch["ids"], batch["mask"], batch["response"].float(), min_saving=0.0
+        )
+        full = token_logprobs(model, batch["ids"], batch["mask"])
+    if long and _full_span(model) < batch["ids"].shape[1]:
+        assert shared is None
+        return
+    assert shared is not None
+    resp = batch["response"]
+    assert (shared[resp] - full[resp]).abs().max() < TOLERANCE
