@@ -24,6 +24,10 @@ elsewhere it is exactly 0, whatever the inputs hold there, so a prompt position'
 -95 against a reference of 0 cannot overflow ``exp`` into ``inf * 0 = NaN``), and the
 log-ratio is clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` (20, as verl does) so a real
 response token with a huge gap gives a large but finite value and a zero gradient past it.
+That still lets one token's ``k3`` gradient reach ``e^20 - 1``; ``clamp``
+(``LossConfig.kl_clamp``; verl clamps ``k3`` at 10) bounds each token's value to ``[-clamp,
+clamp]`` with a zero gradient past it: at 10, a ``k3`` token's gradient is at most
+``e^2.61 - 1 = 12.6`` (the value reaches 10 at ``r = 2.61``).
 
 Forge has the KL only as a loss term (``LossConfig.kl_coef``); there is no KL-in-reward
 (InstructGPT's / verl's ``use_kl_in_reward``, a per-token ``-beta * KL`` added to the
@@ -70,6 +74,7 @@ def kl_penalty(
     ref_logprobs_bt: torch.Tensor,
     estimator="k3",
     mask_bt: torch.Tensor | None = None,
+    clamp: float | None = None,
 ) -> torch.Tensor:
     """Per-token KL estimate ``[B, T]``; gradients flow through ``logprobs_bt`` only.
 
@@ -77,9 +82,12 @@ def kl_penalty(
     ``fn(logprobs_bt, ref_logprobs_bt) -> kl_bt`` (see ``forge.slots.KL``). With ``mask_bt``
     the estimate is computed on the counted positions only and is exactly 0 (no gradient)
     elsewhere: both inputs are replaced by 0 there *before* the estimator runs, so masked
-    values of any size (or NaN) cannot leak in. Reduction is left to the caller
-    (``forge.losses.aggregate``).
+    values of any size (or NaN) cannot leak in. ``clamp`` (> 0) bounds each token's estimate
+    to ``[-clamp, clamp]``, with a zero gradient where it binds (``None``: no bound).
+    Reduction is left to the caller (``forge.losses.aggregate``).
     """
+    if clamp is not None and not clamp > 0:
+        raise ValueError(f"KL clamp must be > 0 or None, got {clamp}")
     if logprobs_bt.shape != ref_logprobs_bt.shape:
         raise ValueError(
             f"logprobs_bt {tuple(logprobs_bt.shape)} and ref_logprobs_bt "
@@ -99,6 +107,8 @@ def kl_penalty(
             f"KL estimator {estimator!r} returned shape {tuple(kl_bt.shape)}, expected "
             f"{tuple(logprobs_bt.shape)}"
         )
+    if clamp is not None:
+        kl_bt = kl_bt.clamp(-clamp, clamp)
     if mask_bt is not None:
         kl_bt = masked_values(kl_bt, mask_bt)
     return kl_bt

@@ -92,6 +92,10 @@ class LossConfig:
     """``k1``, ``k2`` or ``k3``, or an import string ``pkg.module:fn``: ``k3``'s gradient is
     the forward KL(ref || pi)'s, ``k2``'s the reverse KL(pi || ref)'s, ``k1``'s is zero in
     expectation (``forge.losses.kl``)."""
+    kl_clamp: float | None = None
+    """Bound each token's KL estimate to ``[-kl_clamp, kl_clamp]``, with no gradient where it
+    binds (verl clamps ``k3`` at 10: a token's ``k3`` gradient is then at most 12.6 instead of
+    ``e^20``); ``None``: no bound."""
     tis_cap: float | None = None
     """Truncated importance sampling with this cap (2.0 is common): tokens are weighted by
     ``min(pi_old / pi_generator, cap)``; needs ``trainer.old_logprobs: current``."""
@@ -142,6 +146,8 @@ class LossConfig:
             from forge.slots import KL
 
             KL.validate(self.kl_estimator, key="LossConfig.kl_estimator")
+        if self.kl_clamp is not None and not self.kl_clamp > 0:
+            raise ValueError(f"LossConfig.kl_clamp must be > 0 or None, got {self.kl_clamp}")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"LossConfig.tis_cap must be > 0 or None, got {self.tis_cap}")
         if self.aggregation is not None and self.aggregation not in AGGREGATION_MODES:
@@ -261,7 +267,9 @@ def build_loss(config: LossConfig) -> LossFn:
         if ref_logprobs_bt is not None:
             # Response positions only: the reference holds 0 on prompt positions while the
             # policy's logprobs are real there, and exp(q - p) of such a gap overflows.
-            kl_bt = kl_penalty(logprobs_bt, ref_logprobs_bt, config.kl_estimator, mask_bt)
+            kl_bt = kl_penalty(
+                logprobs_bt, ref_logprobs_bt, config.kl_estimator, mask_bt, config.kl_clamp
+            )
             kl = aggregate(kl_bt, mask_bt, config.resolved_aggregation(), config.max_tokens)
             metrics["kl_ref"] = kl.item()
             if config.kl_coef > 0:

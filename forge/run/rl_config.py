@@ -35,7 +35,7 @@ from forge.run.run_config import (
 )
 from forge.run.supervise import check_restarts
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
-from forge.training.trainer_config import ReferenceConfig, check_tis
+from forge.training.trainer_config import ReferenceConfig, check_gspo, check_tis
 from forge.training.value_model import CriticConfig
 
 __all__ = [
@@ -107,6 +107,7 @@ class RLConfig(RolloutRunConfig):
         self._check_groups(self.rollout, "rollout")
         for phase in resolve_phases(self.phases, self.trainer.loss):
             check_tis(phase.loss, self.trainer.old_logprobs, key=f"phases[{phase.index}].loss")
+            check_gspo(phase.loss, self.trainer.old_logprobs, key=f"phases[{phase.index}].loss")
             rollout = dataclasses.replace(self.rollout, **phase.rollout)
             self._check_groups(rollout, f"phases[{phase.index}].rollout")
         check_restarts(self.restart_on_failure, self.checkpoint_every)

@@ -77,6 +77,43 @@ def check_tis(loss, old_logprobs: str, key: str = "trainer.loss") -> None:
         )
 
 
+def check_gspo(loss, old_logprobs: str, key: str = "trainer.loss") -> None:
+    """GSPO clips each sequence's ratio to a band of 3e-4 / 4e-4. With the generator's
+    logprobs as ``pi_old`` the generator/trainer mismatch alone (bf16 kernels, batch shapes)
+    puts most sequences outside it at the first update, and a sequence outside it on its
+    advantage's side (above with ``A > 0``, below with ``A < 0``) gets no gradient: an error
+    naming the fix."""
+    if loss.type == "gspo" and old_logprobs == "generator":
+        raise ValueError(
+            f"{key}.type=gspo with trainer.old_logprobs=generator: GSPO clips each sequence's "
+            "ratio pi / pi_old to [1 - 3e-4, 1 + 4e-4] (clip_eps_low / clip_eps_high), and "
+            "with the generator's logprobs as pi_old the generator/trainer mismatch alone puts "
+            "most sequences outside that band at the first update, where about half of them "
+            "get no gradient. Set trainer.old_logprobs: current (the ratio is then 1 at the "
+            "update) with loss.tis_cap to correct the mismatch, or use loss.type grpo"
+        )
+
+
+def check_master_weights(
+    owner: str, dtype: str, optimizer: OptimizerConfig, autocast: bool = True
+) -> None:
+    """Parameters trained in bfloat16 or float16 under AdamW, which keeps no float32 master
+    copy, lose every update smaller than half a unit in the last place: at lr 1e-6 a bf16
+    weight near 0.02 (half-ulp 6e-5) does not move, while the loss looks healthy. An error
+    unless ``optimizer.low_precision_weights`` opts in. ``autocast``: whether ``owner`` has
+    an ``autocast`` key to name in the fix."""
+    if dtype in ("bfloat16", "float16") and not optimizer.low_precision_weights:
+        mixed = f" with {owner}.autocast: bfloat16 (float32 weights and Adam state, bf16 matmuls)"
+        fix = f"{owner}.dtype: float32{mixed if autocast else ''}"
+        raise ValueError(
+            f"{owner}.dtype={dtype} trains {dtype} parameters with AdamW, which keeps no "
+            "float32 master copy: a step smaller than half the weight's last place rounds "
+            "away (lr 1e-6 against a bf16 half-ulp of 6e-5 at 0.02), so the run logs healthy "
+            f"losses and barely trains. Set {fix}, or set "
+            f"{owner}.optimizer.low_precision_weights: true to train in {dtype} anyway"
+        )
+
+
 def check_zero_skip(loss, skip: bool | None, key: str = "trainer") -> None:
     """``skip_zero_advantage=True`` where a zero-advantage row's gradient is not exactly 0
     would change the update: an error that says why."""
@@ -116,6 +153,12 @@ class OptimizerConfig:
     max_grad_norm: float | None = 1.0
     """Clip the global L2 norm of the gradients to this (``None``: no clipping; the norm is
     still measured and reported as ``grad_norm``)."""
+    low_precision_weights: bool = False
+    """Allow training parameters held in bfloat16 or float16 (the owner's ``dtype``, full
+    fine-tuning): AdamW then updates them and its moments in that type with no float32 master
+    copy, and a step smaller than half a weight's last place is lost (at lr 1e-6, in bf16,
+    every weight of size 2^-11 = 4.9e-4 or more). Without it such a ``dtype`` is an error at
+    load; train in ``dtype: float32`` instead (the trainer: with ``autocast: bfloat16``)."""
 
     def __post_init__(self) -> None:
         _choice("OptimizerConfig", "type", self.type, OPTIMIZERS)
@@ -343,9 +386,12 @@ class TrainerConfig:
             native = resolve_auto("trainer.weights.dtype", "auto", self.device) == "bfloat16"
             self.weights.dtype = "bfloat16" if native else ""
         check_tis(self.loss, self.old_logprobs)
+        check_gspo(self.loss, self.old_logprobs)
         check_zero_skip(self.loss, self.skip_zero_advantage)
         if self.lora is not None:
             self._check_lora()
+        else:  # (LoRA adapters are float32 whatever the frozen base's dtype)
+            check_master_weights("trainer", self.dtype, self.optimizer)
 
     def _check_lora(self) -> None:
         if self.backend != "hf":

@@ -52,6 +52,7 @@ from forge.training.hf_trainer import HFAdapter
 from forge.training.schedule import build_optimizer, build_scheduler
 from forge.training.trainer_config import (
     TrainerConfig,
+    check_gspo,
     check_tis,
     check_zero_skip,
 )
@@ -258,6 +259,7 @@ class TrainerCore:
                 "LossConfig(...) or dataclasses.replace(current, kl_coef=...)"
             )
         check_tis(loss_cfg, self.cfg.old_logprobs, key="set_loss(loss_cfg)")
+        check_gspo(loss_cfg, self.cfg.old_logprobs, key="set_loss(loss_cfg)")
         check_zero_skip(loss_cfg, self.cfg.skip_zero_advantage, key="set_loss: trainer")
         self.loss_fn = build_loss(loss_cfg)
         self.aggregation = loss_cfg.resolved_aggregation()

@@ -42,6 +42,7 @@ from forge.training.trainer_config import (
     ScheduleConfig,
     _choice,
     _positive,
+    check_master_weights,
 )
 from forge.training.trainer_core import loss_denominator
 from forge.types import TrainBatch
@@ -119,6 +120,7 @@ class CriticConfig:
                     f"CriticConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
                     f"got {type(value).__name__}"
                 )
+        check_master_weights("critic", self.dtype, self.optimizer, autocast=False)
 
 
 class ValueModel(nn.Module):

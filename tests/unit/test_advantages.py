@@ -86,3 +86,32 @@ def test_group_size_one_limits():
         rloo_advantages(torch.tensor([3.0, 5.0]), 1)
     with pytest.raises(ValueError, match="unbiased"):
         grpo_advantages(torch.tensor([3.0, 5.0]), 1, unbiased=True)
+
+
+# -- "all equal" is relative to the rewards' scale ---------------------------------------------
+
+
+def test_rewards_apart_by_a_ten_thousandth_of_their_size_are_a_signal():
+    # 1 + 2^-13 is exact in float32: spread 1.22e-4 of the rewards' size, far above rounding.
+    d = 2.0**-13
+    r = torch.tensor([1.0, 1.0 + d])
+    _close(dr_grpo_advantages(r, 2), [-d / 2, d / 2], tol=0)
+    _close(rloo_advantages(r, 2), [-d, d], tol=0)
+    z = (d / 2) / (d / 2 + 1e-6)  # population std d/2, eps 1e-6
+    _close(grpo_advantages(r, 2), [-z, z], tol=1e-7)
+    assert zero_variance_group_fraction(r, 2) == 0.0
+
+
+def test_rewards_a_billionth_apart_at_that_scale_are_a_signal():
+    d = 2.0**-30  # 9.3e-10: the whole group is this small, the spread is all of it
+    r = torch.tensor([0.0, d, 0.0, d])
+    _close(dr_grpo_advantages(r, 4), [-d / 2, d / 2, -d / 2, d / 2], tol=0)
+    assert zero_variance_group_fraction(r, 4) == 0.0
+    assert zero_variance_group_fraction(r * 0, 4) == 1.0  # all zero: equal
+
+
+def test_rewards_one_float32_ulp_apart_are_equal():
+    r = torch.tensor([1.0, 1.0 + 2.0**-23, 1e6, 1e6 + 0.0625])  # one ulp each
+    for fn in (grpo_advantages, dr_grpo_advantages, rloo_advantages):
+        assert torch.equal(fn(r, 2), torch.zeros(4)), fn.__name__
+    assert zero_variance_group_fraction(r, 2) == 1.0

@@ -209,6 +209,53 @@ def test_turn_rewards_of_named_components_and_empty_turns():
     assert sampled_turn_rewards(t, agg) == [0.5, 2.5]
 
 
+def _scored_group(turn_rewards, credit):
+    """Two episodes through the run's scoring: GRPO episode advantages, then ``credit``."""
+    from forge.losses import grpo_advantages
+    from forge.rewards.vector import WeightedSum
+
+    trajs = [_traj(r, ["s0", s], [(2, 4), (5, 7)], 8) for r, s in zip(turn_rewards, "AB")]
+    comps = [Completion("", t.token_ids[:2], t.token_ids[2:], [0.0] * 6, "", "stop", 0)
+             for t in trajs]  # fmt: skip
+    group = group_episodes(comps, [t.reward for t in trajs], None, grpo_advantages)
+    for e, t in zip(group, trajs):
+        e.loss_mask = t.loss_mask[2:]
+    assign_credit(group, trajs, CREDIT.resolve(credit), WeightedSum(), _Log())
+    return group
+
+
+def test_nonzero_variance_keeps_equal_rewards_with_step_level_signal():
+    """Both episodes score 1 in total, so their episode advantages are 0; with gamma 0.9 the
+    shared state s0 returns 0.9 (reward late) and 1.0 (reward at once): GiGPO's step-level
+    group gives s0's turns -0.05 / +0.05 (scale off), a signal the filter must keep."""
+    from forge.rollout import nonzero_variance
+
+    gigpo = {"fn": "gigpo", "kwargs": {"gamma": 0.9, "scale": False}}
+    group = _scored_group([[0.0, 1.0], [1.0, 0.0]], gigpo)
+    assert [e.advantage for e in group] == [0.0, 0.0]
+    assert group[0].token_advantages == pytest.approx([-0.05, -0.05, 0.0, 0.0, 0.0, 0.0])
+    assert group[1].token_advantages == pytest.approx([0.05, 0.05, 0.0, 0.0, 0.0, 0.0])
+    assert nonzero_variance(group)
+    # gamma 1: both returns from s0 are 1, every advantage is 0: nothing to learn, dropped.
+    flat = _scored_group([[0.0, 1.0], [1.0, 0.0]], {**gigpo, "kwargs": {"gamma": 1.0}})
+    assert all(a == 0 for e in flat for a in e.token_advantages)
+    assert not nonzero_variance(flat)
+    assert nonzero_variance(_scored_group([[0.0, 1.0], [0.0, 0.0]], "episode"))
+
+
+def test_nonzero_variance_uses_the_advantages_relative_test():
+    from forge.rollout import nonzero_variance
+    from forge.types import Episode
+
+    def group(*rewards):
+        return [Episode(f"e{i}", [1], [2], [0.0], r, 0) for i, r in enumerate(rewards)]
+
+    assert nonzero_variance(group(0.0, 2.0**-30))  # tiny rewards, all of it spread
+    assert nonzero_variance(group(1.0, 1.0 + 2.0**-13))
+    assert not nonzero_variance(group(1.0, 1.0 + 2.0**-23))  # one float32 ulp: rounding
+    assert not nonzero_variance(group(0.0, 0.0, 0.0))
+
+
 @pytest.mark.parametrize(
     ("config", "overrides", "error"),
     [

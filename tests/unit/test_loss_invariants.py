@@ -24,6 +24,7 @@ from forge.losses import (
     dr_grpo_advantages,
     grpo_advantages,
     rloo_advantages,
+    zero_variance_group_fraction,
 )
 from forge.losses.turn_credit import gigpo_credit, turn_returns_credit
 from forge.losses.value import clipped_value_loss, whiten
@@ -143,12 +144,13 @@ def test_micro_batched_gradient_equals_the_full_batch_gradient(name, seed, shape
 @SETTINGS
 @given(seed=seeds, shape=shapes)
 def test_on_policy_ratio_is_exactly_one_at_step_0(name, seed, shape):
+    """The shipped default, no ``old_logprobs_bt`` (``trainer.old_logprobs: generator``): the
+    ratio's denominator is the generator's logprobs, which at step 0 on-policy are the
+    policy's own."""
     batch = _batch(seed, *shape)
     batch["generator_logprobs_bt"] = batch["logprobs_bt"].clone()
     lp = batch["logprobs_bt"].clone().requires_grad_(True)
-    _, metrics = build_loss(CONFIGS[name])(
-        **{**batch, "logprobs_bt": lp, "old_logprobs_bt": lp.detach()}
-    )
+    _, metrics = build_loss(CONFIGS[name])(**{**batch, "logprobs_bt": lp})
     assert metrics["clip_fraction"] == 0.0
     if batch["mask_bt"].sum() > 0:  # (means over no counted token are 0)
         assert metrics["ratio_mean"] == 1.0
@@ -194,6 +196,33 @@ def test_group_advantages_are_independent_of_group_order(value, size, seed):
     rows = (order.unsqueeze(1) * size + torch.arange(size)).reshape(-1)
     for fn in (grpo_advantages, dr_grpo_advantages, rloo_advantages):
         assert torch.equal(fn(rewards[rows], size), fn(rewards, size)[rows]), fn.__name__
+
+
+# Rewards whose differences are far from the equal-rewards tolerance on either side: equal,
+# 2^-13 of their size apart, or further.
+REWARD_VALUES = [0.0, 1.0, 1.0 + 2.0**-13, -1.0, 3.5, 3.5 * (1.0 + 2.0**-12), 1e-3]
+
+
+@SETTINGS
+@given(
+    groups=st.lists(
+        st.lists(st.sampled_from(REWARD_VALUES), min_size=4, max_size=4), min_size=1, max_size=5
+    ),
+    scale=st.sampled_from([1e-6, 1e6, 2.0**-30, 2.0**30]),
+)
+@example(groups=[[1.0, 1.0 + 2.0**-13, 1.0, 1.0]], scale=1e-6)
+def test_scaling_every_reward_keeps_which_groups_are_equal(groups, scale):
+    """Multiplying all rewards by any scale changes no group's "all equal" verdict: the zeroed
+    groups are the same (GRPO's nonzero z-scores move only by ``eps``), and Dr.GRPO's and
+    RLOO's advantages scale with the rewards."""
+    r = torch.tensor(groups, dtype=torch.float64).reshape(-1)
+    for fn in (grpo_advantages, dr_grpo_advantages, rloo_advantages):
+        zero, zero_scaled = fn(r, 4) == 0, fn(r * scale, 4) == 0
+        assert torch.equal(zero, zero_scaled), (fn.__name__, groups, scale)
+    for fn in (dr_grpo_advantages, rloo_advantages):
+        torch.testing.assert_close(fn(r * scale, 4), fn(r, 4) * scale, rtol=1e-6, atol=0)
+    fraction = zero_variance_group_fraction(r, 4)
+    assert zero_variance_group_fraction(r * scale, 4) == fraction
 
 
 @SETTINGS

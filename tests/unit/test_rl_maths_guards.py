@@ -1,5 +1,6 @@
-"""Issue 31: RL maths that cannot silently go wrong. One test (or more) per item, each failing
-on the code before the fix; the invariants over every loss are in test_loss_invariants.py."""
+"""Issues 31 and 56: RL maths that cannot silently go wrong. One test (or more) per item, each
+failing on the code before the fix; the invariants over every loss are in
+test_loss_invariants.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from forge.config import config_from_dict
 from forge.losses import (
@@ -289,3 +292,118 @@ def test_gspo_logs_its_clipped_fraction_and_the_size_of_its_log_ratios():
     # With the trainer's own old logprobs (old_logprobs: current) the ratio is 1: no clipping.
     _, m = gspo_loss(lp, gen, adv, torch.ones(b, t), old_logprobs_bt=lp)
     assert m["clip_fraction"] == 0.0 and m["log_ratio_abs_mean"] == 0.0
+
+
+# -- 12. GSPO with the generator's logprobs (issue 56) -----------------------------------------
+
+
+def test_gspo_with_generator_old_logprobs_is_refused_naming_the_fix():
+    from forge import RLConfig
+
+    with pytest.raises(ValueError, match=r"type=gspo with trainer.old_logprobs=generator"):
+        TrainerConfig(model="/m", old_logprobs="generator", loss=LossConfig(type="gspo"))
+    with pytest.raises(ValueError, match=r"Set trainer.old_logprobs: current"):
+        TrainerConfig(model="/m", old_logprobs="generator", loss=LossConfig(type="gspo"))
+    TrainerConfig(model="/m", old_logprobs="current", loss=LossConfig(type="gspo", tis_cap=2.0))
+    TrainerConfig(model="/m", old_logprobs="generator", loss=LossConfig(type="grpo"))
+    phases = [{"at": 5, "loss": {"type": "gspo"}}]
+    data = _rl(trainer={"old_logprobs": "generator"}, phases=phases)
+    with pytest.raises(ValueError, match=r"phases\[0\].loss.type=gspo"):
+        config_from_dict(RLConfig, data)
+    config_from_dict(RLConfig, _rl(trainer={"old_logprobs": "current"}, phases=phases))
+
+
+# -- 13. the k3 KL's value clamp (issue 56) ----------------------------------------------------
+
+
+def test_kl_clamp_bounds_each_tokens_value_with_no_gradient_past_it():
+    # r = q - p = 1 and 5 at p = 0: k3 = e - 2 and e^5 - 6 = 142.4, gradients 1 - e^r.
+    ref, mask = _t([[1.0, 5.0]]), _t([[1.0, 1.0]])
+    e = math.e
+    for clamp, value, grad in (
+        (None, [e - 2, e**5 - 6], [1 - e, 1 - e**5]),
+        (10.0, [e - 2, 10.0], [1 - e, 0.0]),
+    ):
+        lp = torch.zeros(1, 2, requires_grad=True)
+        kl = kl_penalty(lp, ref, "k3", mask, clamp=clamp)
+        assert kl[0].tolist() == pytest.approx(value, rel=1e-6)
+        kl.sum().backward()
+        assert lp.grad[0].tolist() == pytest.approx(grad, rel=1e-6)
+        # Through the loss: advantages 0, so only the KL moves lp (kl_coef 1, token_mean of 2).
+        lp = torch.zeros(1, 2, requires_grad=True)
+        loss, m = build_loss(LossConfig(kl_coef=1.0, kl_clamp=clamp))(
+            logprobs_bt=lp,
+            generator_logprobs_bt=lp.detach(),
+            advantages_b=_t([0.0]),
+            mask_bt=mask,
+            ref_logprobs_bt=ref,
+        )
+        loss.backward()
+        assert lp.grad[0].tolist() == pytest.approx([g / 2 for g in grad], rel=1e-6)
+        assert m["kl_ref"] == pytest.approx(sum(value) / 2, rel=1e-6)
+    # k1 = p - q can be negative: the clamp is two-sided.
+    kl = kl_penalty(torch.zeros(1, 2), _t([[15.0, -15.0]]), "k1", clamp=10.0)
+    assert kl[0].tolist() == [-10.0, 10.0]
+    with pytest.raises(ValueError, match="kl_clamp must be > 0"):
+        LossConfig(kl_clamp=0.0)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(r=st.floats(-30, 30, allow_nan=False))
+@example(r=2.6108)  # just inside the clamp, where the gradient is largest
+def test_kl_clamp_of_10_bounds_a_k3_tokens_gradient_by_12_6(r):
+    lp = torch.zeros(1, 1, dtype=torch.float64, requires_grad=True)
+    ref = torch.full((1, 1), r, dtype=torch.float64)
+    kl_penalty(lp, ref, "k3", clamp=10.0).sum().backward()
+    assert abs(lp.grad.item()) <= math.exp(2.6109) - 1  # k3 reaches 10 at r = 2.6109
+
+
+# -- 14. bf16 weights under AdamW (issue 56) ---------------------------------------------------
+
+
+def test_adamw_loses_a_1e_6_step_on_a_bf16_weight_near_0_02():
+    """AdamW's first step moves a weight by lr (m / sqrt(v) = 1); a bf16 weight of 0.02 has an
+    ulp of 2^-13 (its exponent is 2^-6, 7 mantissa bits), so a 1e-6 step rounds away."""
+    w = torch.tensor(0.02, dtype=torch.bfloat16)
+    assert float(torch.nextafter(w, torch.ones_like(w)) - w) == 2.0**-13
+    for dtype, moves in ((torch.bfloat16, False), (torch.float32, True)):
+        w = torch.nn.Parameter(torch.full((3,), 0.02, dtype=dtype))
+        before = w.detach().clone()
+        opt = torch.optim.AdamW([w], lr=1e-6, weight_decay=0.0)
+        w.grad = torch.ones_like(w)
+        opt.step()
+        assert (not torch.equal(w.detach(), before)) is moves, dtype
+
+
+def test_bf16_weights_under_adamw_are_refused_unless_asked_for_by_name():
+    from forge.training.trainer_config import LoraConfig, OptimizerConfig
+    from forge.training.value_model import CriticConfig
+
+    for dtype in ("bfloat16", "float16"):
+        with pytest.raises(
+            ValueError,
+            match=rf"trainer.dtype={dtype} trains .*no float32 master copy.*trainer.dtype: "
+            r"float32 with trainer.autocast: bfloat16.*trainer.optimizer.low_precision_weights",
+        ):
+            TrainerConfig(model="/m", device="cuda", dtype=dtype)
+    opt_in = OptimizerConfig(low_precision_weights=True)
+    TrainerConfig(model="/m", device="cuda", dtype="bfloat16", optimizer=opt_in)
+    TrainerConfig(model="/m", device="cuda", dtype="float32", autocast="bfloat16")
+    TrainerConfig(model="/m", device="cuda", dtype="bfloat16", lora=LoraConfig())  # fp32 adapters
+    yaml = {"model": "/m", "device": "cuda", "dtype": "bfloat16"}
+    with pytest.raises(ValueError, match="low_precision_weights"):
+        config_from_dict(TrainerConfig, yaml)
+    config_from_dict(TrainerConfig, {**yaml, "optimizer": {"low_precision_weights": True}})
+    with pytest.raises(ValueError, match=r"Set critic.dtype: float32, or set critic.optimizer"):
+        CriticConfig(model="/m", dtype="bfloat16")
+    CriticConfig(model="/m", dtype="bfloat16", optimizer=opt_in)
+
+
+def test_the_gpu_config_trains_float32_weights_under_bf16_autocast():
+    from forge.launch import load_app
+
+    _, cfg = load_app(REPO / "apps/grpo/configs/qwen3_1_7b.yaml", [])
+    t = cfg.trainer
+    assert t.dtype == "float32" and t.autocast == "bfloat16"
+    assert not t.optimizer.low_precision_weights
+    assert t.weights.dtype == cfg.generator.dtype == "bfloat16"  # pushes in the generator's type

@@ -18,6 +18,7 @@ from forge.training import (
     loss_denominator,
     lr_multiplier,
 )
+from forge.training.trainer_config import OLD_LOGPROBS
 from tests.episodes import make_batch, make_episodes
 
 
@@ -167,6 +168,30 @@ def test_current_old_logprobs_make_ratio_one_and_tis_weights_from_the_generator(
     metrics = core.train_step(batch)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["tis_weight_mean"] == pytest.approx(expect_w, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("loss", "old_logprobs"),  # (gspo with the generator's logprobs is refused at load)
+    [
+        (t, o)
+        for t in ("grpo", "ppo", "gspo")
+        for o in OLD_LOGPROBS
+        if (t, o) != ("gspo", "generator")
+    ],
+)
+def test_on_policy_ratio_is_one_through_the_trainer(tiny_model, loss, old_logprobs):
+    """Behaviour logprobs that are the trainer's own at step 0 (on-policy): whichever
+    ``old_logprobs`` the trainer uses, the ratio is 1 and nothing is clipped. A denominator
+    taken from the wrong rows or positions would move it by the logprobs' spread (nats)."""
+    batch = make_batch(tiny_model)
+    core = _core(tiny_model, old_logprobs=old_logprobs, loss=LossConfig(type=loss))
+    with torch.no_grad():
+        lp = core.logprobs(batch.input_ids_bt, batch.attention_mask_bt)
+    batch.behavior_logprobs_bt = torch.where(batch.response_mask_bt.bool(), lp, 0.0)
+    metrics = core.train_step(batch)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["logprob_gap"] == pytest.approx(0.0, abs=1e-5)
 
 
 def test_temperature_scales_the_logits(tiny_model):

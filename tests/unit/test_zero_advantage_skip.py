@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from forge.losses import LossConfig
 from forge.replay import collate_episodes
-from forge.training.trainer_config import TrainerConfig
+from forge.training.trainer_config import OptimizerConfig, TrainerConfig
 from forge.training.trainer_core import TrainerCore
 from tests.episodes import make_episodes
 
@@ -33,6 +33,18 @@ def _cores(model_dir: str, **kw) -> tuple[TrainerCore, TrainerCore]:
 def _assert_same_weights(a: TrainerCore, b: TrainerCore) -> None:
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=name)
+
+
+def _assert_same_gradients(a: TrainerCore, b: TrainerCore) -> None:
+    """The gradients the last step used (unclipped: ``max_grad_norm=None``). AdamW's first
+    step moves every weight by about ``lr`` whatever the gradient's size, so equal weights
+    after it would hide a gradient scaled by any constant."""
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        atol = 1e-5 * float(q.grad.abs().max()) + 1e-12  # summation order: relative to the size
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=atol, msg=name)
+
+
+UNCLIPPED = {"optimizer": OptimizerConfig(max_grad_norm=None)}
 
 
 def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model):
@@ -76,10 +88,64 @@ def test_a_batch_of_only_zero_advantages_still_steps_the_optimizer(tiny_model):
 @given(st.lists(st.sampled_from([0.0, 0.0, 1.0, -1.0, 0.25]), min_size=2, max_size=6))
 def test_any_pattern_of_zero_rows_gives_the_same_update(tiny_model, advantages):
     batch = _batch(tiny_model, advantages)
-    skip, full = _cores(tiny_model, micro_batch_size=2)
+    skip, full = _cores(tiny_model, micro_batch_size=2, **UNCLIPPED)
     skip.train_step(batch)
     full.train_step(batch)
+    _assert_same_gradients(skip, full)
     _assert_same_weights(skip, full)
+
+
+# Per-token advantages (credit over turns): which of a row's response tokens get ``value``.
+TOKEN_PATTERNS = {
+    "none": lambda j, n: False,
+    "first_turn": lambda j, n: j < n // 2,
+    "last_turn": lambda j, n: j >= n // 2,
+    "all": lambda j, n: True,
+}
+
+
+def _token_batch(model_dir: str, rows: list[tuple[str, float]]):
+    """One episode per ``(pattern, value)``: ``value`` on the tokens ``pattern`` picks, 0 on
+    the others (as GiGPO gives a turn whose step-level group is all equal its episode's 0)."""
+    eps = make_episodes(model_dir, n=len(rows))
+    out = []
+    for e, (pattern, value) in zip(eps, rows):
+        n = len(e.response_ids)
+        adv = [value if TOKEN_PATTERNS[pattern](j, n) else 0.0 for j in range(n)]
+        out.append(dataclasses.replace(e, advantage=0.0, token_advantages=adv))
+    return collate_episodes(out)
+
+
+def test_rows_with_some_nonzero_token_advantages_are_trained(tiny_model):
+    """A GiGPO-style batch: a row trains when any of its tokens has a nonzero advantage,
+    even though its prompt positions and its other turns hold 0."""
+    rows = [("first_turn", 1.0), ("none", 0.0), ("last_turn", -0.5), ("all", 0.25)]
+    batch = _token_batch(tiny_model, rows)
+    assert batch.advantages_b.dim() == 2
+    skip, full = _cores(tiny_model, **UNCLIPPED)
+    out_s, out_f = skip.train_step(batch), full.train_step(batch)
+    assert out_s["rows_skipped"] == 1.0
+    assert out_s["grad_norm"] == pytest.approx(out_f["grad_norm"], rel=1e-5)
+    _assert_same_gradients(skip, full)
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(list(TOKEN_PATTERNS)), st.sampled_from([1.0, -1.0, 0.25])),
+        min_size=2,
+        max_size=5,
+    )
+)
+def test_any_pattern_of_zero_tokens_gives_the_same_gradient(tiny_model, rows):
+    batch = _token_batch(tiny_model, rows)
+    skip, full = _cores(tiny_model, micro_batch_size=2, **UNCLIPPED)
+    out_s = skip.train_step(batch)
+    full.train_step(batch)
+    assert out_s.get("rows_skipped", 0.0) == sum(p == "none" for p, _ in rows)
+    _assert_same_gradients(skip, full)
 
 
 def test_skip_applies_only_where_it_is_exact(tiny_model):

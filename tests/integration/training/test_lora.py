@@ -58,7 +58,9 @@ def test_sft_with_lora_trains_only_the_adapter_and_lowers_the_loss(tiny_model):
 
 @pytest.mark.parametrize("loss", ["grpo", "ppo", "gspo", "reinforce"])
 def test_every_rl_loss_trains_the_adapter(tiny_model, loss):
-    core = _lora_core(tiny_model, loss=loss, optimizer=OptimizerConfig(lr=1e-3))
+    # GSPO's band needs the trainer's own old logprobs (with the generator's it is refused).
+    old = {"old_logprobs": "current"} if loss == "gspo" else {}
+    core = _lora_core(tiny_model, loss=loss, optimizer=OptimizerConfig(lr=1e-3), **old)
     batch = make_batch(tiny_model)
     if loss == "ppo":  # per-token advantages, as a critic gives them
         batch.advantages_b = batch.advantages_b[:, None] * batch.response_mask_bt.float()
