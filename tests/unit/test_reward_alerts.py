@@ -44,9 +44,7 @@ def test_the_warning_shows_two_responses_and_the_prompts_first_token_ids(tmp_pat
 
     log = MetricLog(tmp_path, ["jsonl"], steps=1)
     said = ["the answer to the answer to", "the answer is the answer", "third"]
-    episodes = [
-        Episode(f"e{i}", [9259, 1902, 603], [5, 6], [-1.0, -1.0], 0.0, 0) for i in range(3)
-    ]
+    episodes = [Episode(f"e{i}", [9259, 1902, 603], [5, 6], [-1.0, -1.0], 0.0, 0) for i in range(3)]
     conversation = [{"role": "user", "content": "Question: What is 3 plus 5?\nAnswer:"}]
     log.episodes.add(
         [
