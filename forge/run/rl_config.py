@@ -20,6 +20,7 @@ from forge.plugins import PluginSpec
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
 from forge.run.gae_critic import check_ppo
+from forge.run.parity import ParityConfig
 from forge.run.placement import PlacementConfig, check_placement, disjoint_gpus, gpu_count
 from forge.run.run_config import (
     DETERMINISTIC,
@@ -90,6 +91,9 @@ class RLConfig(RolloutRunConfig):
     """Trajectory streaming: train on a step's first groups while the rest are sampled."""
     batch_timeout_s: float = 600.0
     """No usable batch for this long: the run stops with a named error."""
+    parity: ParityConfig = field(default_factory=ParityConfig)
+    """The generator's logprobs against the trainer's on the same tokens: checked before the
+    first step, watched on-policy after it (``forge.run.parity``)."""
     policy_roles: ClassVar[tuple[str, ...]] = ("generator", "trainer", "reference", "critic")
     # Whether the app's advantages are rollout.advantage's, relative to each prompt's group
     # (GroupScorer). An app that computes its own (a running baseline) sets False.
