@@ -69,6 +69,31 @@ def local_source(path_or_id: str | os.PathLike) -> str:
     return s
 
 
+def check_architecture(path_or_id: str) -> None:
+    """``ValueError`` when a local model directory's ``config.json`` names a ``model_type``
+    this transformers cannot build (raised when the config loads, before anything spawns).
+    Hub ids and paths of other hosts are checked where they load."""
+    config = Path(path_or_id).expanduser() / "config.json"
+    if not config.is_file():
+        return
+    import json
+
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{config} is not readable JSON ({e}): is it a model directory?") from e
+    if model_type is not None and model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"{path_or_id}: model_type {model_type!r} is unknown to transformers {__version__}; "
+            "upgrade transformers if a newer release has it (Forge loads what transformers "
+            "loads, then checks it: docs/models.md), or convert the model to a known "
+            "architecture"
+        )
+
+
 def load_model(
     path_or_id: str | os.PathLike,
     dtype: Any = "float32",

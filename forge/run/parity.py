@@ -125,6 +125,14 @@ async def check_at_start(cfg: Any, data: Any, generator: Any, trainer: Any) -> d
     lp_bt = await trainer.logprobs.call_one(batch)
     metrics = mismatch_metrics(lp_bt, batch.behavior_logprobs_bt, batch.response_mask_bt)
     print(f"[forge] parity at start: {_describe(metrics)}", flush=True)
+    if all(isinstance(x, str) for x in prompts) and not any(cfg.generator.sampling.stop):
+        print(
+            "[forge] note: plain-text prompts and no generator.sampling.stop: a base model "
+            "writes on past its answer (the next question, ...) until max_tokens, and a reward "
+            "that reads the last number then scores the wrong one; stop at the answer's end, "
+            "e.g. generator.sampling.stop: ['\\n']",
+            flush=True,
+        )
     if metrics["mismatch_kl"] > p.max_mismatch_kl:
         raise PolicyMismatchError(
             f"the generator's and the trainer's logprobs of the same sampled tokens disagree "

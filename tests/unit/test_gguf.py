@@ -52,3 +52,16 @@ def test_the_config_fails_at_load_naming_the_file(tmp_path):
     )
     with pytest.raises((FileNotFoundError, ValueError), match="missing.gguf"):
         load_config(path, schema=RLConfig)
+
+
+def test_an_architecture_transformers_does_not_know_is_refused_at_load(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "no_such_family", "vocab_size": 8}')
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"policy: {{model: {model}}}\n"
+        "data: {fn: apps.arith.task:Addition}\nrewards: [apps.arith.task:correct]\n"
+    )
+    with pytest.raises(ValueError, match="model_type 'no_such_family' is unknown to transformers"):
+        load_config(path, schema=RLConfig)
