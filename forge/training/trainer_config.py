@@ -294,6 +294,11 @@ class TrainerConfig:
     micro_batch_size: int | None = None
     """Rows per forward/backward; gradients accumulate over a step's micro-batches
     (``None``: the whole batch at once)."""
+    max_micro_tokens: int | None = 4096
+    """One rank: a micro-batch spans at most this many token positions (rows x its longest
+    scored tail), so a batch of long completions is split into several forward/backward
+    passes and the activations and logits alive at once stay bounded (docs/models.md, memory
+    per role); ``None``: no bound."""
     length_buckets: bool = True
     """Micro-batches hold rows of similar length (sorted), so less compute goes to padding;
     with ``micro_batch_size`` unset, one rank splits the batch wherever the padded positions
@@ -344,6 +349,7 @@ class TrainerConfig:
         _choice("TrainerConfig", "old_logprobs", self.old_logprobs, OLD_LOGPROBS)
         _choice("TrainerConfig", "device", self.device, DEVICES)
         _positive("TrainerConfig", "micro_batch_size", self.micro_batch_size)
+        _positive("TrainerConfig", "max_micro_tokens", self.max_micro_tokens)
         _positive("TrainerConfig", "bucket_cost_tokens", self.bucket_cost_tokens, allow_zero=True)
         _positive("TrainerConfig", "temperature", self.temperature, allow_zero=True)
         if self.autocast == "auto":

@@ -176,6 +176,21 @@ def _micro_rows(
     return [idx[i * per : (i + 1) * per] for i in range(n)]
 
 
+def _token_cap(rows_m: torch.Tensor, lengths: list[int], cap: int) -> list[torch.Tensor]:
+    """``rows_m`` in consecutive pieces of at most ``cap`` padded positions each (rows x the
+    piece's longest row, ``lengths`` indexed by row); a row longer than ``cap`` is a piece of
+    its own."""
+    pieces, start, longest = [], 0, 0
+    order = rows_m.tolist()
+    for i, row in enumerate(order):
+        longest = max(longest, lengths[row])
+        if i > start and (i - start + 1) * longest > cap:
+            pieces.append(rows_m[start:i])
+            start, longest = i, lengths[row]
+    pieces.append(rows_m[start:])
+    return pieces
+
+
 def _length_cuts(
     sorted_lengths: list[int],
     cost: int,
@@ -434,6 +449,8 @@ class TrainerCore:
             lengths_b = lengths_b - cut_b
         lengths = lengths_b.tolist()
         micro = _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes, keys)
+        if self.cfg.max_micro_tokens is not None and self.world == 1:
+            micro = [p for m in micro for p in _token_cap(m, lengths, self.cfg.max_micro_tokens)]
         return micro if rows is None else [rows[m] for m in micro]
 
     def _rows_logprobs(

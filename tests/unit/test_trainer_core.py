@@ -117,6 +117,8 @@ def test_micro_batches_give_the_gradient_of_one_big_batch(tiny_model, loss):
         {"micro_batch_size": 2},  # 2 leaves a ragged last micro-batch of one row
         {"micro_batch_size": 2, "length_buckets": False},  # rows in batch order
         {"bucket_cost_tokens": 0},  # length buckets: every distinct length its own part
+        {"max_micro_tokens": 1},  # a token cap: a row a micro-batch
+        {"max_micro_tokens": 12},  # pieces of 2-3 rows
     ):
         micro = _core(tiny_model, loss=loss, **kw, **old)
         m_micro = micro.train_step(batch)
@@ -305,3 +307,12 @@ def test_identical_rows_are_computed_once_with_the_same_update(tiny_model, monke
     assert grads[True].keys() == grads[False].keys()
     for name, g in grads[False].items():
         torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_token_cap_bounds_every_micro_batchs_positions(tiny_model):
+    batch = collate_episodes(make_episodes(tiny_model, n=8))
+    core = _core(tiny_model, max_micro_tokens=12, bucket_cost_tokens=10**6)
+    pieces = core._micro_batches(batch)
+    tails = batch.response_mask_bt.sum(-1)
+    assert len(pieces) > 1 and sorted(torch.cat(pieces).tolist()) == list(range(8))
+    assert all(len(m) == 1 or len(m) * int(tails[m].max()) <= 12 for m in pieces)
