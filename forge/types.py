@@ -143,3 +143,17 @@ class TrainBatch:
     turn_rewards: Any = None
     bootstrap_at_b: Any = None  # [B] int64: where to read a truncated row's final value, -1: none
     row_episode_b: Any = None  # [B] int64: each row's episode (history windows: a row per turn)
+
+
+@dataclass
+class TeacherScore:
+    """An on-policy-distillation teacher's view of one sampled response (``Teacher.score``).
+
+    ``logprobs[i]`` is the teacher's log-probability of ``response_ids[i]`` after its prompt
+    (the student's, or a privileged one) and the response before it, at the policy's
+    temperature; ``entropy[i]`` is the entropy (nats) of the teacher's distribution at that
+    position. One of each per response token.
+    """
+
+    logprobs: list[float]
+    entropy: list[float]

@@ -6,6 +6,7 @@
     DatasetActor ──prompt──▶ Generator (service) ──completions──▶ RewardActor (service)
                                  ▲                                      │ components
                    update_weights│   (ReferenceModel service: ref logprobs, if configured)
+                                 │   (Teacher service: distillation advantages, if configured)
                                  │                                      ▼ aggregate, advantages
     Trainer ──push_weights(v)────┘ ◀──── sample(v) ──── ReplayBuffer ◀── filter ── groups
 
@@ -31,6 +32,7 @@ from forge import (
     Colocation,
     Critic,
     DatasetActor,
+    Distiller,
     EnvActor,
     EpisodeScorer,
     Evaluator,
@@ -50,6 +52,7 @@ from forge import (
     Roles,
     RolloutManager,
     Supervisor,
+    Teacher,
     Trainer,
     WeightSync,
     actor_env_vars,
@@ -79,6 +82,7 @@ class Handles:
     reward_model: RewardModel | None
     reference: ReferenceModel | None
     critic: Critic | None
+    teacher: Teacher | None
 
 
 async def spawn(cfg: Config, roles: Roles) -> Handles:
@@ -108,6 +112,9 @@ async def spawn(cfg: Config, roles: Roles) -> Handles:
         maybe(ref := cfg.reference_service,
               lambda: ReferenceModel.options(env_vars=env_vars).as_service(ref)),
         maybe(cfg.critic, lambda: Critic.options(env_vars=env_vars).as_actor(cfg.critic)),
+        maybe(teacher := cfg.teacher_service,
+              lambda: Teacher.options(num_replicas=n.teacher, env_vars=env_vars)
+              .as_service(teacher)),
     )  # fmt: skip
     h = Handles(*parts)
     for role, handle in (("trainer", h.trainer), ("buffer", h.buffer), ("data", h.data)):
@@ -184,8 +191,10 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
 
 def rollouts(cfg: Config, s: Handles, log: MetricLog) -> tuple:
     """The group producer (scored completions, or episodes) and its rollout manager."""
+    distill = Distiller(cfg.teacher, s.teacher, log) if cfg.teacher is not None else None
     scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, s.data, s.generator, s.rewards,
-                         log=log, reference=s.reference, reward_model=s.reward_model)  # fmt: skip
+                         log=log, reference=s.reference, reward_model=s.reward_model,
+                         distill=distill)  # fmt: skip
     if cfg.env is not None:
         bootstrap = cfg.critic is not None and cfg.critic.bootstrap_truncated
         scorer = EpisodeScorer(scorer, cfg.env, s.envs, load_tokenizer(cfg.policy.model), bootstrap)

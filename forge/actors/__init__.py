@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "RewardActor": "forge.actors.reward",
     "RewardModel": "forge.actors.reward_model",
     "RewardModelConfig": "forge.models.reward_classifier",
+    "Teacher": "forge.actors.teacher",
     "Trainer": "forge.actors.trainer",
     "TrainerConfig": "forge.training.trainer_config",
 }

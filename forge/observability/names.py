@@ -19,6 +19,10 @@ class M:
     REWARD = "rollout/reward"  # the scalar reward; ``rollout/reward/<component>`` per component
     ZERO_VARIANCE_GROUPS = "rollout/zero_variance_groups"
     CARRIED_OVER_GROUPS = "rollout/carried_over_groups"
+    # on-policy distillation (forge.rollout.distill)
+    TEACHER_KL = "rollout/teacher_kl"  # log p_student - log p_teacher, per sampled token
+    TEACHER_ENTROPY = "rollout/teacher_entropy"  # the teacher's entropy at sampled tokens
+    DISTILL_SHARE = "rollout/distill_share"  # |distillation advantage| / |whole advantage|
     TURNS = "env/turns"
     STEP_GROUPED_TURNS = "credit/step_grouped_turns"  # share of turns in step-level groups
     RETRIED_EPISODES = "env/retried_episodes"

@@ -161,8 +161,9 @@ class GroupScorer:
     """Makes one scored group per ``produce()`` call from the run's services: ``data``
     (a ``DatasetActor``), ``generator`` and ``rewards`` (services; ``rewards`` may be
     ``None`` when an environment gives every reward), and optionally a ``reference`` model
-    service (logprobs for the KL term) and a learned ``reward_model`` service (one more
-    reward component). ``log``: a ``MetricLog`` (per-step reward means)."""
+    service (logprobs for the KL term), a learned ``reward_model`` service (one more
+    reward component) and a ``distill`` (``forge.rollout.distill.Distiller``: a teacher's
+    per-token advantages). ``log``: a ``MetricLog`` (per-step reward means)."""
 
     def __init__(
         self,
@@ -175,10 +176,12 @@ class GroupScorer:
         log,
         reference=None,
         reward_model=None,
+        distill=None,
     ) -> None:
         self.temperature = temperature
         self.data, self.generator, self.rewards = data, generator, rewards
         self.reference, self.reward_model, self.log = reference, reward_model, log
+        self.distill = distill
         self.reconfigure(cfg)
 
     def reconfigure(self, cfg: RolloutConfig) -> None:
@@ -226,14 +229,18 @@ class GroupScorer:
             for comp, s in zip(components, scored):
                 comp.update(s.components)
         lengths = [len(x.token_ids) for x in completions]
-        totals = score_totals(self.aggregate, components, lengths, c)
+        totals = [0.0] * len(completions)  # pure distillation (a teacher, no reward): 0
+        if sources:
+            totals = score_totals(self.aggregate, components, lengths, c)
+            self.log_group(totals, components)
         group = group_episodes(completions, totals, item["target"], self.advantage, components)
-        self.log_group(totals, components)
         prompt = _as_messages(item["prompt"])
         self.sample_episodes(
             group, [[*prompt, {"role": "assistant", "content": x.text}] for x in completions]
         )
         await self.add_reference(group)
+        if self.distill is not None:
+            await self.distill(group, item, [x.text for x in completions], totals)
         return group
 
     async def score(self, source, items: list[tuple]) -> list[RewardResult]:

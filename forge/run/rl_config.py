@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from forge.models.reward_classifier import RewardModelConfig
 from forge.plugins import PluginSpec
+from forge.rollout.distill import TeacherConfig
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
 from forge.run.gae_critic import check_ppo
@@ -35,6 +36,7 @@ from forge.run.run_config import (
     seed_defaults,
 )
 from forge.run.supervise import check_restarts
+from forge.run.teacher import check_teacher, teacher_reference
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
 from forge.training.trainer_config import ReferenceConfig, check_gspo, check_tis
 from forge.training.value_model import CriticConfig
@@ -73,6 +75,9 @@ class RLConfig(RolloutRunConfig):
     colocation (``forge.run.placement``, docs/gpus.md)."""
     reference: ReferenceConfig | None = None
     """The reference policy of a KL term (``None``: no reference)."""
+    teacher: TeacherConfig | None = None
+    """On-policy distillation: a teacher whose per-token reverse KL to the policy's samples
+    joins the advantages (``None``: no teacher; docs/distillation.md)."""
     env: EnvConfig | None = None
     """Multi-turn: rollouts are episodes in this environment (``None``: single-turn)."""
     reward_model: RewardModelConfig | None = None
@@ -116,6 +121,7 @@ class RLConfig(RolloutRunConfig):
             self._check_groups(rollout, f"phases[{phase.index}].rollout")
         check_restarts(self.restart_on_failure, self.checkpoint_every)
         self._check_env()
+        check_teacher(self)
         if self.stream and (self.trainer_procs != 1 or self.critic is not None):
             raise ValueError(
                 "stream: trajectory streaming needs trainer_procs=1 and no critic (PPO values "
@@ -133,6 +139,9 @@ class RLConfig(RolloutRunConfig):
 
     def _env(self) -> EnvConfig | None:
         return self.env
+
+    def _teacher(self) -> TeacherConfig | None:
+        return self.teacher
 
     def _place(self) -> None:
         """``placement:`` checked against the GPUs visible here; its memory shares then flow
@@ -226,6 +235,7 @@ class RLConfig(RolloutRunConfig):
             and rollout.group_size == 1
             and relative
             and self.critic is None
+            and self.teacher is None  # the teacher's per-token term needs no group
             and per_episode(rollout.credit)
         ):
             raise ValueError(
@@ -310,3 +320,8 @@ class RLConfig(RolloutRunConfig):
         the trainer computes it (LoRA, ``reference.mode=adapter_disabled``)."""
         ref = self.reference
         return ref if ref is not None and ref.mode == "separate" else None
+
+    @property
+    def teacher_service(self) -> ReferenceConfig | None:
+        """The ``ReferenceConfig`` the ``Teacher`` service loads (``None``: no teacher)."""
+        return teacher_reference(self)

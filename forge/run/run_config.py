@@ -145,9 +145,11 @@ class ReplicasConfig:
     env: int = 0
     """Environment replicas: 0 runs environments in the rollout loop's own process; N > 0 in
     an ``EnvActor`` service of N replicas."""
+    teacher: int = 1
+    """On-policy distillation teacher replicas (with a ``teacher`` section)."""
 
     def __post_init__(self) -> None:
-        for name in ("generator", "rewards", "reward_model"):
+        for name in ("generator", "rewards", "reward_model", "teacher"):
             if getattr(self, name) < 1:
                 raise ValueError(f"replicas.{name} must be >= 1, got {getattr(self, name)}")
         if self.env < 0:
@@ -213,7 +215,7 @@ class RolloutRunConfig(RunConfig):
     """The generator service (its model and temperature follow ``policy``)."""
     rewards: list[Spec] = field(default_factory=list)
     """Reward functions (``forge.slots.REWARD``); with an ``env``, they score each episode's
-    final answer."""
+    final answer; with a ``teacher`` there may be none (pure distillation)."""
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     """How many replicas each service runs."""
     weights: WeightTransportConfig = field(default_factory=WeightTransportConfig)
@@ -248,10 +250,10 @@ class RolloutRunConfig(RunConfig):
                 )
         check_sampling(self.generator)
         if self._env() is None:
-            if not self.rewards:
+            if not self.rewards and self._teacher() is None:  # a teacher alone: distillation
                 raise ValueError(
-                    f"rewards: give at least one reward function (or an env); built-ins: "
-                    f"{', '.join(REWARD.names())}"
+                    f"rewards: give at least one reward function (or an env, or a teacher); "
+                    f"built-ins: {', '.join(REWARD.names())}"
                 )
             if self.replicas.env:
                 raise ValueError(f"replicas.env={self.replicas.env} but there is no env section")
@@ -264,15 +266,21 @@ class RolloutRunConfig(RunConfig):
         """The multi-turn environment's config (``RLConfig`` has one)."""
         return None
 
+    def _teacher(self) -> Any:
+        """The on-policy distillation teacher's config (``RLConfig`` has one)."""
+        return None
+
     def reward_fns(self) -> list[Callable]:
         """The resolved reward functions."""
         return [REWARD.resolve(s) for s in self.rewards]
 
     def eval_reward_fn(self) -> Callable | None:
-        """The reward that scores held-out answers (``None`` with an environment)."""
+        """The reward that scores held-out answers (``None`` with an environment, and with
+        neither ``rewards`` nor ``eval.reward``: pure distillation)."""
         if self._env() is not None:
             return None
-        return REWARD.resolve(self.eval.reward or self.rewards[0])
+        spec = self.eval.reward or (self.rewards[0] if self.rewards else None)
+        return None if spec is None else REWARD.resolve(spec)  # None: pure distillation
 
 
 DETERMINISTIC = {  # what a deterministic run changes, and why

@@ -1,0 +1,199 @@
+"""On-policy distillation's config and rollout glue: the ``teacher:`` section checked at load
+(tokenizers, privileged-prompt fields, what cannot take a per-token term), pure distillation
+without rewards and with groups of one, privileged prompts, the teacher core's scores and the
+advantages and metrics a scored group gets."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from forge.config import config_from_dict
+from forge.models import make_tiny_model
+from forge.observability.names import M
+from forge.rollout.distill import (
+    Distiller,
+    TeacherConfig,
+    add_distillation,
+    privileged_prompt,
+    template_fields,
+)
+from forge.run.rl_config import RLConfig
+from forge.types import Episode, TeacherScore
+
+DATA = "apps.sumdigits.task:SumDigits"
+REWARD = "apps.sumdigits.task:sumdigits_reward"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Student and teacher with the same tokenizer (other weights), and one whose BPE merges
+    make another vocabulary."""
+    root = tmp_path_factory.mktemp("opd")
+    return {
+        "student": str(make_tiny_model(root / "student", seed=0)),
+        "teacher": str(make_tiny_model(root / "teacher", seed=1)),
+        "other": str(make_tiny_model(root / "other", corpus=["hello world"] * 50)),
+    }
+
+
+def _cfg(models, **over) -> RLConfig:
+    base = {
+        "app": "apps.grpo.main",
+        "policy": {"model": models["student"]},
+        "data": DATA,
+        "eval": {"at_start": False, "at_end": False},
+        "teacher": {"model": models["teacher"]},
+    }
+    return config_from_dict(RLConfig, {**base, **over})
+
+
+def test_pure_distillation_needs_no_reward_and_allows_groups_of_one(models):
+    cfg = _cfg(models, rollout={"group_size": 1})
+    assert cfg.rewards == [] and cfg.rollout.group_size == 1
+    ref = cfg.teacher_service
+    assert (ref.model, ref.temperature, ref.mode) == (models["teacher"], 1.0, "separate")
+    assert cfg.replicas.teacher == 1 and cfg.eval_reward_fn() is None
+
+
+def test_without_a_teacher_a_reward_is_still_required(models):
+    with pytest.raises(ValueError, match="give at least one reward function"):
+        _cfg(models, teacher=None)
+    with pytest.raises(ValueError, match="group_size=1 with rollout.advantage='grpo'"):
+        _cfg(models, teacher=None, rewards=[REWARD], rollout={"group_size": 1})
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_at_load(models):
+    with pytest.raises(ValueError, match=r"have different tokenizers: vocabularies of \d+ and"):
+        _cfg(models, teacher={"model": models["other"]})
+
+
+def test_special_ids_must_agree_too(models, tmp_path):
+    import json
+    import shutil
+
+    moved = tmp_path / "moved"
+    shutil.copytree(models["teacher"], moved)
+    conf = json.loads((moved / "tokenizer_config.json").read_text())
+    conf["eos_token"] = "<|im_end|>"  # same vocabulary, another end-of-sequence id
+    (moved / "tokenizer_config.json").write_text(json.dumps(conf))
+    with pytest.raises(ValueError, match=r"not their special tokens .*eos_token_id 1 vs 3"):
+        _cfg(models, teacher={"model": str(moved)})
+
+
+def test_a_privileged_prompt_reading_a_missing_field_is_refused_naming_it(models):
+    cfg = _cfg(models, teacher={"model": "policy", "prompt": "{prompt}(answer: {target})"})
+    assert cfg.teacher.self_distill and cfg.teacher_service.model == models["student"]
+    with pytest.raises(ValueError, match=r"reads the field \{solution\}, which the data's items"):
+        _cfg(models, teacher={"model": "policy", "prompt": "{prompt} {solution}"})
+    with pytest.raises(ValueError, match=r"\{best_response\}.* needs rewards"):
+        _cfg(models, teacher={"model": "policy", "prompt": "{prompt} {best_response}"})
+    with pytest.raises(ValueError, match="not a valid template"):
+        _cfg(models, teacher={"model": "policy", "prompt": "{prompt"})
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"trainer": {"loss": {"type": "gspo"}, "old_logprobs": "current"}}, "gspo takes one"),
+        ({"critic": {"model": "/m"}, "trainer": {"loss": {"type": "ppo"}}}, "teacher and critic"),
+        ({"eval": {"at_start": True}}, "held-out evaluation needs a reward"),
+        ({"teacher": {"model": "policy", "coef": 0.0}}, "teacher.coef must be > 0"),
+        ({"teacher": {"model": "policy", "discount": 1.5}}, r"discount must be in \[0, 1\]"),
+        ({"replicas": {"teacher": 0}}, "replicas.teacher must be >= 1"),
+    ],
+)
+def test_settings_a_teacher_cannot_work_with_are_refused(models, over, message):
+    with pytest.raises(ValueError, match=message):
+        _cfg(models, **over)
+
+
+def test_template_fields_and_privileged_prompts():
+    assert template_fields("{prompt} {meta[k]} {a.b}") == ["prompt", "meta", "a"]
+    with pytest.raises(ValueError, match="must name a data field"):
+        template_fields("{0}")
+    item = {"prompt": "2+2=", "target": "4"}
+    assert privileged_prompt("{prompt} ({target})", item) == "2+2= (4)"
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    chat = {"prompt": messages, "target": "a"}
+    out = privileged_prompt("{prompt} hint: {target}; best: {best_response}", chat, "b")
+    assert out == [messages[0], {"role": "user", "content": "q hint: a; best: b"}]
+    assert chat["prompt"][1]["content"] == "q"  # the student's prompt is unchanged
+    with pytest.raises(ValueError, match="token ids cannot be templated"):
+        privileged_prompt("{prompt}", {"prompt": [1, 2]})
+
+
+def _episode(lps, advantage=0.0) -> Episode:
+    n = len(lps)
+    return Episode("e", [5, 6], list(range(10, 10 + n)), list(lps), 0.0, 0, advantage=advantage)
+
+
+def test_a_groups_token_advantages_are_reward_plus_distillation():
+    group = [_episode([-1.0, -2.0], advantage=0.5), _episode([-0.5], advantage=-0.5)]
+    scores = [TeacherScore([-1.5, -1.0], [2.0, 1.0]), TeacherScore([-0.5], [3.0])]
+    metrics = add_distillation(group, scores, coef=1.0, discount=0.0)
+    # k = [0.5, -1.0] and [0.0] -> d = [-0.5, 1.0] and [0.0]
+    assert group[0].token_advantages == [0.0, 1.5]
+    assert group[1].token_advantages == [-0.5]
+    assert metrics[M.TEACHER_KL] == pytest.approx([-0.25, 0.0])
+    assert metrics[M.TEACHER_ENTROPY] == pytest.approx([1.5, 3.0])
+    assert metrics[M.DISTILL_SHARE] == pytest.approx([1.5 / (1.5 + 1.5)])
+
+
+class _FakeTeacherService:
+    """``teacher.score.route`` in process: the student's own logprobs, shifted by ``gap``."""
+
+    def __init__(self, gap: float) -> None:
+        self.gap, self.seen = gap, []
+        self.score = self
+
+    async def route(self, episodes, prompts=None):
+        self.seen.append(prompts)
+        return [
+            TeacherScore([x - self.gap for x in e.behavior_logprobs], [1.0] * len(e.response_ids))
+            for e in episodes
+        ]
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, key, values) -> None:
+        self.values.setdefault(key, []).extend(values)
+
+
+def test_the_distiller_scores_with_the_privileged_prompt_and_logs():
+    cfg = TeacherConfig(model="policy", prompt="{prompt} best: {best_response}", discount=1.0)
+    teacher, log = _FakeTeacherService(gap=0.25), _Log()
+    group = [_episode([-1.0, -1.0]), _episode([-2.0, -2.0])]
+    item = {"prompt": "q", "target": "t"}
+    asyncio.run(Distiller(cfg, teacher, log)(group, item, ["low", "high"], [0.0, 1.0]))
+    assert teacher.seen == [["q best: high", "q best: high"]]
+    # k = 0.25 per token; discount 1: d = -[0.5, 0.25]
+    assert group[0].token_advantages == [-0.5, -0.25]
+    assert log.values[M.TEACHER_KL] == [0.25, 0.25] and log.values[M.DISTILL_SHARE] == [1.0]
+
+
+def test_the_teacher_core_scores_logprobs_and_entropies(models):
+    from forge.models import load_model, token_logprobs
+    from forge.training.teacher_policy import TeacherCore
+    from forge.training.trainer_config import ReferenceConfig
+
+    core = TeacherCore(ReferenceConfig(model=models["teacher"], device="cpu"))
+    group = [_episode([0.0, 0.0, 0.0]), _episode([0.0])]
+    scores = core.score(group)
+    model = load_model(models["teacher"])
+    ids = torch.tensor([[5, 6, 10, 11, 12]])
+    lp = token_logprobs(model, ids, torch.ones_like(ids))[0, 2:].tolist()
+    assert scores[0].logprobs == pytest.approx(lp, abs=1e-5)
+    assert len(scores[1].logprobs) == len(scores[1].entropy) == 1
+    vocab = model.config.vocab_size
+    assert all(0.0 < h <= math.log(vocab) + 1e-4 for s in scores for h in s.entropy)
+    chat = [{"role": "user", "content": "q"}]
+    privileged = core.score(group[:1], [chat])
+    assert privileged[0].logprobs != pytest.approx(scores[0].logprobs)
+    assert len(privileged[0].logprobs) == 3
