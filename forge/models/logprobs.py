@@ -16,6 +16,9 @@ import torch
 # Tokens per chunk when projecting hidden states to the vocabulary: bounds the fp32
 # [B, chunk, V] logits alive at once (large for 150k-entry vocabularies).
 DEFAULT_CHUNK_TOKENS = 1024
+# Logit elements computed at once (fp32: 512 MB) by ``head_logprobs``: past it, positions go
+# through the head in pieces, each recomputed in the backward instead of kept for it.
+HEAD_CHUNK_ELEMENTS = 1 << 27
 
 
 def position_ids_from_mask(attention_mask_bt: torch.Tensor) -> torch.Tensor:
@@ -57,6 +60,44 @@ def head_logits(head: torch.nn.Module, hidden_btd: torch.Tensor) -> torch.Tensor
         with torch.autocast(kind, enabled=False):
             return head(hidden_btd.float())
     return head(hidden_btd)
+
+
+def head_logprobs(
+    head: torch.nn.Module,
+    hidden_nd: torch.Tensor,
+    targets_n: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_elements: int = HEAD_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """log softmax(head(hidden) / temperature)[target] per position, fp32 ``[N]``.
+
+    The ``[N, vocab]`` logits are the largest tensors of a step for a big vocabulary (262,144
+    entries: 1 MB per position in fp32, and autograd keeps several copies per position for
+    the backward). Above ``chunk_elements`` logit elements the positions go through the head
+    in pieces of ``chunk_elements // vocab``; under grad each piece is checkpointed (its
+    logits recomputed in the backward), so one piece's logits are alive at a time. The values
+    and gradients are those of one pass."""
+    vocab = head.weight.shape[0]
+    rows = max(1, chunk_elements // vocab)
+
+    def piece(h_nd: torch.Tensor, t_n: torch.Tensor) -> torch.Tensor:
+        logits_nv = head_logits(head, h_nd).float()
+        if temperature != 1.0:  # (a full pass over [N, vocab], forward and backward)
+            logits_nv = logits_nv / temperature
+        return gather_logprobs(logits_nv, t_n)
+
+    n = hidden_nd.shape[0]
+    if n <= rows:
+        return piece(hidden_nd, targets_n)
+    grad = torch.is_grad_enabled() and hidden_nd.requires_grad
+    out = []
+    for start in range(0, n, rows):
+        h, t = hidden_nd[start : start + rows], targets_n[start : start + rows]
+        if grad:
+            out.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False))
+        else:
+            out.append(piece(h, t))
+    return torch.cat(out)
 
 
 _AUTOCAST_HEAD = "_forge_autocast_head"  # set on a head left to autocast on purpose
@@ -205,13 +246,11 @@ def token_logprobs(
         hidden_btd = body(
             input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
         ).last_hidden_state[:, :-1]
-        pieces = []
-        for start in range(0, hidden_btd.shape[1], chunk_tokens):
-            logits_btv = head_logits(head, hidden_btd[:, start : start + chunk_tokens]).float()
-            if temp != 1.0:  # (a full pass over [B, chunk, vocab], forward and backward)
-                logits_btv = logits_btv / temp
-            pieces.append(gather_logprobs(logits_btv, targets_bt[:, start : start + chunk_tokens]))
-        lp_bt = torch.cat(pieces, dim=1)
+        b, t, d = hidden_btd.shape
+        elements = min(HEAD_CHUNK_ELEMENTS, b * chunk_tokens * head.weight.shape[0])
+        lp_bt = head_logprobs(
+            head, hidden_btd.reshape(b * t, d), targets_bt.reshape(b * t), temp, elements
+        ).view(b, t)
     lp_bt = torch.cat([lp_bt.new_zeros(lp_bt.shape[0], 1), lp_bt], dim=1)
     # A token's logprob only means something if it and its predecessor are real tokens.
     valid_bt = attention_mask_bt.bool().clone()

@@ -24,12 +24,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from forge.models.logprobs import (
-    _split_head,
-    effective_temperature,
-    gather_logprobs,
-    head_logits,
-)
+from forge.models.logprobs import _split_head, effective_temperature, head_logprobs
 
 __all__ = ["MIN_COMMON_SAVING", "common_length", "shared_prefix_logprobs"]
 
@@ -196,11 +191,8 @@ def shared_prefix_logprobs(
     # The head (the step's largest float32 matmuls, and [N, vocab] logits) only on real tail
     # tokens: the tails' right padding is a quarter of the positions at the main job's shape.
     real_bt = t_mask.bool()
-    logits_nv = head_logits(head, hidden_btd[real_bt]).float()
     temp = effective_temperature(temperature)
-    if temp != 1.0:  # a division is a full pass over [N, vocab], forward and backward
-        logits_nv = logits_nv / temp
-    lp_n = gather_logprobs(logits_nv, t_ids[real_bt])
+    lp_n = head_logprobs(head, hidden_btd[real_bt], t_ids[real_bt], temp)
     lp_tail = lp_n.new_zeros(n_u, t_width).index_put((real_bt,), lp_n)
     if n_u < batch:  # every row gets its distinct row's logprobs (index_select: see above)
         lp_tail = lp_tail.index_select(0, torch.tensor(u_b, device=device))
