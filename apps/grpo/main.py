@@ -130,8 +130,9 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     ckpt, state = Checkpointer(run_dir, cfg.checkpoint_every), (s.trainer, s.buffer, s.data)
     version = await ckpt.restore(*state) if resume else 0
     scorer, manager = rollouts(cfg, s, log)
-    sync = WeightSync(s.trainer, s.generator, s.reference, log=log, on_served=manager.advance,
-                      on_failed=manager.fail, overlap=cfg.max_policy_age > 0)  # fmt: skip
+    sync = WeightSync(s.trainer, s.generator, s.reference, teacher=s.teacher, log=log,
+                      on_served=manager.advance, on_failed=manager.fail,
+                      overlap=cfg.max_policy_age > 0)  # fmt: skip
     if version:
         await sync.resume(version)
     flush = ActorMetrics(log, s.trainer, s.generator, s.buffer)

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
 from forge.losses.distill import distill_advantages, distill_share, reverse_kl
 from forge.observability.names import M
+from forge.training.reference_update import ReferenceUpdateConfig
 from forge.types import Episode, TeacherScore
 
 __all__ = [
@@ -80,6 +81,10 @@ class TeacherConfig:
     """The transformers attention implementation."""
     micro_batch_size: int | None = None
     """Rows per teacher forward (``None``: a whole group at once)."""
+    update: ReferenceUpdateConfig = field(default_factory=ReferenceUpdateConfig)
+    """With ``model: policy``, how the teacher follows the student's pushed versions, as a
+    moving reference does (default ``none``: the frozen starting weights; ``reset`` every 1:
+    the student's current weights; ``ema``: an average of them)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -94,6 +99,12 @@ class TeacherConfig:
             raise ValueError(f"teacher.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.prompt is not None:
             template_fields(self.prompt)  # a malformed template fails here
+        if self.update.type != "none" and not self.self_distill:
+            raise ValueError(
+                f"teacher.update.type={self.update.type!r} moves the teacher to the student's "
+                f"pushed weights, which only the student's own model can load; set "
+                f"teacher.model: policy (self-distillation) or teacher.update.type: none"
+            )
 
     @property
     def self_distill(self) -> bool:

@@ -131,6 +131,8 @@ def check_teacher(cfg: Any) -> None:
             "pure distillation (a teacher, no rewards): held-out evaluation needs a reward to "
             "score answers; set eval.reward, or eval.at_start: false, eval.at_end: false"
         )
+    if t.update.type != "none":
+        _check_moving(cfg)
     if not t.self_distill:
         t.model = resolve_model(t.model)
         if cfg.policy.model != "from-run":  # a pipeline stage's policy is known only later
@@ -139,10 +141,31 @@ def check_teacher(cfg: Any) -> None:
         check_prompt_fields(t.prompt, cfg.data, rewarded, cfg.rollout.group_size)
 
 
+def _check_moving(cfg: Any) -> None:
+    """A teacher that follows the student's pushes pulls them as a moving reference does."""
+    t, w = cfg.teacher, cfg.trainer.weights
+    what = f"teacher.update.type={t.update.type!r} pulls the student's pushed versions"
+    if w.type == "broadcast":
+        raise ValueError(
+            f"{what}, but weights type broadcast sends them to the generators only; use "
+            "weights type shm, or teacher.update.type: none"
+        )
+    if cfg.trainer.lora is not None:
+        raise ValueError(
+            f"{what}, which with trainer.lora are adapters the teacher cannot apply; use "
+            "teacher.update.type: none or full fine-tuning"
+        )
+    if w.dtype and t.dtype != w.dtype:
+        raise ValueError(
+            f"{what}, rounded to trainer.weights.dtype={w.dtype!r}, but teacher.dtype="
+            f"{t.dtype!r} would compute with the rounded values; set teacher.dtype: {w.dtype}"
+        )
+
+
 def teacher_reference(cfg: Any) -> ReferenceConfig | None:
     """The ``ReferenceConfig`` the ``Teacher`` service loads for ``cfg`` (an ``RLConfig``):
-    the teacher's model (``policy``: the policy's), dtype and device, at the policy's
-    temperature, frozen; ``None`` without a teacher."""
+    the teacher's model (``policy``: the policy's), dtype, device and update rule, at the
+    policy's temperature; ``None`` without a teacher."""
     from forge.models.precision import resolve_auto
 
     t = cfg.teacher
@@ -157,5 +180,6 @@ def teacher_reference(cfg: Any) -> ReferenceConfig | None:
         attn_implementation=t.attn_implementation,
         temperature=cfg.policy.temperature,
         micro_batch_size=t.micro_batch_size,
+        update=dataclasses.replace(t.update),
         weights=dataclasses.replace(cfg.trainer.weights),
     )

@@ -44,12 +44,14 @@ class WeightSync:
         generator,
         reference=None,
         *,
+        teacher=None,
         log=None,
         on_served: Callable[[int], Any] | None = None,
         on_failed: Callable[[BaseException, str], Any] | None = None,
         overlap: bool = True,
     ) -> None:
         self.trainer, self.generator, self.reference = trainer, generator, reference
+        self.teacher = teacher  # an OPD teacher that follows the policy (teacher.update)
         self.log, self.on_served, self.overlap = log, on_served, overlap
         self.on_failed = on_failed
         self._pending: asyncio.Future | None = None
@@ -160,8 +162,9 @@ class WeightSync:
             served = await self.generator.update_weights.fanout_by_replica(version, handle)
         if self.log is not None:
             self.log.status.served(served)
-        if self.reference is not None:  # a moving reference (EMA / reset) pulls it too
-            await self.reference.update_weights.fanout(version, handle)
+        for follower in (self.reference, self.teacher):  # a moving reference or teacher
+            if follower is not None:  # (EMA / reset) pulls it too; frozen ones ignore it
+                await follower.update_weights.fanout(version, handle)
         if self.on_served is not None:
             self.on_served(version)
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import pytest
 import torch
 
-from forge.config import config_from_dict
+from forge.config import config_from_dict, load_config
 from forge.models import make_tiny_model
 from forge.observability.names import M
 from forge.rollout.distill import (
@@ -23,6 +24,7 @@ from forge.rollout.distill import (
 )
 from forge.run.rl_config import RLConfig
 from forge.types import Episode, TeacherScore
+from tests.helpers import REPO
 
 DATA = "apps.sumdigits.task:SumDigits"
 REWARD = "apps.sumdigits.task:sumdigits_reward"
@@ -93,6 +95,24 @@ def test_a_privileged_prompt_reading_a_missing_field_is_refused_naming_it(models
         _cfg(models, teacher={"model": "policy", "prompt": "{prompt} {best_response}"})
     with pytest.raises(ValueError, match="not a valid template"):
         _cfg(models, teacher={"model": "policy", "prompt": "{prompt"})
+
+
+def test_a_teacher_may_follow_the_students_current_weights(models):
+    cfg = _cfg(models, teacher={"model": "policy", "update": {"type": "reset"}})
+    assert cfg.teacher_service.update.type == "reset" and cfg.teacher_service.update.every == 1
+    assert _cfg(models).teacher_service.update.type == "none"  # default: frozen
+    with pytest.raises(ValueError, match="only the student's own model can load"):
+        _cfg(models, teacher={"model": models["teacher"], "update": {"type": "reset"}})
+    follow = {"model": "policy", "update": {"type": "ema"}}
+    with pytest.raises(ValueError, match="weights type broadcast sends them to the generators"):
+        _cfg(models, teacher=follow, weights={"type": "broadcast"})
+    with pytest.raises(ValueError, match="set teacher.dtype: bfloat16"):
+        _cfg(
+            models,
+            teacher=follow,
+            trainer={"weights": {"dtype": "bfloat16"}},
+            generator={"dtype": "bfloat16"},
+        )
 
 
 @pytest.mark.parametrize(
@@ -197,3 +217,14 @@ def test_the_teacher_core_scores_logprobs_and_entropies(models):
     privileged = core.score(group[:1], [chat])
     assert privileged[0].logprobs != pytest.approx(scores[0].logprobs)
     assert len(privileged[0].logprobs) == 3
+
+
+def test_the_docs_pure_distillation_example_loads(models, tmp_path):
+    text = (REPO / "docs/distillation.md").read_text()
+    example = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "app:" in b)
+    example = example.replace("/path/to/student", models["student"])
+    example = example.replace("/path/to/teacher", models["teacher"])
+    path = tmp_path / "pure.yaml"
+    path.write_text(example)
+    cfg = load_config(path, schema=RLConfig)
+    assert cfg.teacher.model == models["teacher"] and cfg.rollout.group_size == 1

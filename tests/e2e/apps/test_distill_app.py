@@ -1,7 +1,8 @@
 """On-policy distillation end to end (``forge run``, apps/grpo with a ``teacher:`` section):
 pure distillation (no reward, groups of one) brings the student's KL to a teacher down;
-self-distillation from the student's own weights shown a privileged prompt mixes with a
-reward; a teacher with another tokenizer is refused before anything starts."""
+self-distillation from the student's own weights (following its pushed versions) shown a
+privileged prompt mixes with a reward; a teacher with another tokenizer is refused before
+anything starts."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ teacher:
   prompt: "{{prompt}}(The answer is {{target}}; a good answer: {{best_response}}) "
   coef: 0.5
   discount: 0.9
+  update: {{type: reset}}  # the student's current weights: it pulls every pushed version
 rollout: {{prompts_per_step: 4, group_size: 4, max_tokens: 8, tasks: 4}}
 generator: {{max_batch_size: 16}}
 trainer:

@@ -1,0 +1,40 @@
+"""The OPD ``Teacher`` service in real processes: it scores responses like its core does, with
+and without a privileged prompt, and a replica that dies is restarted and scores again."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from forge.actors.teacher import Teacher
+from forge.training.teacher_policy import TeacherCore
+from forge.training.trainer_config import ReferenceConfig
+from forge.types import Episode, TeacherScore
+
+
+def _flat(scores: list[TeacherScore]) -> list[float]:
+    return [x for s in scores for x in s.logprobs]
+
+
+def _episodes() -> list[Episode]:
+    return [
+        Episode("a", [5, 6, 7], [10, 11, 12], [0.0] * 3, 0.0, 0),
+        Episode("b", [5], [20], [0.0], 0.0, 0),
+    ]
+
+
+async def test_a_teacher_replica_that_dies_is_restarted_and_scores_again(tiny_model):
+    cfg = ReferenceConfig(model=tiny_model, device="cpu")
+    want = TeacherCore(cfg).score(_episodes())
+    teacher = await Teacher.options(num_replicas=1).as_service(cfg)
+    first = await teacher.score.route(_episodes())
+    assert _flat(first) == pytest.approx(_flat(want), abs=1e-5)
+    privileged = await teacher.score.route(_episodes(), ["hint: 7", "hint: 8"])
+    assert len(privileged[0].logprobs) == 3 and privileged[0].logprobs != first[0].logprobs
+    (pid,) = teacher.metrics()[0]["pids"]
+    os.kill(pid, signal.SIGKILL)
+    again = await teacher.score.route(_episodes())  # waits for the restarted replica
+    assert _flat(again) == pytest.approx(_flat(first), abs=1e-5)
+    assert teacher.metrics()[0]["pids"] != [pid]
