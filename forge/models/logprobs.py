@@ -265,47 +265,48 @@ def token_logprobs_entropy(
     input_ids_bt: torch.Tensor,
     attention_mask_bt: torch.Tensor,
     temperature: float = 1.0,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_elements: int = HEAD_CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs_bt, entropy_bt)``, both ``[B, T]`` fp32, no grad: the logprobs of
     ``token_logprobs`` and, at the same positions, the entropy of the distribution each token
     was scored against, ``H(softmax(logits_{t-1} / temperature))`` (0 where the logprob is 0).
-    A frozen model's view of given tokens (an OPD teacher's): one log-softmax over each chunk
-    of ``[B, chunk, vocab]`` logits gives both."""
+    A frozen model's view of given tokens (an OPD teacher's): one log-softmax over each piece
+    of at most ``chunk_elements`` logits gives both (with the chunked head, only that piece's
+    logits exist at a time, as in ``head_logprobs``)."""
     temp = effective_temperature(temperature)
     position_ids_bt = position_ids_from_mask(attention_mask_bt)
-    targets_bt = input_ids_bt[:, 1:]
+    targets_n = input_ids_bt[:, 1:].reshape(-1)
+    inputs = {"input_ids": input_ids_bt, "attention_mask": attention_mask_bt}
     split = _split_head(model)
     if split is None:
-        logits_btv = model(
-            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
-        ).logits[:, :-1]
-        chunks = (
-            logits_btv[:, s : s + chunk_tokens] for s in range(0, logits_btv.shape[1], chunk_tokens)
-        )
+        logits_btv = model(**inputs, position_ids=position_ids_bt).logits[:, :-1]
+        flat = logits_btv.reshape(-1, logits_btv.shape[-1])
+        vocab = flat.shape[-1]
+
+        def logits(rows: slice) -> torch.Tensor:
+            return flat[rows]
     else:
         body, head = split
-        hidden_btd = body(
-            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
-        ).last_hidden_state[:, :-1]
-        chunks = (
-            head_logits(head, hidden_btd[:, s : s + chunk_tokens])
-            for s in range(0, hidden_btd.shape[1], chunk_tokens)
-        )
-    lps, ents, start = [], [], 0
-    for logits_btv in chunks:
-        logp_btv = torch.log_softmax(logits_btv.float() / temp, dim=-1)
-        width = logp_btv.shape[1]
-        targets = targets_bt[:, start : start + width].unsqueeze(-1)
-        lps.append(logp_btv.gather(-1, targets).squeeze(-1))
-        ents.append(-(logp_btv.exp() * logp_btv).sum(-1))
-        start += width
+        hidden_btd = body(**inputs, position_ids=position_ids_bt).last_hidden_state[:, :-1]
+        flat = hidden_btd.reshape(-1, hidden_btd.shape[-1])
+        vocab = head.weight.shape[0]
+
+        def logits(rows: slice) -> torch.Tensor:
+            return head_logits(head, flat[rows])
+
+    step = max(1, chunk_elements // vocab)
+    lps, ents = [], []
+    for start in range(0, flat.shape[0], step):
+        rows = slice(start, start + step)
+        logp_nv = torch.log_softmax(logits(rows).float() / temp, dim=-1)
+        lps.append(logp_nv.gather(-1, targets_n[rows].unsqueeze(-1)).squeeze(-1))
+        ents.append(-(logp_nv.exp() * logp_nv).sum(-1))
     valid_bt = attention_mask_bt.bool().clone()
     valid_bt[:, 1:] &= attention_mask_bt[:, :-1].bool()
     valid_bt[:, 0] = False
     out = []
     for pieces in (lps, ents):
-        x_bt = torch.cat(pieces, dim=1)
+        x_bt = torch.cat(pieces).view(input_ids_bt.shape[0], -1)
         x_bt = torch.cat([x_bt.new_zeros(x_bt.shape[0], 1), x_bt], dim=1)
         out.append(torch.where(valid_bt, x_bt, torch.zeros_like(x_bt)))
     return out[0], out[1]

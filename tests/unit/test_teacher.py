@@ -228,3 +228,20 @@ def test_the_docs_pure_distillation_example_loads(models, tmp_path):
     path.write_text(example)
     cfg = load_config(path, schema=RLConfig)
     assert cfg.teacher.model == models["teacher"] and cfg.rollout.group_size == 1
+
+
+def test_logprobs_and_entropies_in_pieces_equal_one_full_pass(models):
+    from forge.models import load_model, token_logprobs
+    from forge.models.logprobs import token_logprobs_entropy
+
+    model = load_model(models["teacher"])
+    ids_bt = torch.tensor([[5, 6, 10, 11, 12], [7, 8, 9, 0, 0]])
+    mask_bt = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    vocab = model.config.vocab_size
+    lp_bt, ent_bt = token_logprobs_entropy(model, ids_bt, mask_bt, 0.7, chunk_elements=3 * vocab)
+    torch.testing.assert_close(lp_bt, token_logprobs(model, ids_bt, mask_bt, 0.7))
+    logp = torch.log_softmax(model(input_ids=ids_bt, attention_mask=mask_bt).logits / 0.7, -1)
+    want_bt = -(logp.exp() * logp).sum(-1)[:, :-1]
+    torch.testing.assert_close(ent_bt[0, 1:], want_bt[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_bt[1, 1:3], want_bt[1, :2], atol=1e-5, rtol=1e-5)
+    assert ent_bt[:, 0].eq(0).all() and ent_bt[1, 3:].eq(0).all()  # no token: 0
