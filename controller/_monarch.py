@@ -32,7 +32,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 
 from controller import _runtime
 from controller._launch import WatchedProc, mesh_sizes, worker_env_vars
@@ -107,7 +106,7 @@ class _Bootstrap(_MonarchActor):
                 sys.path.insert(0, p)
         env_vars = dict(rank_vars[rank])
         if not os.path.isdir(env_vars[ENV_DIR]):  # another host: a private session dir of our own
-            env_vars[ENV_DIR] = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-")
+            env_vars[ENV_DIR] = _runtime.make_session_dir()
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
 

@@ -40,7 +40,6 @@ import re
 import shutil
 import socket
 import sys
-import tempfile
 import time
 
 from controller import _reaper, _runtime
@@ -48,7 +47,7 @@ from controller import env_vars as forge_vars
 from controller._home import start_home
 from controller._launch import WatchedProc, mesh_sizes, worker_env_vars
 from controller._local import LocalProc, free_port
-from controller._runtime import ENV_DIR, get_runtime, host_id, install_signal_handlers
+from controller._runtime import ENV_DIR, get_runtime, install_signal_handlers, make_session_dir
 from controller.errors import SpawnError
 from controller.mesh import ProcMesh
 from controller.shape import Shape
@@ -136,9 +135,7 @@ class _RankHost:
         env_vars = dict(env_vars)
         private = None
         if not os.path.isdir(env_vars[ENV_DIR]):  # another host: a private session dir of ours
-            private = env_vars[ENV_DIR] = tempfile.mkdtemp(
-                prefix=f"forge-{os.getpid()}-{host_id()}-"
-            )
+            private = env_vars[ENV_DIR] = make_session_dir()
         gpus = ray.get_gpu_ids()
         if gpus:
             env_vars["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)

@@ -64,13 +64,18 @@ def pid_alive(pid: int, start: str | None = None) -> bool:
     return True
 
 
-# A session tag: forge-<root pid>-<host id>-<8 characters of mkdtemp> (older: no host id).
-_TAG = r"forge-(\d+)-(?:([0-9a-f]{8})-)?[a-z0-9_]{8}"
-# Names the sweep may judge, and nothing else: a session directory (exactly a tag), and in
-# shared memory a payload (a tag, then "-"), a weight file of the run's prefix (forge-w-,
-# then a tag) or any other weight file or its lock (forge-w-..., ending in ".<tag>").
+# A session tag: forge-<root pid>-<host id>-<8 characters of mkdtemp>.
+_TAG = r"forge-(\d+)-([0-9a-f]{8})-[a-z0-9_]{8}"
+# Names the sweep may judge, and nothing else: a session directory (exactly a tag, and
+# holding SESSION_MARK), and in shared memory a payload (a tag, then "-"), a weight file of
+# the run's prefix (forge-w-, then a tag) or any other weight file or its lock (forge-w-...,
+# ending in ".<tag>").
 _SESSION_DIR = re.compile(rf"^{_TAG}$")
 _SESSION_SHM = re.compile(rf"^(?:forge-w-)?{_TAG}-|^forge-w-.*\.{_TAG}(?:\.lock)?$")
+# The file Forge writes into every session directory it makes, holding the directory's name:
+# the sweep removes a directory only with it, whatever the name (another program's
+# /tmp/forge-<pid>-<8 letters> is never Forge's to remove).
+SESSION_MARK = ".forge-session"
 
 
 def host_id() -> str:
@@ -90,11 +95,35 @@ def session_tag() -> str:
     return get_runtime().session.shm_prefix
 
 
+def make_session_dir() -> str:
+    """A new private directory (mode 0700) named ``forge-<pid>-<host id>-<8 characters>``,
+    marked as Forge's own (``SESSION_MARK``) so that a later sweep may remove it."""
+    d = tempfile.mkdtemp(prefix=f"forge-{os.getpid()}-{host_id()}-")
+    fd = os.open(os.path.join(d, SESSION_MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.path.basename(d))
+    return d
+
+
+def _marked(path: str, uid: int) -> bool:
+    """Whether ``path`` holds Forge's mark: a regular file of ``uid`` naming the directory."""
+    mark = os.path.join(path, SESSION_MARK)
+    try:
+        st = os.lstat(mark)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size > 255:
+            return False
+        with open(mark) as f:
+            return f.read() == os.path.basename(path)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _sweep_stale_sessions(tmp: str) -> None:
     """Remove socket dirs and shm files of root controllers of this host that died without
     cleanup. Only Forge's own names are judged (``_SESSION_DIR``, ``_SESSION_SHM``: never a
-    name that merely contains ``forge-<pid>-``), only this user's files, and never names of
-    another host's sessions (e.g. copies a worker made here)."""
+    name that merely contains ``forge-<pid>-``), only this user's files, never names of
+    another host's sessions (e.g. copies a worker made here), and a directory only when it
+    holds Forge's mark (``SESSION_MARK``)."""
     me, uid = host_id(), os.geteuid()
     for base, pattern in ((tmp, _SESSION_DIR), (ser.SHM_DIR, _SESSION_SHM)):
         if base is None:
@@ -104,7 +133,7 @@ def _sweep_stale_sessions(tmp: str) -> None:
             if m is None:
                 continue
             pid, host = next((g, h) for g, h in zip(m.groups()[::2], m.groups()[1::2]) if g)
-            if (host or me) != me or pid_alive(int(pid)):
+            if host != me or pid_alive(int(pid)):
                 continue  # another host's, or its controller lives
             path = os.path.join(base, name)
             try:
@@ -114,7 +143,8 @@ def _sweep_stale_sessions(tmp: str) -> None:
             if st.st_uid != uid:
                 continue  # another user's: not ours to judge (root could remove it)
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(path, ignore_errors=True)
+                if base == tmp and _marked(path, uid):
+                    shutil.rmtree(path, ignore_errors=True)
             else:
                 try:
                     os.unlink(path)
@@ -133,9 +163,8 @@ def _new_session() -> Session:
         _sweep_stale_sessions(tmp)
     except OSError as e:
         logger.debug("stale session sweep failed: %s", e)
-    tag = f"forge-{os.getpid()}-{host_id()}"
-    d = tempfile.mkdtemp(prefix=f"{tag}-")  # mkdtemp makes it mode 0700
-    prefix = f"{tag}-{os.path.basename(d).rsplit('-', 1)[-1]}"
+    d = make_session_dir()
+    prefix = os.path.basename(d)  # the session tag
     ser.set_shm_prefix(prefix)
     return Session(d, os.urandom(32), prefix, True)
 

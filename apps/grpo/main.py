@@ -127,7 +127,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     <run_dir>/model}`` (the final policy, an HF directory)."""
     s = await spawn(cfg, roles or Roles())
     log = MetricLog(run_dir, cfg.metrics, cfg.steps)
-    ckpt, state = Checkpointer(run_dir, cfg.checkpoint_every), (s.trainer, s.buffer, s.data)
+    ckpt = Checkpointer(run_dir, cfg.checkpoint_every, cfg.checkpoint_keep_last)
+    state = (s.trainer, s.buffer, s.data)
     version = await ckpt.restore(*state) if resume else 0
     scorer, manager = rollouts(cfg, s, log)
     sync = WeightSync(s.trainer, s.generator, s.reference, teacher=s.teacher, log=log,

@@ -8,7 +8,7 @@
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
     forge export RUN_DIR --merge OUT_DIR
-    forge serve [--config serve.yaml] [--host H] [--port P] [--api-key tml-...]
+    forge serve [--config serve.yaml] [--host H] [--port P] [--api-key-file FILE]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -120,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     install_signal_handlers()
     try:
-        return serve_main(args.config, args.host, args.port, args.api_key)
+        return serve_main(args.config, args.host, args.port, args.api_key, args.api_key_file)
     except (ValueError, ImportError) as e:
         print(f"forge serve: error: {e}", file=sys.stderr)
         return 2
@@ -190,7 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--config", help="a serve config (default: the tiny CPU model)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0: any free port")
-    srv.add_argument("--api-key", help="the key clients must send (default: $FORGE_API_KEY)")
+    srv.add_argument(
+        "--api-key",
+        help="the key clients must send (default: $FORGE_API_KEY); every local user sees a "
+        "command line: prefer the variable or --api-key-file",
+    )
+    srv.add_argument("--api-key-file", metavar="FILE", help="read the key from FILE (mode 600)")
     srv.set_defaults(fn=_serve)
     models = sub.add_parser("models", help="inspect a model before training it")
     models_sub = models.add_subparsers(dest="models_command", required=True)

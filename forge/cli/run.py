@@ -41,7 +41,9 @@ def run_app(
         rdir = Path(resume)
         if not (rdir / "config.yaml").is_file():
             raise ValueError(f"--resume {resume}: no config.yaml there; is it a run directory?")
-        check_run_dir(rdir)  # another user's directory: refused before anything is read
+        # another user's directory: refused before anything is read; links resolved, and
+        # the run reads the directory that was checked
+        rdir = check_run_dir(rdir)
         module, cfg = load_app(config_path or rdir / "config.yaml", overrides)
     else:
         if not config_path:

@@ -10,15 +10,23 @@ Layout: ``<run_dir>/checkpoints/step_NNNNNN/{trainer/, state.pt}`` and ``latest`
 naming the last complete one). ``state.pt`` holds only tensors and plain Python data and is
 loaded with ``torch.load(weights_only=True)``: resuming a copied run directory runs no code
 from its files.
+
+A checkpoint is written under ``.tmp_step_N``, flushed to disk (every file and directory
+``fsync``-ed), renamed to ``step_N``, and only then named by ``latest`` (itself replaced
+atomically): a save that fails at any point (a full disk, a crash) leaves the previous
+checkpoint published and loadable, and removes what it wrote. After each save only the
+newest ``keep_last`` checkpoints stay.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from forge.durable import publish_dir, write_file
 
 if TYPE_CHECKING:
     from forge.actors.dataset import DatasetActor
@@ -56,14 +64,24 @@ def plain(obj: Any, where: str) -> Any:
     )
 
 
+def _step_of(path: Path) -> int | None:
+    """N of a ``step_N`` (or ``.tmp_step_N``) directory; ``None``: not a name Forge writes."""
+    digits = path.name.removeprefix(".tmp_").removeprefix("step_")
+    return int(digits) if digits.isdigit() else None
+
+
 class Checkpointer:
     """Every ``every`` steps: trainer (model, optimizer, schedule, RNG), replay buffer and
-    dataset position, written to ``<run_dir>/checkpoints/step_N`` then published atomically
-    by renaming and pointing ``latest`` at it."""
+    dataset position, written to ``<run_dir>/checkpoints/step_N``, flushed to disk, then
+    published atomically by renaming and pointing ``latest`` at it; the newest ``keep_last``
+    are kept (0: all)."""
 
-    def __init__(self, run_dir: Path, every: int):
+    def __init__(self, run_dir: Path, every: int, keep_last: int = 2):
+        if keep_last < 0:
+            raise ValueError(f"checkpoint keep_last must be >= 0 (0: keep all), got {keep_last}")
         self.root = Path(run_dir).absolute() / "checkpoints"  # sent to actors elsewhere
         self.every = every
+        self.keep_last = keep_last
 
     async def maybe_save(
         self, step: int, trainer: Trainer, buffer: ReplayBuffer, data: DatasetActor
@@ -74,21 +92,46 @@ class Checkpointer:
         tmp = self.root / f".tmp_step_{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        await trainer.save.call(str(tmp / "trainer"))
-        state = {
-            "step": step,
-            "buffer": await buffer.state_dict.call_one(),
-            "data": await data.state_dict.call_one(),
-        }
-        import torch
+        try:
+            await trainer.save.call(str(tmp / "trainer"))
+            state = {
+                "step": step,
+                "buffer": await buffer.state_dict.call_one(),
+                "data": await data.state_dict.call_one(),
+            }
+            import torch
 
-        # Plain data and tensors only: restore() unpickles nothing else (weights_only).
-        torch.save(plain(state, "state"), tmp / "state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        (self.root / "latest.tmp").write_text(json.dumps({"step": step, "dir": final.name}))
-        os.replace(self.root / "latest.tmp", self.root / "latest")
+            # Plain data and tensors only: restore() unpickles nothing else (weights_only).
+            torch.save(plain(state, "state"), tmp / "state.pt")
+            publish_dir(tmp, final)
+            write_file(self.root / "latest", json.dumps({"step": step, "dir": final.name}).encode())
+        except BaseException:
+            # A failed save (a full disk) frees what it wrote; ``latest`` still names the
+            # previous checkpoint, untouched.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if self.latest() != final:
+                shutil.rmtree(final, ignore_errors=True)
+                previous = self.latest()
+                kept = f"the previous one, {previous.name}, is intact" if previous else "none"
+                note = f"[forge] checkpoint of step {step} not saved in {self.root}; kept: {kept}"
+                print(note, file=sys.stderr, flush=True)
+            raise
+        self._prune()
         return final
+
+    def _prune(self) -> None:
+        """Remove all but the newest ``keep_last`` published checkpoints, and what saves that
+        did not finish left behind (a crash, a kill)."""
+        latest, last = self.latest(), self.latest_step()
+        if latest is None or last is None:
+            return
+        steps = {p: _step_of(p) for p in self.root.glob("step_*")}
+        published = sorted((n, p) for p, n in steps.items() if n is not None and n <= last)
+        published = [p for _, p in published]
+        keep = set(published[-self.keep_last :] if self.keep_last else published) | {latest}
+        for p in [*self.root.glob("step_*"), *self.root.glob(".tmp_step_*")]:
+            if p not in keep and _step_of(p) is not None:
+                shutil.rmtree(p, ignore_errors=True)
 
     def latest(self) -> Path | None:
         """The directory of the last published checkpoint (``None``: none yet)."""

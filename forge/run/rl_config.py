@@ -90,6 +90,9 @@ class RLConfig(RolloutRunConfig):
     """Loss and rollout settings that switch at given steps (``forge.training.phases``)."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: never)."""
+    checkpoint_keep_last: int = 2
+    """Keep the newest this many checkpoints, removing older ones after each save (0: keep
+    every one)."""
     restart_on_failure: int = 0
     """Restarts from the last checkpoint if the trainer dies (needs ``checkpoint_every``)."""
     stream: bool = False
@@ -120,6 +123,11 @@ class RLConfig(RolloutRunConfig):
             rollout = dataclasses.replace(self.rollout, **phase.rollout)
             self._check_groups(rollout, f"phases[{phase.index}].rollout")
         check_restarts(self.restart_on_failure, self.checkpoint_every)
+        if self.checkpoint_keep_last < 0:
+            raise ValueError(
+                f"checkpoint_keep_last must be >= 0 (0: keep every checkpoint), got "
+                f"{self.checkpoint_keep_last}"
+            )
         self._check_env()
         check_teacher(self)
         if self.stream and (self.trainer_procs != 1 or self.critic is not None):

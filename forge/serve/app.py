@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,7 +30,7 @@ from forge.serve.parse import (
     read_json,
     sampling_kwargs,
 )
-from forge.serve.state import SamplingSession, ServerState, parse_path
+from forge.serve.state import SamplingSession, ServedModel, ServerState, parse_path
 
 logger = logging.getLogger("forge.serve")
 
@@ -174,6 +175,7 @@ def build_app(state: ServerState, api_key: str):
         if not MODEL_ID_RE.fullmatch(call.model_id):
             raise UserError(f"model_id {call.model_id[:60]!r} is not a model id of this server")
         m = state.model(call.model_id)
+        wire.check_datum_tokens(call.datums, state.vocab_size(m.base.name), m.base.name)
 
         async def run():
             async with state.stats.timed("forward_backward"):
@@ -247,9 +249,7 @@ def build_app(state: ServerState, api_key: str):
 
         async def run():
             async with state.stats.timed("save_weights"):
-                await m.trainer.save.call_one(str(target))
-            meta = {"base_model": m.base.name, "lora_config": m.lora_request}
-            (target / CHECKPOINT_META).write_text(json.dumps(meta))
+                await write_checkpoint(m, target)
             return {"type": "save_weights", "path": f"tinker://{m.model_id}/weights/{name}"}
 
         return futures.submit(
@@ -333,8 +333,9 @@ def build_app(state: ServerState, api_key: str):
             raise UserError(
                 "a sampling request needs a sampling_session_id, model_path or base_model"
             )
+        base = session.base if session else base_model
         try:
-            context = state.cfg.base(session.base if session else base_model).max_context_length
+            context = state.cfg.base(base).max_context_length
         except KeyError as e:
             raise UserError(str(e.args[0])) from None
         prompt = wire.prompt_tokens(body.body.get("prompt"), "asample", context)
@@ -342,6 +343,12 @@ def build_app(state: ServerState, api_key: str):
         params = body.opt_obj("sampling_params") or Fields({}, "sampling_params.")
         sampling = sampling_kwargs(params.body, 1 if n is None else n, state.cfg.max_tokens,
                                    max_tokens_cap=context - len(prompt))  # fmt: skip
+        # Ids past the vocabulary are refused here, per request: in the generator's batch
+        # one would fail every request decoded with it.
+        vocab = state.vocab_size(base)
+        wire.check_token_ids(prompt, vocab, "asample: prompt", base)
+        stop_ids = [s for s in sampling.get("stop", ()) if not isinstance(s, str)]
+        wire.check_token_ids(stop_ids, vocab, "asample: sampling_params.stop", base)
         with_prompt = body.opt_bool("prompt_logprobs")
         if session is None:
             session = await state.sampling_for_path(None, base_model)
@@ -370,6 +377,28 @@ def build_app(state: ServerState, api_key: str):
         )  # fmt: skip
 
     return app
+
+
+async def write_checkpoint(m: ServedModel, target: Path) -> None:
+    """``m``'s trainer state and ``CHECKPOINT_META`` written to ``target``: in a new directory
+    beside it, flushed to disk, then renamed over it in one step (``forge.durable``), so a
+    save that fails (a full disk) or is killed leaves the previous checkpoint of that name
+    whole and loadable, and removes what it wrote."""
+    import asyncio
+    import shutil
+    import uuid
+
+    from forge.durable import publish_dir
+
+    tmp = target.with_name(f".tmp-{target.name}-{uuid.uuid4().hex[:8]}")  # no client name
+    try:
+        await m.trainer.save.call_one(str(tmp))
+        meta = {"base_model": m.base.name, "lora_config": m.lora_request}
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
+        await asyncio.to_thread(publish_dir, tmp, target)
+    finally:
+        # What failed to publish, or, after a swap, the previous checkpoint of that name.
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
 
 
 def checkpoint_meta(source) -> dict:

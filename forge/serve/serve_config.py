@@ -86,7 +86,10 @@ class ServeConfig:
     max_samples: int = 128
     """The most samples (``num_samples``) one sampling request may ask for."""
     max_connections: int = 256
-    """Open connections (and requests in flight) at once; more get 503."""
+    """Open connections at once (so requests in flight, too). A new connection past it closes
+    the oldest one that holds no request (silent, mid-head, or idle between keep-alive
+    requests); when every one holds a request in flight, the new one is closed. The process's
+    open-file limit is raised to fit, or the server refuses to start."""
     header_timeout_s: float = 10.0
     """A connection that has not sent its first request head within this long is closed
     (silent and byte-by-byte clients)."""

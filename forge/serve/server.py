@@ -1,9 +1,11 @@
 """``forge serve``: the Tinker API over HTTP, backed by Forge's Trainer and Generator actors.
 
-    forge serve [--config serve.yaml] [--host 127.0.0.1] [--port 8000] [--api-key tml-...]
+    FORGE_API_KEY=tml-... forge serve [--config serve.yaml] [--host 127.0.0.1] [--port 8000]
+    forge serve --api-key-file KEY_FILE ...
 
-The key may also come from ``FORGE_API_KEY``; it must start with ``tml-`` (the ``tinker`` SDK
-refuses to send other keys). Clients then run unchanged::
+The key comes from ``FORGE_API_KEY``, a file only its owner may read (``--api-key-file``) or
+``--api-key`` (which every local user sees in ``ps``); it must start with ``tml-`` (the
+``tinker`` SDK refuses to send other keys). Clients then run unchanged::
 
     service = tinker.ServiceClient(base_url="http://127.0.0.1:8000", api_key="tml-...")
     training = service.create_lora_training_client(base_model="forge/tiny", rank=8)
@@ -27,16 +29,19 @@ MIN_DISTINCT_CHARS = 10
 MAKE_KEY = "tml-$(python -c 'import secrets; print(secrets.token_urlsafe(24))')"
 
 
-def api_key_from(arg: str | None) -> str:
-    """The server's API key (``--api-key`` or ``FORGE_API_KEY``), refused when weak: it
-    guards training and sampling on this host from anyone who can reach the port."""
+def api_key_from(arg: str | None, key_file: str | None = None) -> str:
+    """The server's API key (``--api-key``, ``--api-key-file`` or ``FORGE_API_KEY``), refused
+    when weak: it guards training and sampling on this host from anyone who can reach the
+    port."""
     from controller import env_vars
 
-    key = arg or env_vars.api_key()
+    if arg and key_file:
+        raise ValueError("give the API key once: --api-key or --api-key-file, not both")
+    key = arg or (read_key_file(key_file) if key_file else env_vars.api_key())
     if not key:
         raise ValueError(
-            "forge serve needs an API key: pass --api-key tml-<secret> or set FORGE_API_KEY, "
-            f"e.g. FORGE_API_KEY={MAKE_KEY}"
+            "forge serve needs an API key: set FORGE_API_KEY or pass --api-key-file FILE "
+            f"(mode 600), e.g. FORGE_API_KEY={MAKE_KEY}"
         )
     if not key.startswith("tml-"):
         raise ValueError(
@@ -48,9 +53,38 @@ def api_key_from(arg: str | None) -> str:
         raise ValueError(
             f"the API key is weak: its secret (after 'tml-') has {len(secret)} characters, "
             f"{len(set(secret))} distinct; use at least {MIN_SECRET_CHARS} random characters "
-            f"with {MIN_DISTINCT_CHARS} distinct, e.g. --api-key {MAKE_KEY}"
+            f"with {MIN_DISTINCT_CHARS} distinct, e.g. FORGE_API_KEY={MAKE_KEY}"
         )
     return key
+
+
+def read_key_file(path: str) -> str:
+    """The key in ``path`` (surrounding whitespace dropped): a regular file (not a link) of
+    this user that nobody else may read or write, else ``ValueError`` naming the fix."""
+    import os
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise ValueError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"--api-key-file {path}: not a regular file (a link or a device); give the key "
+            "file itself"
+        )
+    if st.st_uid != os.geteuid():
+        raise ValueError(
+            f"--api-key-file {path}: belongs to uid {st.st_uid}, not to this user; keep the "
+            "key in a file of your own (chmod 600)"
+        )
+    if st.st_mode & 0o077:
+        raise ValueError(
+            f"--api-key-file {path}: other users may read or write it (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); make it private: chmod 600 {path}"
+        )
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
 
 
 def is_loopback(host: str) -> bool:
@@ -80,10 +114,11 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
         )  # fmt: skip
     state = ServerState(cfg)
     app = build_app(state, api_key)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=host, port=port, log_level="warning", http=_protocol(cfg.header_timeout_s),
-        limit_concurrency=cfg.max_connections,
-    ))  # fmt: skip
+    ensure_fd_room(cfg.max_connections)
+    protocol = _protocol(cfg.header_timeout_s, cfg.max_connections)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", http=protocol)
+    )
     task = asyncio.ensure_future(server.serve())
     try:
         while not server.started:
@@ -104,16 +139,56 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
         await state.close()
 
 
-def _protocol(header_timeout_s: float):
-    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request
-    head within ``header_timeout_s`` of connecting (uvicorn alone keeps a silent or
-    byte-by-byte peer open for ever, holding a file descriptor and a connection slot)."""
+FD_HEADROOM = 256  # descriptors beyond the connections: actor channels, files, the listener
+
+
+def ensure_fd_room(max_connections: int) -> None:
+    """Raise this process's open-file limit to fit ``max_connections`` connections (each one
+    a descriptor) and ``FD_HEADROOM`` more, up to the hard limit; ``ValueError`` when the
+    hard limit is below that."""
+    import resource
+
+    need = max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise ValueError(
+                f"serve.max_connections={max_connections} needs {need} open files, but this "
+                f"process may open at most {hard} (ulimit -Hn); lower serve.max_connections "
+                f"to {max(1, hard - FD_HEADROOM)} or raise the hard limit"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def _protocol(header_timeout_s: float, max_connections: int):
+    """uvicorn's HTTP/1.1 protocol with two bounds uvicorn lacks (alone it keeps a silent or
+    byte-by-byte peer open for ever, and its ``limit_concurrency`` counts requests, so idle
+    connections pile up until the process runs out of file descriptors):
+
+    - a connection that has not sent a whole request head within ``header_timeout_s`` of
+      connecting is closed;
+    - at most ``max_connections`` are open: a new one past that closes the oldest connection
+      holding no request (silent, mid-head or idle between keep-alive requests), so a flood of
+      idle connections never locks out a real request; when every one holds a request in
+      flight, the new one is closed instead."""
+    import time
+
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(transport)  # joins self.connections
+            self._opened = time.monotonic()
             self._head_deadline = self.loop.call_later(header_timeout_s, self._drop_if_no_head)
+            if len(self.connections) > max_connections:
+                idle = [c for c in self.connections if c is not self and c.idle()]
+                victim = min(idle, key=lambda c: c._opened) if idle else self
+                victim.transport.close()
+                victim.connections.discard(victim)  # counted out now, not when the loop reaps it
+
+        def idle(self) -> bool:
+            """No request in flight: none started yet, or the last one answered."""
+            return self.cycle is None or self.cycle.response_complete
 
         def _drop_if_no_head(self) -> None:
             if self.cycle is None and not self.transport.is_closing():
@@ -126,12 +201,23 @@ def _protocol(header_timeout_s: float):
     return Protocol
 
 
-def main(config: str | None, host: str, port: int, api_key: str | None) -> int:
+def main(
+    config: str | None, host: str, port: int, api_key: str | None, api_key_file: str | None = None
+) -> int:
     """``forge serve``'s body; returns the exit code."""
+    import sys
+
     from controller import loops, shutdown
     from forge.serve.serve_config import load_config
 
-    key = api_key_from(api_key)
+    key = api_key_from(api_key, api_key_file)
+    if api_key:
+        print(
+            "forge serve: warning: --api-key on the command line is visible to every local "
+            "user (ps, /proc/<pid>/cmdline); set FORGE_API_KEY or use --api-key-file",
+            file=sys.stderr,
+            flush=True,
+        )
     cfg = load_config(config)
     logging.basicConfig(level=logging.INFO, format="[serve] %(message)s")
 

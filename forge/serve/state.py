@@ -86,6 +86,7 @@ class ServerState:
         self.sampling: dict[str, SamplingSession] = {}
         self.base_generators: dict[str, Any] = {}
         self._tokenizers: dict[str, Any] = {}
+        self._vocab_sizes: dict[str, int] = {}
         self._spawn_lock = asyncio.Lock()
         self._creating = 0  # training clients being spawned (counted against max_models)
         self.stats = Stats()
@@ -221,6 +222,16 @@ class ServerState:
 
             self._tokenizers[base_name] = load_tokenizer(resolve_path(self.cfg.base(base_name)))
         return self._tokenizers[base_name]
+
+    def vocab_size(self, base_name: str) -> int:
+        """How many token ids a base model's embedding has (its config's ``vocab_size``),
+        read once: requests are checked against it before they reach a batch."""
+        if base_name not in self._vocab_sizes:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(resolve_path(self.cfg.base(base_name)))
+            self._vocab_sizes[base_name] = int(config.get_text_config().vocab_size)
+        return self._vocab_sizes[base_name]
 
     # -- weights ----------------------------------------------------------------------------
 

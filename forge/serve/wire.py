@@ -165,3 +165,29 @@ def prompt_tokens(model_input: Any, where: str, max_tokens: int | None = None) -
 
 def _token_id(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
+
+
+def check_token_ids(ids: Any, vocab_size: int, where: str, model: str) -> None:
+    """Every id of ``ids`` an integer in ``0..vocab_size - 1``, or a ``WireError`` naming the
+    first one outside and its position. Checked per request, before it joins a batch: an id
+    past the embedding fails the whole batch it is in (on a GPU, a device-side assert that
+    takes the process down), so every request batched with it would fail too."""
+    arr = np.asarray(ids, dtype=np.float64).reshape(-1)
+    bad = np.flatnonzero(~((arr >= 0) & (arr < vocab_size) & (arr == np.floor(arr))))
+    if bad.size:
+        i = int(bad[0])
+        value = arr[i]
+        shown = int(value) if np.isfinite(value) and value == np.floor(value) else float(value)
+        raise WireError(
+            f"{where}: token id {shown} at position {i} is outside the vocabulary of {model} "
+            f"(ids 0..{vocab_size - 1})"
+        )
+
+
+def check_datum_tokens(datums: list[dict], vocab_size: int, model: str) -> None:
+    """``check_token_ids`` on each datum's ``model_input`` and ``target_tokens``."""
+    for i, d in enumerate(datums):
+        check_token_ids(d["tokens"], vocab_size, f"datum {i}: model_input", model)
+        if "target_tokens" in d["inputs"]:
+            where = f"datum {i}: loss_fn_inputs['target_tokens']"
+            check_token_ids(d["inputs"]["target_tokens"], vocab_size, where, model)

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from forge.durable import fsync_path, fsync_tree
 from forge.training import parallel
 
 __all__ = [
@@ -86,7 +87,9 @@ def _barrier() -> None:
 
 
 def save_checkpoint(path: str | Path, core) -> Path:
-    """Write ``core`` (a ``TrainerCore``) to ``path``. Call on every rank (collectives)."""
+    """Write ``core`` (a ``TrainerCore``) to ``path``, every file flushed to disk (``fsync``)
+    before this returns. Call on every rank (collectives). Callers that replace a checkpoint
+    write to a new directory and publish it by renaming (``forge.durable.publish_dir``)."""
     path = Path(path)
     rank, _ = parallel.rank_and_world()
     lora = core.cfg.lora is not None
@@ -98,9 +101,14 @@ def save_checkpoint(path: str | Path, core) -> Path:
         save_file(_unaliased(weights), str(path / (ADAPTER_FILE if lora else MODEL_FILE)))
         core.adapter.save_config(path)
         torch.save(state, path / STATE_FILE)
+        fsync_tree(path)
     _barrier()  # the directory exists before other ranks write into it
-    torch.save(rng_state(), path / f"rng_rank{rank}.pt")
+    rng_file = path / f"rng_rank{rank}.pt"
+    torch.save(rng_state(), rng_file)
+    fsync_path(rng_file)
     _barrier()
+    if rank == 0:
+        fsync_path(path)  # the other ranks' entries
     return path
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -107,3 +108,65 @@ def test_a_planted_checkpoint_in_a_copied_run_directory_is_not_unpickled(tmp_pat
     with pytest.raises(UnsafeCheckpointError, match="state.pt: not loaded.*posix.system"):
         asyncio.run(Checkpointer(run, every=1).restore(None, None, None))
     assert not marker.exists()
+
+
+# Each way the directory a link leads to may be unsafe: (what to change, whether it needs root).
+DEFECTS = {
+    "the directory is another user's": (lambda run: os.chown(run, NOBODY, NOBODY), True),
+    "the directory is writable by every user": (lambda run: os.chmod(run, 0o777), False),
+    "a file in it is another user's": (
+        lambda run: os.chown(run / "config.yaml", NOBODY, NOBODY),
+        True,
+    ),
+    "a file in it is writable by every user": (
+        lambda run: os.chmod(run / "config.yaml", 0o666),
+        False,
+    ),
+    "the directory above it is writable by every user": (
+        lambda run: os.chmod(run.parent, 0o777),
+        False,
+    ),
+    "the directory above it is another user's": (
+        lambda run: os.chown(run.parent, NOBODY, NOBODY),
+        True,
+    ),
+}
+
+
+def _linked(tmp_path, how: str):
+    """A run directory reached through a link: the directory itself a link (``whole``), or
+    its ``checkpoints`` a link to a directory elsewhere (``inside``); returns (the path to
+    resume, the directory the link leads to)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = _run_dir(elsewhere, tmp_path / "pwned")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    if how == "whole":
+        os.symlink(run, mine / "run")
+        return mine / "run", run
+    local = _run_dir(mine, tmp_path / "pwned")
+    shutil.rmtree(local / "checkpoints")
+    os.symlink(run / "checkpoints", local / "checkpoints")
+    return local, run
+
+
+@pytest.mark.parametrize("how", ["whole", "inside"])
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_a_link_is_judged_by_what_it_leads_to(tmp_path, how, defect):
+    change, needs_root = DEFECTS[defect]
+    if needs_root and os.getuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    resumed, target = _linked(tmp_path, how)
+    assert check_run_dir(resumed) == (target if how == "whole" else resumed)  # safe: passes
+    if how == "inside":
+        target = target / "checkpoints"
+        change = {
+            "a file in it is another user's": lambda d: os.chown(d / "latest", NOBODY, NOBODY),
+            "a file in it is writable by every user": lambda d: os.chmod(d / "latest", 0o666),
+        }.get(defect, change)
+    change(target)
+    with pytest.raises(ForeignRunDirError):
+        check_run_dir(target)  # unsafe on its own ...
+    with pytest.raises(ForeignRunDirError, match="refused"):
+        check_run_dir(resumed)  # ... and so through the link

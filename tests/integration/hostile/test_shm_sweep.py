@@ -90,8 +90,9 @@ def test_the_sweep_leaves_other_users_files(tmp_path, monkeypatch):
     monkeypatch.setattr(_runtime.ser, "SHM_DIR", None)
     theirs = tmp_path / f"forge-{DEAD_PID}-{_runtime.host_id()}-abcd1234"
     mine = tmp_path / f"forge-{DEAD_PID}-{_runtime.host_id()}-efgh5678"
-    theirs.mkdir()
-    mine.mkdir()
+    for d in (theirs, mine):
+        d.mkdir()
+        (d / _runtime.SESSION_MARK).write_text(d.name)  # both marked as Forge's own
     os.chown(theirs, 65534, 65534)
     _runtime._sweep_stale_sessions(str(tmp_path))
     assert theirs.exists() and not mine.exists()
@@ -108,6 +109,8 @@ def test_only_exact_session_names_are_judged(tmp_path, monkeypatch):
     ]
     for name in keep:
         (tmp_path / name).mkdir()
-    (tmp_path / f"forge-{DEAD_PID}-{me}-abcd1234").mkdir()
+    session = tmp_path / f"forge-{DEAD_PID}-{me}-abcd1234"
+    session.mkdir()
+    (session / _runtime.SESSION_MARK).write_text(session.name)
     _runtime._sweep_stale_sessions(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep)
