@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,12 +247,15 @@ def convert(path: Path) -> Path:
         if not (out / "config.json").exists():
             t0 = time.perf_counter()
             size_mb = path.stat().st_size / 2**20
-            print(f"[forge] converting {path.name} ({size_mb:.0f} MB) into {out} (once)")
+            print(
+                f"[forge] converting {path.name} ({size_mb:.0f} MB) into {out} (once)",
+                file=sys.stderr,
+            )
             tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             _write_hf_dir(path, tmp)
             tmp.rename(out)
-            print(f"[forge] converted in {time.perf_counter() - t0:.1f} s", flush=True)
+            print(f"[forge] converted in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return out
 
 

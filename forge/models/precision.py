@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import sys
 import warnings
 from pathlib import Path
 
@@ -108,5 +109,5 @@ def resolve_auto(knob: str, value: str | None, device: str, warn: bool = True) -
     if (knob, dtype) not in _told:
         _told.add((knob, dtype))
         why = "native bf16" if dtype == "bfloat16" else "no native bf16"
-        print(f"[forge] {knob}: auto -> {dtype} ({resolve_device(device)}: {why})", flush=True)
+        print(f"[forge] {knob}: auto -> {dtype} ({resolve_device(device)}: {why})", file=sys.stderr)
     return dtype

@@ -72,3 +72,17 @@ def test_config_show_in_process_prints_the_tree_and_refuses_a_bad_key(capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"forge config show: error: invalid config {path}")
     assert "checkpoint_every: unknown key 'checkpoint_every'" in err
+
+
+def test_config_show_prints_valid_yaml_and_notes_go_to_stderr(capsys):
+    """``forge config show X > resolved.yaml`` is a YAML file: every note (``auto``
+    precision, a model's conversion) goes to stderr."""
+    import yaml
+
+    from forge.cli import main
+
+    for config in ("apps/arith/smollm2.yaml", "apps/sumdigits/cpu.yaml"):
+        assert main(["config", "show", str(REPO / config), "rl.generator.dtype=auto"]) == 0
+        out = capsys.readouterr().out
+        loaded = yaml.safe_load(out)
+        assert isinstance(loaded, dict) and "[forge]" not in out
