@@ -1,15 +1,19 @@
 """The local backend: actor processes on this host, started and watched by this process.
 
-Each process gets three pipes besides stdout/stderr: a *lifeline* it reads until EOF (when
-its parent dies, however it dies, the kernel closes the pipe and the child exits at once,
-taking its own process group with it), a *ready* pipe it writes one line to once it
-listens on its socket, and a pipe holding the session's secret (``FORGE_SESSION_KEY_FD``),
-so that the secret is never in the child's environment, where ``/proc/<pid>/environ`` would
-show it to every process of the user. With ``zygote`` (the local backend's meshes), a process
-whose variables name modules to preload is forked by a zygote that has imported them
-(``controller._zygote``, which also reads ``FORGE_ZYGOTE``); any other is started with
-``subprocess.Popen``. A waiter thread per process reports its death within milliseconds;
-two reader threads forward its output prefixed with ``[mesh rank/size]``.
+Each process gets two pipes and a socket besides stdout/stderr: a *lifeline* it reads until
+EOF (when its parent dies, however it dies, the kernel closes the pipe and the child exits at
+once, taking its own process group with it), a *ready* pipe it writes one line to once it
+listens on its socket, and the socket the session's secret comes over
+(``FORGE_SESSION_KEY_FD``), so that the secret is never in the child's environment, where
+``/proc/<pid>/environ`` would show it to every process of the user. The secret is sent only
+after the child has said it is non-dumpable (``wait_ready``): until then, another process of
+the user could open the child's ``/proc/<pid>/fd/*``, and a pipe opened that way is the same
+pipe, its contents readable (and writable back, unnoticed). A socket cannot be opened that
+way at all. With ``zygote`` (the local backend's meshes), a process whose variables name
+modules to preload is forked by a zygote that has imported them (``controller._zygote``,
+which also reads ``FORGE_ZYGOTE``); any other is started with ``subprocess.Popen``. A
+waiter thread per process reports its death within milliseconds; two reader threads forward
+its output prefixed with ``[mesh rank/size]``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import threading
 from collections.abc import Callable
 
 from controller import _zygote, malloc
-from controller.env_vars import SESSION_KEY, SESSION_KEY_FD
+from controller.env_vars import NOT_DUMPABLE, SESSION_KEY, SESSION_KEY_FD
 from controller.errors import SpawnError, describe_exit
 
 logger = logging.getLogger("controller")
@@ -83,8 +87,11 @@ class LocalProc:
         full_env["FORGE_READY_FD"] = str(ready_w)
         fds = [life_r, ready_w]
         key = full_env.pop(SESSION_KEY, None)
-        if key is not None:  # through a pipe: never in the child's /proc/<pid>/environ
-            fds.append(_key_pipe(key))
+        self._key: tuple[socket.socket, bytes] | None = None
+        if key is not None:  # over a socket: never in the child's /proc/<pid>/environ
+            mine, theirs = socket.socketpair()
+            self._key = (mine, key.encode())
+            fds.append(theirs.detach())
             full_env[SESSION_KEY_FD] = str(fds[-1])
         try:
             named = {"FORGE_LIFELINE_FD": life_r, "FORGE_READY_FD": ready_w}
@@ -100,6 +107,10 @@ class LocalProc:
                 pass_fds=tuple(fds),
                 start_new_session=True,  # Ctrl-C goes to the controller, which stops us cleanly
             )
+        except BaseException:
+            if self._key is not None:
+                self._key[0].close()
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
@@ -146,10 +157,12 @@ class LocalProc:
                 pass
 
     async def wait_ready(self, timeout: float = SPAWN_TIMEOUT_S) -> None:
+        """Hand the child the session's secret once it is non-dumpable, then wait for its
+        ready line (``SpawnError`` if it exits first or takes over ``timeout``)."""
         loop = asyncio.get_running_loop()
         try:
             line = await asyncio.wait_for(
-                loop.run_in_executor(None, _read_line, self._ready_r), timeout
+                loop.run_in_executor(None, self._start_up, timeout), timeout
             )
         except asyncio.TimeoutError:
             raise SpawnError(
@@ -170,20 +183,23 @@ class LocalProc:
         if len(parts) > 1:  # the worker chose its TCP port (Monarch backend): use its address
             self.address = parts[1].decode()
 
+    def _start_up(self, timeout: float) -> bytes:
+        """The secret, sent when the child says ``NOT_DUMPABLE`` (not if it exits first: then
+        nothing), then the child's ready line (``b""`` if it exited)."""
+        if self._key is not None:
+            (sock, key), self._key = self._key, None
+            with sock:
+                sock.settimeout(timeout)
+                try:
+                    if sock.recv(len(NOT_DUMPABLE)) == NOT_DUMPABLE:
+                        sock.sendall(key)
+                except OSError:  # it exited, or took too long: its ready line says which
+                    pass
+        return _read_line(self._ready_r)
+
     def describe(self) -> str:
         state = "alive" if self.returncode is None else describe_exit(self.returncode)
         return f"mesh {self.mesh!r} rank {self.rank} pid {self.pid} ({state})"
-
-
-def _key_pipe(key: str) -> int:
-    """The read end of a pipe that holds ``key`` and then end-of-file (64 hex digits fit a
-    pipe's buffer, so the write never blocks)."""
-    r, w = os.pipe()
-    try:
-        os.write(w, key.encode())
-    finally:
-        os.close(w)
-    return r
 
 
 def _read_line(fd: int) -> bytes:

@@ -26,10 +26,11 @@ process a fresh zygote would have been, and otherwise leaves the meshes to a fre
   started, and merely asking ``torch.cuda.is_available()`` starts it), and the local backend
   is in use (Ray and Monarch start their workers themselves).
 
-The copy closes every inherited descriptor but stdio and its socket (the controller's end
-among them: it must see the controller go), resets signal handlers to an interpreter's
-defaults, takes a session and a process title of its own, and then serves as a fresh zygote
-does (``_zygote.serve``), registered for exactly that environment.
+The copy makes itself non-dumpable (``_zygote.not_dumpable``) at once, closes every inherited
+descriptor but stdio and its socket (the controller's end among them: it must see the
+controller go), resets signal handlers to an interpreter's defaults, takes a session and a
+process title of its own, and then serves as a fresh zygote does (``_zygote.serve``),
+registered for exactly that environment.
 
 On by default (``FORGE_PREFORK=0``: off). It was opt-in for a few hours: the guess demo's
 learning gain fell below its test's bound in 2 of 4 runs with it on. In 11 runs on and off
@@ -186,6 +187,7 @@ class ForkedZygote(_zygote.Zygote):
 def _become_zygote(sock_fd: int, applied: dict[str, str]) -> None:
     """In the forked copy: shed the controller, then serve; never returns."""
     try:
+        _zygote.not_dumpable()  # first: it holds a copy of the controller's memory
         os.setsid()
         os.closerange(3, sock_fd)
         os.closerange(sock_fd + 1, os.sysconf("SC_OPEN_MAX"))

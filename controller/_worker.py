@@ -5,10 +5,11 @@ run as tasks on the event loop, started in arrival order; plain ``def`` endpoint
 one-thread executor per actor (off the loop, in arrival order). Exits when told to, or as soon
 as its parent dies (the lifeline pipe reaches EOF), killing its own process group on the way.
 
-At start-up it reads the session's secret from its pipe and keeps it in memory only, and makes
-itself non-dumpable, so that code it runs for a tool (``forge.envs.sandbox``), or any other
-process of the user, can read the secret neither from ``/proc/<pid>/environ`` nor from its
-memory (docs/security.md).
+At start-up it makes itself non-dumpable, says so on the socket its parent hands the session's
+secret over (``FORGE_SESSION_KEY_FD``), and only then receives the secret, which it keeps in
+memory only: code it runs for a tool (``forge.envs.sandbox``), or any other process of the
+user, can take the secret neither from ``/proc/<pid>/environ``, nor from its memory, nor from
+the descriptor it arrives on, not even while the worker starts (docs/security.md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 import threading
 import traceback
 
-from controller import _context, _wire, env_vars, loops
+from controller import _context, _wire, _zygote, env_vars, loops
 from controller import _serialization as ser
 from controller._runtime import get_runtime
 
@@ -324,22 +325,6 @@ async def _main() -> None:
             pass
 
 
-def _not_dumpable() -> None:
-    """``prctl(PR_SET_DUMPABLE, 0)``: processes of the same user (a sandboxed tool's program)
-    may then neither read this one's ``/proc/<pid>/environ`` or memory nor ptrace it, and
-    the session's secret is in its memory. Root still can. Linux only; elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(4, 0, 0, 0, 0) != 0:  # 4: PR_SET_DUMPABLE
-            logger.warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
-    except (OSError, AttributeError) as e:  # no libc prctl: nothing to do
-        logger.warning("could not make this worker non-dumpable: %s", e)
-
-
 def _set_title() -> None:
     """``ps`` and ``top`` show ``forge-worker <mesh> <rank>/<size> (controller._worker)``; a
     worker forked by a zygote would otherwise show the zygote's command line. The title fits
@@ -355,8 +340,8 @@ def _set_title() -> None:
 
 
 def main() -> None:
+    _zygote.not_dumpable()  # first: the parent hands the secret over only after this
     env_vars.take_session_key()  # before anything can start a child that would inherit it
-    _not_dumpable()
     _set_title()
     for p in reversed(env_vars.sys_path()):
         if p not in sys.path:

@@ -22,7 +22,11 @@ A child is the process ``python -m controller._worker`` would have been:
   any fresh process, and Python's ``random`` reseeds itself at fork), and runs
   ``controller._worker`` as ``__main__``;
 - the zygote never runs a torch op (a fork after OpenMP has started threads is not safe), and
-  has no thread of its own at a fork.
+  has no thread of its own at a fork;
+- the zygote makes itself non-dumpable (``not_dumpable``) before anything else, so a child is
+  non-dumpable from the fork on, and the descriptors the zygote holds for a moment on a
+  child's way (the session's secret comes through one) are closed to other processes of the
+  user.
 
 The zygote reports each child's exit status over its socket. It talks only over a socketpair
 made by the process that started it (nothing listens), exits when that process's end closes,
@@ -247,7 +251,24 @@ def close_all() -> None:
 # -- the zygote process ---------------------------------------------------------------------
 
 
+def not_dumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: other processes of the same user (a sandboxed tool's
+    program) may then neither open this one's ``/proc/<pid>/fd/*``, read its ``environ`` or
+    memory, nor ptrace it; a child it forks inherits that, ``exec`` undoes it. Root (and
+    ``CAP_SYS_PTRACE``) still can. ``OSError`` if the kernel refuses; elsewhere than Linux,
+    a no-op (no ``/proc``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # 4: PR_SET_DUMPABLE
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0) failed: {os.strerror(errno)}")
+
+
 def main() -> None:
+    not_dumpable()  # before it holds anything: each child's descriptors pass through here
     sys.path[0] = os.getcwd()  # as ``python -m`` has it (a script's own folder is first)
     sock = socket.socket(fileno=int(sys.argv[1]))
     _title_setup()

@@ -94,10 +94,12 @@ Variable                  Meaning (who sets it)
                           (``controller._home``; ``ray`` backend).
 ``FORGE_SESSION_KEY``     The session's secret, hex (``controller._runtime``), in the
                           environment a launcher hands ``controller._local``; that one takes it
-                          out and passes it on through a pipe instead.
-``FORGE_SESSION_KEY_FD``  Pipe the worker reads the session's secret (hex) from at start-up,
-                          then closes (``controller._local``): the secret is never in an actor
-                          process's environment, where ``/proc/<pid>/environ`` would show it.
+                          out and passes it on over a socket instead.
+``FORGE_SESSION_KEY_FD``  Socket the worker receives the session's secret (hex) on at
+                          start-up, once it has said it is non-dumpable, then closes
+                          (``controller._local``): the secret is never in an actor process's
+                          environment, where ``/proc/<pid>/environ`` would show it, nor where
+                          another process could take it while the worker starts.
 ``FORGE_SHM_PREFIX``      Name prefix of the session's shared-memory files
                           (``controller._runtime``).
 ========================  ==================================================================
@@ -109,12 +111,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "BACKENDS",
+    "NOT_DUMPABLE",
     "SESSION_DIR",
     "SESSION_KEY",
     "SESSION_KEY_FD",
@@ -147,6 +151,7 @@ BACKENDS = ("local", "ray", "monarch")
 SESSION_DIR = "FORGE_SESSION_DIR"
 SESSION_KEY = "FORGE_SESSION_KEY"
 SESSION_KEY_FD = "FORGE_SESSION_KEY_FD"
+NOT_DUMPABLE = b"N"  # a worker's word on FORGE_SESSION_KEY_FD: it is non-dumpable; send the key
 SHM_PREFIX = "FORGE_SHM_PREFIX"
 HOME = "FORGE_HOME"
 PRELOAD = "FORGE_PRELOAD"  # modules a mesh's processes need: they fork from a zygote (_zygote)
@@ -367,16 +372,19 @@ _taken_key: list[str] = []  # the secret take_session_key() read (at most one)
 
 
 def take_session_key() -> None:
-    """In an actor process, at start-up: read the session's secret from the pipe in
-    ``FORGE_SESSION_KEY_FD`` (or from ``FORGE_SESSION_KEY``), keep it in this process's memory
-    only, and remove both variables from ``os.environ``, so that no process this one starts
-    inherits the secret. ``inherited_session`` returns it from then on."""
+    """In an actor process, at start-up, once it is non-dumpable (``controller._worker``):
+    receive the session's secret on the socket in ``FORGE_SESSION_KEY_FD`` (saying
+    ``NOT_DUMPABLE`` first: the parent sends nothing before) or read ``FORGE_SESSION_KEY``,
+    keep it in this process's memory only, and remove both variables from ``os.environ``, so
+    that no process this one starts inherits the secret. ``inherited_session`` returns it from
+    then on."""
     fd = os.environ.pop(SESSION_KEY_FD, None)
     key = os.environ.pop(SESSION_KEY, None)
     if fd is not None:
         chunks = []
-        with os.fdopen(int(fd), "rb") as pipe:
-            while chunk := pipe.read():
+        with socket.socket(fileno=int(fd)) as sock:
+            sock.sendall(NOT_DUMPABLE)
+            while chunk := sock.recv(4096):
                 chunks.append(chunk)
         key = b"".join(chunks).decode().strip()
     if key:

@@ -1,7 +1,7 @@
 """The sandbox's supervisor: run as a script, standard library only (``forge.envs.sandbox``).
 
     python -I -S _sandbox_boot.py <address space> <cpu s> <file size> <processes> <status fd>
-        <namespace: 1 or 0> -- <argv>
+        <namespace: 1 or 0> <parent pid> <wall-clock s> <temporary dir>... -- <argv>
 
 It sets the resource limits (they survive ``fork`` and ``exec``), then:
 
@@ -13,10 +13,16 @@ It sets the resource limits (they survive ``fork`` and ``exec``), then:
 2. either way, becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``), so that every orphaned
    descendant is re-parented to it rather than to init; then forks and execs ``argv``;
 3. waits for that child, and then kills (``SIGKILL``) every process still below it, again and
-   again until none is left; on ``SIGTERM`` (the caller's timeout) it does the same at once.
+   again until none is left. It does the same at once when the wall-clock limit passes (its
+   own timer: the limit holds whatever becomes of the caller), on ``SIGTERM`` (the caller's
+   own bound, should the supervisor be late), and when its parent dies (``SIGTERM`` again, by
+   ``PR_SET_PDEATHSIG``: an actor SIGKILLed mid-call); in that last case it also removes the
+   temporary directories the caller would have removed. The program it starts dies with it
+   (``PR_SET_PDEATHSIG``, ``SIGKILL``), so a supervisor killed outright still takes the
+   namespace's process 1, and with it the namespace, along.
 
 It writes the program's ending to the status pipe: its exit code, or minus the signal that
-killed it (``-9`` when killed at the caller's timeout).
+killed it (``-9`` when killed at the timeout), and whether the timeout ended it (``1``/``0``).
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import shutil
 import signal
 import sys
 import time
 
 CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 REAP_ROUNDS_S = 5.0  # the kill loop's bound (a fork bomb held by RLIMIT_NPROC ends sooner)
 
 
@@ -124,8 +132,9 @@ def _enter_namespace(libc) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    mem, cpu, fsize, nproc, status_fd, namespace = (int(a) for a in argv[:6])
-    program = argv[7:]  # argv[6] == "--"
+    end = argv.index("--")
+    mem, cpu, fsize, nproc, status_fd, namespace, parent = (int(a) for a in argv[:7])
+    wall_s, temp_dirs, program = float(argv[7]), argv[8:end], argv[end + 1 :]
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -137,30 +146,47 @@ def main(argv: list[str]) -> None:
         _enter_namespace(libc)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
-    def on_term(*_):  # the caller's timeout: the program ends as if SIGKILLed
+    def finish(code: int, timed_out: bool) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM})
         kill_tree()
-        _report(status_fd, -signal.SIGKILL)
+        if os.getppid() != parent:  # the caller died: nobody else will remove them
+            for d in temp_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        _report(status_fd, code, timed_out)
 
-    signal.signal(signal.SIGTERM, on_term)
+    def stop(*_):  # the timeout, the caller's bound or its death: the program ends as SIGKILLed
+        finish(-signal.SIGKILL, True)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGALRM, stop)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the line above
+        stop()
+    me = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(status_fd)
-            os.execv(program[0], program)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() in (me, 0):  # 0: process 1 of its namespace, whose parent is outside
+                os.execv(program[0], program)
         finally:
             os._exit(127)
+    signal.setitimer(signal.ITIMER_REAL, wall_s)  # (a child does not inherit a timer)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
         except InterruptedError:
             continue
-    kill_tree()
-    _report(status_fd, -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    finish(-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status), False)
 
 
-def _report(fd: int, code: int) -> None:
-    os.write(fd, f"{code}\n".encode())
+def _report(fd: int, code: int, timed_out: bool) -> None:
+    try:
+        os.write(fd, f"{code} {int(timed_out)}\n".encode())
+    except OSError:  # the caller is gone
+        pass
     os._exit(0)
 
 

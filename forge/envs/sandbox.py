@@ -11,20 +11,25 @@ unless ``allow_site_packages``) with:
   user already runs (``RLIMIT_NPROC``, which Linux counts in threads of all the user's
   processes: the limit is their number at the start plus ``max_procs``; a fork bomb stops
   there; root is exempt);
-- its whole process tree killed (``SIGKILL``) at the wall-clock timeout and when it exits.
+- its whole process tree killed (``SIGKILL``) at the wall-clock timeout and when it exits,
+  and also when the process that called ``run_python`` dies (an actor SIGKILLed mid-call),
+  the temporary directories then removed as well.
 
 A small supervisor (``_sandbox_boot.py``, run by the same isolated interpreter) sets the
 limits, then starts the program in a new user and PID namespace where the kernel allows one
 (the program is process 1 there: when it ends, the kernel kills every process in the
 namespace, ``setsid`` or not, and none can signal a process outside it). Where it does not,
 the supervisor is a child subreaper, so orphaned descendants come back to it and it kills
-them all; a program that kills its supervisor first can then escape. The supervisor is not
+them all; a program that kills its supervisor first can then escape. The supervisor keeps the
+wall-clock limit itself and dies with its caller (``PR_SET_PDEATHSIG``), so neither depends on
+the caller living on; ``run_python``'s own wait is only a backstop. The supervisor is not
 set up with ``subprocess``'s ``preexec_fn``: CPython documents that as unsafe in a
 multi-threaded parent, and actors are multi-threaded.
 
-The session's secret is not reachable from here: actor processes receive it through a pipe,
-never in their environment, and are not dumpable, so a program running as the same user can
-read neither their ``/proc/<pid>/environ`` nor their memory (``controller._worker``).
+The session's secret is not reachable from here: actor processes receive it over a socket,
+only once they are non-dumpable, never in their environment, so a program running as the same
+user can take it neither from their ``/proc/<pid>/environ`` or ``/proc/<pid>/fd`` nor from
+their memory (``controller._worker``).
 
 This is a resource sandbox, not a security boundary: the code runs as the same user and can
 read and write what that user can (files, other processes of the user that are dumpable).
@@ -50,6 +55,7 @@ OUTPUT_FILE_LIMIT = 8 * 1024 * 1024  # bytes a sandboxed program may write to an
 
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
 KILL_GRACE_S = 6.0  # the supervisor's own kill loop is bounded by 5 s
+LATE_S = 1.0  # past the timeout, a supervisor that has not ended is told to (SIGTERM)
 # Try a user + PID namespace (tests turn it off to try the subreaper-only path).
 USE_NAMESPACES = True
 
@@ -127,8 +133,9 @@ def run_python(
         limits = [memory_mb * 1024 * 1024, int(timeout_s) + 1, OUTPUT_FILE_LIMIT, max_procs]
         program = [sys.executable, *flags, "main.py"]
         status_r, status_w = os.pipe()  # the supervisor writes the program's ending here
-        limits += [status_w, int(USE_NAMESPACES)]
-        argv = [sys.executable, "-I", "-S", _BOOT, *map(str, limits), "--", *program]
+        limits += [status_w, int(USE_NAMESPACES), os.getpid(), timeout_s]
+        argv = [sys.executable, "-I", "-S", _BOOT, *map(str, limits), workdir, outdir, "--",
+                *program]  # fmt: skip
         out_path, err_path = os.path.join(outdir, "stdout"), os.path.join(outdir, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
@@ -156,14 +163,14 @@ def run_python(
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, status) -> tuple[bool, int]:
-    """Wait up to ``timeout_s``, then have the supervisor kill the program's whole tree, and
-    kill the supervisor's process group too. Returns (timed out, the program's exit code:
-    negative for the signal that killed it, e.g. -9 at the timeout)."""
-    timed_out = False
+    """Wait for the supervisor, which ends the program at ``timeout_s`` itself; should it be
+    late, tell it to (``SIGTERM``), then kill its process group. Returns (timed out, the
+    program's exit code: negative for the signal that killed it, e.g. -9 at the timeout)."""
+    late = False
     try:
-        proc.wait(timeout=timeout_s)
+        proc.wait(timeout=timeout_s + LATE_S)
     except subprocess.TimeoutExpired:
-        timed_out = True
+        late = True
         proc.send_signal(signal.SIGTERM)  # the supervisor kills the tree and exits
         try:
             proc.wait(timeout=KILL_GRACE_S)
@@ -174,10 +181,10 @@ def _wait(proc: subprocess.Popen, timeout_s: float, status) -> tuple[bool, int]:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-    reported = status.read().decode().strip()  # nothing if the supervisor was killed
+    reported = status.read().decode().split()  # nothing if the supervisor was killed
     if reported:
-        return timed_out, int(reported)
-    return timed_out, -signal.SIGKILL
+        return late or reported[1] == "1", int(reported[0])
+    return late, -signal.SIGKILL
 
 
 def python_tool(

@@ -1,8 +1,11 @@
 """Data parallelism for the trainer: process group, DDP / FSDP2 wrapping, full state dicts.
 
 The actor runtime sets ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
-in each process of a mesh, so ``init_distributed`` only picks the backend: gloo on CPU, NCCL
-on GPU. With one process nothing is initialised and the model is used as is.
+in each process of a mesh; ``init_distributed`` picks the backend (gloo on CPU, NCCL on GPU)
+and forms the group's rendezvous store itself: rank 0 hosts it listening on ``MASTER_ADDR``
+only (the loopback on one host), where torch's ``env://`` store would listen on every
+interface; the store has no authentication (docs/security.md). With one process nothing is
+initialised and the model is used as is.
 
 ``ddp`` replicates the model and all-reduces (averages) gradients. ``fsdp`` is FSDP2
 (``torch.distributed.fsdp.fully_shard``): each decoder layer, then the root, is sharded, so
@@ -14,6 +17,8 @@ collective: every rank must call it) onto rank 0's CPU.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -40,12 +45,24 @@ def rank_and_world() -> tuple[int, int]:
 def init_distributed(world_size: int, device: str) -> None:
     """Join the default process group when ``world_size > 1`` (idempotent).
 
-    Reads the rendezvous from the environment (set by the actor runtime or ``torchrun``).
+    Reads the rendezvous (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``) from the environment
+    (set by the actor runtime), as torch's ``env://`` does, but rank 0's store listens on
+    ``MASTER_ADDR`` alone.
     """
     if world_size <= 1 or dist.is_initialized():
         return
+    from torch.distributed.constants import default_pg_timeout
+
+    from forge.weights.group import bound_store
+
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend)
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        store = bound_store(host, port, default_pg_timeout)
+    else:
+        store = dist.TCPStore(host, port, world_size, False, default_pg_timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -119,20 +119,22 @@ class GroupHost:
         dist.PrefixStore(key_prefix(group_id), self.store).set(ABORT_KEY, "1")
 
 
-def bound_store(host: str) -> dist.TCPStore:
-    """A ``TCPStore`` server listening on ``host`` only. torch's own binds every interface
-    whatever host it is given, so the socket is made here, bound and listening, and handed
-    over (``master_listen_fd``; the store's libuv loop owns and closes it)."""
+def bound_store(
+    host: str, port: int = 0, timeout: timedelta = timedelta(seconds=JOIN_TIMEOUT_S)
+) -> dist.TCPStore:
+    """A ``TCPStore`` server listening on ``host`` only (at ``port``; 0: one the OS picks).
+    torch's own binds every interface whatever host it is given, so the socket is made here,
+    bound and listening, and handed over (``master_listen_fd``; the store's libuv loop owns
+    and closes it). Also the trainer's own store (``forge.training.parallel``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, 0))
+        sock.bind((host, port))
         sock.listen(128)
         port = sock.getsockname()[1]
-        store = dist.TCPStore(host, port, None, True, timedelta(seconds=JOIN_TIMEOUT_S),
-                              wait_for_workers=False, master_listen_fd=sock.fileno(),
-                              use_libuv=True)  # fmt: skip
+        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False,
+                              master_listen_fd=sock.fileno(), use_libuv=True)  # fmt: skip
     except BaseException:
         sock.close()
         raise

@@ -1,12 +1,15 @@
 """Model-written code in the tool sandbox tries to leave it: read the session's secret from
-its parent actor, outlive ``run_python`` with ``setsid`` and a double fork, and fork-bomb.
+its parent actor, outlive ``run_python`` with ``setsid`` and a double fork (or its actor, when
+that is SIGKILLed), and fork-bomb.
 Real processes; each case asserts the secret is not shown and no process is left behind, with
 the PID namespace (where the host allows one) and without it (the subreaper alone)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
+import signal
 import textwrap
 import time
 
@@ -14,8 +17,9 @@ import pytest
 
 import forge.envs.sandbox as sandbox
 from controller._runtime import get_runtime
+from controller.errors import ActorDiedError
 from forge.envs import run_python
-from tests.helpers import pid_alive
+from tests.helpers import pid_alive, wait_dead
 from tests.integration.hostile.sandbox_actors import SandboxHost
 
 
@@ -90,6 +94,58 @@ def test_setsid_escape_is_killed_at_the_timeout(tmp_path, mode):
     assert r.timed_out and r.exit_code == -9
     time.sleep(2.0)
     assert not marker.exists()
+
+
+LINGER = """
+import os, time
+if os.fork() == 0:
+    os.setsid()                     # its own session, and re-parented when its parent exits
+    if os.fork() == 0:
+        open({marker!r}, "a").write("grandchild\\n")
+        time.sleep(120)
+    os._exit(0)
+open({marker!r}, "a").write(os.getcwd() + "\\n")
+time.sleep(120)
+"""
+
+
+def _cwd_in(path: str) -> list[int]:
+    """Every process whose working directory is ``path``."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == path:
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+async def test_a_sigkilled_actors_sandboxed_program_ends_and_its_temp_dirs_go(tmp_path, mode):
+    """The actor that called run_python dies mid-call (SIGKILL: no finally runs in it): the
+    supervisor, the program and a setsid grandchild are gone within seconds, well before the
+    program's 60 s limit, and so are the temporary directories."""
+    tmp, marker = tmp_path / "tmp", tmp_path / "started"
+    tmp.mkdir()
+    host = await SandboxHost.options(env_vars={"TMPDIR": str(tmp)}).as_actor()
+    code = LINGER.format(marker=str(marker))
+    call = asyncio.ensure_future(host.run.call_one(code, 60.0, mode == "namespace"))
+    deadline = time.monotonic() + 30
+    while len(marker.read_text().split() if marker.exists() else []) < 2:
+        assert time.monotonic() < deadline and not call.done(), "the program did not start"
+        await asyncio.sleep(0.05)
+    workdir = next(line for line in marker.read_text().split() if line != "grandchild")
+    tree = _cwd_in(workdir)  # the supervisor, the program, its grandchild
+    assert len(tree) >= 3, tree
+    assert len(os.listdir(tmp)) == 2  # the working directory and the output's
+    os.kill(host.pids[0], signal.SIGKILL)
+    with pytest.raises(ActorDiedError):
+        await call
+    assert wait_dead(tree, 5.0) == [], f"the sandbox outlived its actor ({mode})"
+    deadline = time.monotonic() + 5
+    while os.listdir(tmp) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert os.listdir(tmp) == [], "the sandbox's temporary directories were left"
 
 
 FORK_BOMB = """
