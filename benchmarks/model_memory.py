@@ -2,6 +2,7 @@
 
     python -m benchmarks.model_memory [--models smollm2-135m-instruct gemma3-270m]
                                       [--new-tokens 16 128] [--rows 64] [--group 8]
+                                      [--roles generator trainer]
 
 Each measurement runs in a fresh process (its peak resident set, ``ru_maxrss``, is the
 role's): the **generator** loads the model at the precision ``auto`` picks here and samples
@@ -78,6 +79,7 @@ def main() -> None:
     p.add_argument("--new-tokens", nargs="+", type=int, default=[16, 128])
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--group", type=int, default=8)
+    p.add_argument("--roles", nargs="+", default=["generator", "trainer"])
     p.add_argument("--one", nargs=3, metavar=("ROLE", "MODEL", "NEW"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:  # a child: one measurement, as JSON on the last line
@@ -91,7 +93,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for model in args.models:
         for new in args.new_tokens:
-            for role in ("generator", "trainer"):
+            for role in args.roles:
                 cmd = [
                     sys.executable,
                     "-m",
