@@ -3,7 +3,7 @@ student's sampled tokens in one prefill (``forge.training.teacher_policy``).
 
 A service like the reference model, whose actor it extends (loading, precision, restarts,
 ``update_weights``, ``on_recover`` are the ``ReferenceModel``'s); the rollout side calls it
-once per scored group (``forge.rollout.distill.Distiller``)::
+once per scored group (``forge.rollout.distiller.Distiller``)::
 
     teacher = await Teacher.options(num_replicas=2).as_service(cfg.teacher_service)
     scores = await teacher.score.route(group, prompts)    # prompts: None, or privileged ones

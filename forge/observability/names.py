@@ -19,7 +19,7 @@ class M:
     REWARD = "rollout/reward"  # the scalar reward; ``rollout/reward/<component>`` per component
     ZERO_VARIANCE_GROUPS = "rollout/zero_variance_groups"
     CARRIED_OVER_GROUPS = "rollout/carried_over_groups"
-    # on-policy distillation (forge.rollout.distill)
+    # on-policy distillation (forge.rollout.distiller)
     TEACHER_KL = "rollout/teacher_kl"  # log p_student - log p_teacher, per sampled token
     TEACHER_ENTROPY = "rollout/teacher_entropy"  # the teacher's entropy at sampled tokens
     DISTILL_SHARE = "rollout/distill_share"  # |distillation advantage| / |whole advantage|

@@ -162,7 +162,7 @@ class GroupScorer:
     (a ``DatasetActor``), ``generator`` and ``rewards`` (services; ``rewards`` may be
     ``None`` when an environment gives every reward), and optionally a ``reference`` model
     service (logprobs for the KL term), a learned ``reward_model`` service (one more
-    reward component) and a ``distill`` (``forge.rollout.distill.Distiller``: a teacher's
+    reward component) and a ``distill`` (``forge.rollout.distiller.Distiller``: a teacher's
     per-token advantages). ``log``: a ``MetricLog`` (per-step reward means)."""
 
     def __init__(

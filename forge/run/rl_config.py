@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from forge.models.reward_classifier import RewardModelConfig
 from forge.plugins import PluginSpec
-from forge.rollout.distill import TeacherConfig
+from forge.rollout.distiller import TeacherConfig
 from forge.rollout.episodes import EnvConfig
 from forge.rollout.scoring import RolloutConfig, check_rollout_overrides, per_episode, per_member
 from forge.run.gae_critic import check_ppo
@@ -36,7 +36,7 @@ from forge.run.run_config import (
     seed_defaults,
 )
 from forge.run.supervise import check_restarts
-from forge.run.teacher import check_teacher, teacher_reference
+from forge.run.teacher_checks import check_teacher, teacher_reference
 from forge.training.phases import PhaseConfig, resolve_phases, validate_phases
 from forge.training.trainer_config import ReferenceConfig, check_gspo, check_tis
 from forge.training.value_model import CriticConfig

@@ -6,7 +6,7 @@ distribution there, from one prefill of ``prompt + response`` per row (no sampli
 grad). ``prompts`` (optional, one per episode) are privileged prompts only the teacher sees:
 text or chat messages, encoded by the rule every generator follows
 (``forge.generation.prompts.encode_prompt``) with the teacher's tokenizer, which the run
-checked equals the student's at load (``forge.run.teacher.check_tokenizers``); without them
+checked equals the student's at load (``forge.run.teacher_checks.check_tokenizers``); without them
 the teacher reads the student's own prompt ids.
 
 It is a :class:`~forge.training.reference_policy.ReferenceCore` (same loading, precision,

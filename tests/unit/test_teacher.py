@@ -15,7 +15,7 @@ import torch
 from forge.config import config_from_dict, load_config
 from forge.models import make_tiny_model
 from forge.observability.names import M
-from forge.rollout.distill import (
+from forge.rollout.distiller import (
     Distiller,
     TeacherConfig,
     add_distillation,

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from forge.plugins import Spec
-from forge.rollout.distill import GROUP_FIELDS, privileged_prompt, template_fields
+from forge.rollout.distiller import GROUP_FIELDS, privileged_prompt, template_fields
 from forge.training.trainer_config import ReferenceConfig
 
 __all__ = ["check_prompt_fields", "check_teacher", "check_tokenizers", "teacher_reference"]
