@@ -252,11 +252,15 @@ def token_logprobs(
             head, hidden_btd.reshape(b * t, d), targets_bt.reshape(b * t), temp, elements
         ).view(b, t)
     lp_bt = torch.cat([lp_bt.new_zeros(lp_bt.shape[0], 1), lp_bt], dim=1)
-    # A token's logprob only means something if it and its predecessor are real tokens.
+    return _only_scored(lp_bt, attention_mask_bt)
+
+
+def _only_scored(x_bt: torch.Tensor, attention_mask_bt: torch.Tensor) -> torch.Tensor:
+    """``x_bt`` where a token has a logprob (it and its predecessor are real tokens), else 0."""
     valid_bt = attention_mask_bt.bool().clone()
     valid_bt[:, 1:] &= attention_mask_bt[:, :-1].bool()
     valid_bt[:, 0] = False
-    return torch.where(valid_bt, lp_bt, torch.zeros_like(lp_bt))
+    return torch.where(valid_bt, x_bt, torch.zeros_like(x_bt))
 
 
 @torch.no_grad()
@@ -301,14 +305,11 @@ def token_logprobs_entropy(
         logp_nv = torch.log_softmax(logits(rows).float() / temp, dim=-1)
         lps.append(logp_nv.gather(-1, targets_n[rows].unsqueeze(-1)).squeeze(-1))
         ents.append(-(logp_nv.exp() * logp_nv).sum(-1))
-    valid_bt = attention_mask_bt.bool().clone()
-    valid_bt[:, 1:] &= attention_mask_bt[:, :-1].bool()
-    valid_bt[:, 0] = False
     out = []
     for pieces in (lps, ents):
         x_bt = torch.cat(pieces).view(input_ids_bt.shape[0], -1)
         x_bt = torch.cat([x_bt.new_zeros(x_bt.shape[0], 1), x_bt], dim=1)
-        out.append(torch.where(valid_bt, x_bt, torch.zeros_like(x_bt)))
+        out.append(_only_scored(x_bt, attention_mask_bt))
     return out[0], out[1]
 
 
