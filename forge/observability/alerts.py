@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from forge.observability.names import M
 
-__all__ = ["RewardAlerts"]
+__all__ = ["RewardAlerts", "TruncationAlerts"]
 
 
 class RewardAlerts:
@@ -80,3 +80,35 @@ def _show(samples: Sequence[Mapping], n: int = 2, chars: int = 120) -> str:
             "`forge models check MODEL` shows it?)"
         )
     return "\n" + "\n".join(lines)
+
+
+class TruncationAlerts:
+    """Steps where at least ``share`` of the completions ended at ``max_tokens``: an answer
+    cut off before it ends (a base model writing on past its answer, an equation before the
+    number) is scored as written, so the reward judges fragments. Warns at the first such
+    step, every ``every`` steps while it lasts, and when it ends."""
+
+    def __init__(self, share: float = 0.5, every: int = 10) -> None:
+        self.share, self.every = share, every
+        self.since: int | None = None
+
+    def check(self, step: int, truncated: Sequence[float]) -> str | None:
+        """``truncated``: the step's per-completion flags (``rollout/truncated``)."""
+        if not truncated:
+            return None
+        frac = sum(truncated) / len(truncated)
+        if frac < self.share:
+            if self.since is None:
+                return None
+            since, self.since = self.since, None
+            return f"completions end before max_tokens again at step {step} (since {since})"
+        if self.since is None:
+            self.since = step
+        elif (step - self.since) % self.every:
+            return None
+        return (
+            f"{frac:.0%} of step {step}'s completions ended at rollout.max_tokens (since step "
+            f"{self.since}): the reward scores cut-off answers. Raise rollout.max_tokens (and "
+            "eval.max_tokens), or end answers with a stop string (generator.sampling.stop); "
+            "`forge episodes <run_dir>` shows them"
+        )

@@ -19,6 +19,7 @@ class M:
     REWARD = "rollout/reward"  # the scalar reward; ``rollout/reward/<component>`` per component
     ZERO_VARIANCE_GROUPS = "rollout/zero_variance_groups"
     CARRIED_OVER_GROUPS = "rollout/carried_over_groups"
+    TRUNCATED = "rollout/truncated"  # completions that ended at max_tokens (finish "length")
     # on-policy distillation (forge.rollout.distiller)
     TEACHER_KL = "rollout/teacher_kl"  # log p_student - log p_teacher, per sampled token
     TEACHER_ENTROPY = "rollout/teacher_entropy"  # the teacher's entropy at sampled tokens

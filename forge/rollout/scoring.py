@@ -229,6 +229,7 @@ class GroupScorer:
             for comp, s in zip(components, scored):
                 comp.update(s.components)
         lengths = [len(x.token_ids) for x in completions]
+        self.log.add(M.TRUNCATED, [float(x.stop_reason == "length") for x in completions])
         totals = [0.0] * len(completions)  # pure distillation (a teacher, no reward): 0
         if sources:
             totals = score_totals(self.aggregate, components, lengths, c)

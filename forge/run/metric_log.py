@@ -23,7 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forge.observability import build_backends, get_collector, merge_states
-from forge.observability.alerts import RewardAlerts
+from forge.observability.alerts import RewardAlerts, TruncationAlerts
 from forge.observability.episode_log import EpisodeSamples
 from forge.observability.names import M
 from forge.observability.status import StepStatus
@@ -45,6 +45,7 @@ class MetricLog:
         self._remote: list[dict] = []
         self._t = time.perf_counter()
         self.alerts = RewardAlerts()
+        self.truncation = TruncationAlerts()
 
     def merge(self, states: list[dict]) -> None:
         """Metric states flushed by actor processes (reduced with the local ones at step)."""
@@ -92,8 +93,11 @@ class MetricLog:
             pending = {k: v for k, v in pending.items() if not k.startswith(prefix)} | before
             self._cut = None
         rewards = {k: v for k, v in pending.items() if k.startswith(M.REWARD)}
-        alert = self.alerts.check(step, rewards, self.episodes.pending())
-        if alert is not None:  # printed above the progress bar, and shown by forge top
+        alerts = [
+            self.alerts.check(step, rewards, self.episodes.pending()),
+            self.truncation.check(step, pending.get(M.TRUNCATED, [])),
+        ]
+        for alert in filter(None, alerts):  # printed above the progress bar, shown by forge top
             tqdm.write(f"[warning] {alert}", file=sys.stdout)
             self.status.alert(step, alert)
         for key, values in pending.items():

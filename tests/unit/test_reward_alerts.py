@@ -59,3 +59,24 @@ def test_the_warning_shows_two_responses_and_the_prompts_first_token_ids(tmp_pat
     assert "response: 'the answer is the answer'" in out and "third" not in out
     assert "prompt starts: 'Question: What is 3 plus 5?\\nAnswer:'" in out
     assert "prompt's first token ids: [9259, 1902, 603]" in out
+
+
+def test_steps_whose_completions_hit_max_tokens_warn_repeat_and_clear():
+    from forge.observability.alerts import TruncationAlerts
+
+    a = TruncationAlerts(share=0.5, every=3)
+    assert a.check(1, [1.0, 0.0, 0.0]) is None  # a third: no warning
+    first = a.check(2, [1.0, 1.0, 0.0, 1.0])
+    assert first and "75% of step 2's completions ended at rollout.max_tokens" in first
+    assert a.check(3, [1.0]) is None and a.check(4, [1.0]) is None  # not every step
+    assert "since step 2" in a.check(5, [1.0])
+    assert "again at step 6 (since 2)" in a.check(6, [0.0, 0.0])
+    assert a.check(7, []) is None
+
+
+def test_metric_log_warns_when_most_completions_are_truncated(tmp_path, capsys):
+    log = MetricLog(tmp_path, ["jsonl"], steps=1)
+    log.add(M.REWARD, [1.0, 0.0])
+    log.add(M.TRUNCATED, [1.0, 1.0])
+    log.step(1, {})
+    assert "100% of step 1's completions ended at rollout.max_tokens" in capsys.readouterr().out
