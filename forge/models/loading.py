@@ -94,6 +94,21 @@ def check_architecture(path_or_id: str) -> None:
         )
 
 
+def check_tokenizer(path_or_id: str) -> None:
+    """``ValueError`` when a local model directory's tokenizer has a BOS or EOS id that its
+    ``config.json`` does not (``forge.models.check.check_special_ids``); raised when the config
+    loads. Directories without both files, hub ids and other hosts' paths are left alone."""
+    path = Path(path_or_id).expanduser()
+    if not (path / "config.json").is_file() or not (path / "tokenizer_config.json").is_file():
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    from forge.models.check import check_special_ids
+
+    config = AutoConfig.from_pretrained(path)
+    check_special_ids(config, AutoTokenizer.from_pretrained(path), str(path))
+
+
 def load_model(
     path_or_id: str | os.PathLike,
     dtype: Any = "float32",

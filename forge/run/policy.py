@@ -60,10 +60,11 @@ def policy_defaults(data: dict[str, Any], roles: tuple[str, ...]) -> dict[str, A
     model, temperature = policy["model"], policy.get("temperature", 1.0)
     if isinstance(model, str):  # a GGUF file or shipped model: its converted directory
         from forge.models.gguf import resolve_model
-        from forge.models.loading import check_architecture
+        from forge.models.loading import check_architecture, check_tokenizer
 
         model = resolve_model(model)
         check_architecture(model)
+        check_tokenizer(model)
     out = {**data, "policy": {**policy, "model": model}}
     for role in roles:
         section = out.get(role)

@@ -65,3 +65,21 @@ def test_an_architecture_transformers_does_not_know_is_refused_at_load(tmp_path)
     )
     with pytest.raises(ValueError, match="model_type 'no_such_family' is unknown to transformers"):
         load_config(path, schema=RLConfig)
+
+
+def test_a_tokenizer_whose_eos_disagrees_with_the_config_is_refused_at_load(tmp_path):
+    import json
+
+    from forge.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["eos_token_id"] = [7]  # the tokenizer's EOS is 1
+    (model / "config.json").write_text(json.dumps(config))
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"policy: {{model: {model}}}\n"
+        "data: {fn: apps.arith.task:Addition}\nrewards: [apps.arith.task:correct]\n"
+    )
+    with pytest.raises(ValueError, match=r"eos id is 1 but the model's config says \[7\]"):
+        load_config(path, schema=RLConfig)
