@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from forge.models.loading import check_special_ids
+
 __all__ = ["VERIFIED", "BatchShape", "check_model", "check_special_ids", "format_report"]
 
 # model_type -> the tiny preset whose tests cover it (tests/unit/test_model_families.py).
@@ -37,23 +39,6 @@ class BatchShape:
     rows: int = 64
     prompt_tokens: int = 64
     new_tokens: int = 16
-
-
-def check_special_ids(config: Any, tokenizer: Any, where: str) -> None:
-    """``ValueError`` when the tokenizer's BOS or EOS id is not the model config's (a
-    tokenizer saved with another model, or a conversion that renumbered it)."""
-    text = getattr(config, "get_text_config", lambda: config)()
-    eos = getattr(text, "eos_token_id", None)
-    eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos} - {None}
-    checks = [("bos_token_id", {getattr(text, "bos_token_id", None)} - {None}), ("eos", eos_ids)]
-    for name, want in checks:
-        got = getattr(tokenizer, "bos_token_id" if name == "bos_token_id" else "eos_token_id")
-        if want and got is not None and got not in want:
-            raise ValueError(
-                f"{where}: the tokenizer's {name.replace('_token_id', '')} id is {got} but the "
-                f"model's config says {sorted(want)}: the tokenizer belongs to another model or "
-                "was renumbered; save the model's own tokenizer beside it"
-            )
 
 
 def _specials(tokenizer) -> dict[str, Any]:

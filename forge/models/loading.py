@@ -96,14 +96,12 @@ def check_architecture(path_or_id: str) -> None:
 
 def check_tokenizer(path_or_id: str) -> None:
     """``ValueError`` when a local model directory's tokenizer has a BOS or EOS id that its
-    ``config.json`` does not (``forge.models.check.check_special_ids``); raised when the config
+    ``config.json`` does not (``check_special_ids``); raised when the config
     loads. Directories without both files, hub ids and other hosts' paths are left alone."""
     path = Path(path_or_id).expanduser()
     if not (path / "config.json").is_file() or not (path / "tokenizer_config.json").is_file():
         return
     from transformers import AutoConfig, AutoTokenizer
-
-    from forge.models.check import check_special_ids
 
     config = AutoConfig.from_pretrained(path)
     check_special_ids(config, AutoTokenizer.from_pretrained(path), str(path))
@@ -155,3 +153,20 @@ def load_tokenizer(path_or_id: str | os.PathLike):
         # Batched generation and padding need a pad id; eos is the usual stand-in.
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_special_ids(config: Any, tokenizer: Any, where: str) -> None:
+    """``ValueError`` when the tokenizer's BOS or EOS id is not the model config's (a
+    tokenizer saved with another model, or a conversion that renumbered it)."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    eos = getattr(text, "eos_token_id", None)
+    eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos} - {None}
+    checks = [("bos_token_id", {getattr(text, "bos_token_id", None)} - {None}), ("eos", eos_ids)]
+    for name, want in checks:
+        got = getattr(tokenizer, "bos_token_id" if name == "bos_token_id" else "eos_token_id")
+        if want and got is not None and got not in want:
+            raise ValueError(
+                f"{where}: the tokenizer's {name.replace('_token_id', '')} id is {got} but the "
+                f"model's config says {sorted(want)}: the tokenizer belongs to another model or "
+                "was renumbered; save the model's own tokenizer beside it"
+            )
