@@ -51,13 +51,19 @@ def run_variant(name: str, args, root: Path) -> dict:
     config, overrides = VARIANTS[name]
     run_dir = root / name
     cmd = [
-        sys.executable, "-m", "forge.cli", "run",
-        "--config", str(REPO / "apps" / "sumdigits" / f"{config}.yaml"),
-        "--run-dir", str(run_dir),
-        f"sft.steps={args.sft_steps}", f"rl.steps={args.grpo_steps}",
+        sys.executable,
+        "-m",
+        "forge.cli",
+        "run",
+        "--config",
+        str(REPO / "apps" / "sumdigits" / f"{config}.yaml"),
+        "--run-dir",
+        str(run_dir),
+        f"sft.steps={args.sft_steps}",
+        f"rl.steps={args.grpo_steps}",
         f"rl.trainer.schedule.total_steps={args.grpo_steps}",
         *overrides,
-    ]  # fmt: skip
+    ]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=dict(os.environ))
     minutes = (time.perf_counter() - t0) / 60

@@ -32,11 +32,26 @@ def one_run(backend: str, steps: int) -> tuple[float, float]:
         env.pop("RAY_ADDRESS", None)
         t0 = time.monotonic()
         out = subprocess.run(
-            [sys.executable, "-m", "forge.cli", "run", "--config", "apps/sumdigits/cpu.yaml",
-             "--run-dir", f"{tmp}/run", "sft.steps=20", f"rl.steps={steps}",
-             "rl.eval.every=0", "rl.eval.at_start=false"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "forge.cli",
+                "run",
+                "--config",
+                "apps/sumdigits/cpu.yaml",
+                "--run-dir",
+                f"{tmp}/run",
+                "sft.steps=20",
+                f"rl.steps={steps}",
+                "rl.eval.every=0",
+                "rl.eval.at_start=false",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         wall = time.monotonic() - t0
         if out.returncode != 0:
             raise RuntimeError(f"{backend} run failed:\n{out.stderr[-3000:]}")
@@ -58,8 +73,10 @@ def main() -> None:
             print(f"run {i + 1} {backend:5s}  median s/step {s:.3f}  wall {wall:.1f} s", flush=True)
     med = {b: statistics.median(s for s, _ in r) for b, r in res.items()}
     for b, r in res.items():
-        print(f"{b:5s}  median s/step {med[b]:.3f}  (runs {' '.join(f'{s:.3f}' for s, _ in r)}), "
-              f"median wall {statistics.median(w for _, w in r):.1f} s")  # fmt: skip
+        print(
+            f"{b:5s}  median s/step {med[b]:.3f}  (runs {' '.join(f'{s:.3f}' for s, _ in r)}), "
+            f"median wall {statistics.median(w for _, w in r):.1f} s"
+        )
     print(f"ray_vs_local={med['ray'] / med['local']:.2f}")
 
 

@@ -232,9 +232,10 @@ def report(out: dict, run_dir: Path, minutes: float, load: tuple) -> str:
     print(f"steps done: {max(steps) if steps else 0}")
     acc, sft = result["last"], result["first"]
     print(f"held-out accuracy: {sft:.3f} after SFT -> {acc:.3f} (target >= 0.90)")
-    print(f"kills: {len(killer.kills)}  " + ", ".join(
-        f"{k['service']}[{k['replica']}]" for k in killer.kills
-    ))  # fmt: skip
+    print(
+        f"kills: {len(killer.kills)}  "
+        + ", ".join(f"{k['service']}[{k['replica']}]" for k in killer.kills)
+    )
     down = [k["down_ms"] for k in killer.kills if "down_ms" in k]
     back = [k["back_s"] for k in killer.kills if "back_s" in k]
     if down:
@@ -266,8 +267,10 @@ def report(out: dict, run_dir: Path, minutes: float, load: tuple) -> str:
     group_size = out["group_size"]
     orphans = _orphans(killer.pids)
     print(f"processes seen: {len(killer.pids)}; left behind: {orphans or 'none'}")
-    print(f"load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f} "
-          f"({os.cpu_count()} cores)")  # fmt: skip
+    print(
+        f"load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f} "
+        f"({os.cpu_count()} cores)"
+    )
     return (
         f"chaos_kills={len(killer.kills)} lost_requests={lost_requests} "
         f"lost_episodes={lost_groups * group_size} heldout_accuracy={acc:.3f} "

@@ -33,10 +33,13 @@ def main() -> None:
     def ids(n: int) -> list[int]:
         return [rng.randrange(500) for _ in range(n)]
 
-    single = [Episode(f"s{i}", ids(38), ids(6), [-0.5] * 6, 1.0, 0, advantage=0.3)
-              for i in range(64)]  # fmt: skip
-    multi = [Episode(f"m{i}", ids(20), ids(60), [-0.5] * 60, 1.0, 0, loss_mask=[1, 0] * 30)
-             for i in range(64)]  # fmt: skip
+    single = [
+        Episode(f"s{i}", ids(38), ids(6), [-0.5] * 6, 1.0, 0, advantage=0.3) for i in range(64)
+    ]
+    multi = [
+        Episode(f"m{i}", ids(20), ids(60), [-0.5] * 60, 1.0, 0, loss_mask=[1, 0] * 30)
+        for i in range(64)
+    ]
     for name, batch in (
         ("single-turn 64 x (38 + 6)", single),
         ("multi-turn 64 x (20 + 60)", multi),

@@ -46,8 +46,11 @@ def _ab(name: str, model, work, repeats: int) -> None:
             print(f"[cpu_head] {name} rep {rep + 1} {head}: {times[head][-1]:.2f} s", flush=True)
     a, b = statistics.median(times["mkl"]), statistics.median(times["onednn"])
     wins = sum(o < m for m, o in zip(times["mkl"], times["onednn"]))
-    print(f"[cpu_head] {name}: MKL {a:.2f} s, oneDNN {b:.2f} s (x{a / b:.2f}); oneDNN faster "
-          f"in {wins} of {repeats} pairs", flush=True)  # fmt: skip
+    print(
+        f"[cpu_head] {name}: MKL {a:.2f} s, oneDNN {b:.2f} s (x{a / b:.2f}); oneDNN faster "
+        f"in {wins} of {repeats} pairs",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -73,8 +76,7 @@ def main() -> None:
     src = Addition(seed=5)
     prompts = [src.sample()["prompt"] for _ in range(8)]
     params = SamplingParams(n=8, max_tokens=16, ignore_eos=True, seed=1)
-    _ab("generation", model, lambda: engine.generate([(p, params) for p in prompts]),
-        args.repeats)  # fmt: skip
+    _ab("generation", model, lambda: engine.generate([(p, params) for p in prompts]), args.repeats)
 
     batch = sample_batch(model_dir, dtype="float32")[0]
     core = TrainerCore(TrainerConfig(model=model_dir, device="cpu"))

@@ -49,11 +49,19 @@ def main() -> None:
 
     torch.set_num_threads(2)
     model_dir = resolve_model("smollm2-135m-instruct")
-    engine = HFEngine(load_model(model_dir, dtype="bfloat16"), load_tokenizer(model_dir),
-                      max_batch_size=80)  # fmt: skip
+    engine = HFEngine(
+        load_model(model_dir, dtype="bfloat16"), load_tokenizer(model_dir), max_batch_size=80
+    )
     pairs = [(13, 90), (45, 27), (68, 11), (99, 99)]
-    prompts = [[{"role": "user", "content": f"What is {a} + {b}? Think step by step, then "
-                 "give the answer."}] for a, b in pairs]  # fmt: skip
+    prompts = [
+        [
+            {
+                "role": "user",
+                "content": f"What is {a} + {b}? Think step by step, then give the answer.",
+            }
+        ]
+        for a, b in pairs
+    ]
     params = SamplingParams(n=8, max_tokens=args.max_tokens, ignore_eos=True, seed=1)
 
     two_level = sampling.inverse_cdf
@@ -72,8 +80,7 @@ def main() -> None:
         for name, variant in VARIANTS.items():
             wall, cpu, tokens = run(variant)
             results[name].append((wall, cpu, tokens))
-            print(f"[decode] rep {rep + 1} {name}: {wall:.2f} s wall, {cpu:.2f} s CPU",
-                  flush=True)  # fmt: skip
+            print(f"[decode] rep {rep + 1} {name}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
     n = 32 * args.max_tokens
     base = results["base"][0][2]
     print(f"{'variant':8s} {'wall s':>7s} {'CPU s':>7s} {'tok/s':>6s}  same tokens as base")

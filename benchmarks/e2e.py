@@ -144,13 +144,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 def setups(args: argparse.Namespace) -> list[Setup]:
     """The configurations to run, in the order they run and report."""
     short = Setup(
-        "short", "mini", args.sft_steps, args.prompts, args.group, args.max_tokens,
-        args.warmup, args.steps, args.lr,
-    )  # fmt: skip
+        "short",
+        "mini",
+        args.sft_steps,
+        args.prompts,
+        args.group,
+        args.max_tokens,
+        args.warmup,
+        args.steps,
+        args.lr,
+    )
     gen = Setup(
-        "gen-heavy", "small", 0, args.gen_prompts, args.group, args.gen_max_tokens,
-        args.gen_warmup, args.gen_steps, args.lr,
-    )  # fmt: skip
+        "gen-heavy",
+        "small",
+        0,
+        args.gen_prompts,
+        args.group,
+        args.gen_max_tokens,
+        args.gen_warmup,
+        args.gen_steps,
+        args.lr,
+    )
     return {"short": [short], "gen-heavy": [gen], "both": [short, gen]}[args.config]
 
 
@@ -278,16 +292,30 @@ def trl_reward(prompts, completions, target, **kwargs) -> list[float]:
 
 def trl_config(setup: Setup, out_dir: Path, seed: int, args: argparse.Namespace):
     return cpu_grpo_config(
-        out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
-        lr=setup.lr, steps=setup.warmup + setup.steps, seed=seed, attn=args.trl_attn,
+        out_dir,
+        prompts=setup.prompts,
+        group=setup.group,
+        max_tokens=setup.max_tokens,
+        lr=setup.lr,
+        steps=setup.warmup + setup.steps,
+        seed=seed,
+        attn=args.trl_attn,
         torch_compile=args.trl_compile,
-    )  # fmt: skip
+    )
 
 
 def cpu_grpo_config(
-    out_dir: Path, *, prompts: int, group: int, max_tokens: int, lr: float, steps: int,
-    seed: int, attn: str = "eager", **extra,
-):  # fmt: skip
+    out_dir: Path,
+    *,
+    prompts: int,
+    group: int,
+    max_tokens: int,
+    lr: float,
+    steps: int,
+    seed: int,
+    attn: str = "eager",
+    **extra,
+):
     """TRL's ``GRPOConfig`` as these comparisons run it: CPU, fp32, no KL, constant lr,
     grad-norm clip 1.0, one generation batch (``prompts * group`` completions) per optimizer
     step, no checkpoints or reports; ``extra`` adds or overrides fields."""

@@ -43,12 +43,26 @@ import torch
 import torch.multiprocessing as mp
 
 # Qwen2-0.5B's shapes (config.json of Qwen/Qwen2-0.5B), random weights.
-QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                 max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
-SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
-             tie_word_embeddings=True)  # fmt: skip
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
+SMOKE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 MB = 2**20
 
 
@@ -57,8 +71,13 @@ def build_model(shapes: dict, dtype: torch.dtype, device: str, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(**shapes, bos_token_id=1, eos_token_id=1, pad_token_id=0,
-                      attn_implementation="sdpa" if device != "cpu" else "eager")  # fmt: skip
+    cfg = Qwen2Config(
+        **shapes,
+        bos_token_id=1,
+        eos_token_id=1,
+        pad_token_id=0,
+        attn_implementation="sdpa" if device != "cpu" else "eager",
+    )
     with torch.device(device):
         model = Qwen2ForCausalLM(cfg)
     return model.to(dtype)
@@ -96,8 +115,9 @@ class GeneratorSide:
         from forge.types import SamplingParams
 
         a = self.args
-        params = SamplingParams(n=a.group, max_tokens=a.tokens, temperature=1.0,
-                                ignore_eos=True, seed=i)  # fmt: skip
+        params = SamplingParams(
+            n=a.group, max_tokens=a.tokens, temperature=1.0, ignore_eos=True, seed=i
+        )
         prompts = [[5 + (7 * i + j) % 200] * 16 for j in range(a.prompts)]  # token-id prompts
         t = sync()
         snap()
@@ -151,8 +171,17 @@ class TrainerSide:
         for g, completions in enumerate(groups):
             for k, c in enumerate(completions):  # a fixed score of the tokens: odd ids' share
                 reward = sum(t % 2 for t in c.token_ids) / max(len(c.token_ids), 1)
-                episodes.append(Episode(f"{g}-{k}", c.prompt_ids, c.token_ids, c.logprobs,
-                                        reward, 0, group_id=str(g)))  # fmt: skip
+                episodes.append(
+                    Episode(
+                        f"{g}-{k}",
+                        c.prompt_ids,
+                        c.token_ids,
+                        c.logprobs,
+                        reward,
+                        0,
+                        group_id=str(g),
+                    )
+                )
         rewards = torch.tensor([e.reward for e in episodes])
         for e, adv in zip(episodes, grpo_advantages(rewards, self.args.group).tolist()):
             e.advantage = adv
@@ -162,8 +191,12 @@ class TrainerSide:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         lp = token_logprobs(self.model, ids, attn)
-        loss, _ = self.loss_fn(logprobs_bt=lp, generator_logprobs_bt=gen,
-                               advantages_b=b.advantages_b.to(self.device), mask_bt=mask)  # fmt: skip
+        loss, _ = self.loss_fn(
+            logprobs_bt=lp,
+            generator_logprobs_bt=gen,
+            advantages_b=b.advantages_b.to(self.device),
+            mask_bt=mask,
+        )
         loss.backward()
         self.optimizer.step()
         return {
@@ -188,8 +221,10 @@ def mismatch(lp_bt: torch.Tensor, gen_bt: torch.Tensor, mask_bt: torch.Tensor) -
     """``forge.training.hf_trainer.mismatch_metrics`` (that module imports the actor runtime)."""
     n = mask_bt.sum().clamp(min=1.0)
     d_bt = (lp_bt - gen_bt).clamp(-20.0, 20.0) * mask_bt
-    return {"logprob_gap": float(d_bt.abs().sum() / n),
-            "mismatch_kl": float(((torch.expm1(d_bt) - d_bt) * mask_bt).sum() / n)}  # fmt: skip
+    return {
+        "logprob_gap": float(d_bt.abs().sum() / n),
+        "mismatch_kl": float(((torch.expm1(d_bt) - d_bt) * mask_bt).sum() / n),
+    }
 
 
 def colocated(args, tokenizer_dir: str) -> list[dict]:
@@ -230,8 +265,12 @@ def split(args, tokenizer_dir: str) -> list[dict]:
         for i in range(args.steps):
             t0 = time.perf_counter()
             groups, gen_s, gen_peak = _ask(inbox, outbox, "generate", i)
-            row = {"generate_s": gen_s, "generate_peak_mb": gen_peak, "sleep_s": 0.0,
-                   "asleep_allocated_mb": 0.0}  # fmt: skip
+            row = {
+                "generate_s": gen_s,
+                "generate_peak_mb": gen_peak,
+                "sleep_s": 0.0,
+                "asleep_allocated_mb": 0.0,
+            }
             t = sync()
             row.update(trainer.update(groups))
             row["train_s"], row["train_peak_mb"] = sync() - t, snap().get("gpu_peak_mb", 0.0)
@@ -297,9 +336,13 @@ def summarize(mode: str, rows: list[dict], model_mb: float) -> dict:
     peaks = {k: max(r[k] for r in rows) for k in rows[0] if k.endswith("_peak_mb")}
     after = [r["after_cycle_allocated_mb"] for r in rows]
     growth = max(after[1:], default=after[0]) - after[0]
-    return {"mode": mode, **{k: float(f"{v:.6g}") for k, v in mean.items()}, **peaks,
-            "memory_growth_after_first_cycle_mb": round(growth, 2),
-            "memory_returns": growth <= max(0.01 * model_mb, 1.0)}  # fmt: skip
+    return {
+        "mode": mode,
+        **{k: float(f"{v:.6g}") for k, v in mean.items()},
+        **peaks,
+        "memory_growth_after_first_cycle_mb": round(growth, 2),
+        "memory_returns": growth <= max(0.01 * model_mb, 1.0),
+    }
 
 
 def broadcast_check(args) -> dict | None:
@@ -355,9 +398,14 @@ def _broadcast_rank(rank: int, args, init: str, out: str) -> None:
         dist.broadcast(probe_src, 0)  # rank 0's checksum of the same tensor
         if rank == 1:
             nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-            result = {"backend": backend, "path": path, "seconds": min(times), "mb": nbytes / MB,
-                      "gb_per_s": nbytes / min(times) / 2**30,
-                      "matches_sender": bool(torch.equal(probe, probe_src))}  # fmt: skip
+            result = {
+                "backend": backend,
+                "path": path,
+                "seconds": min(times),
+                "mb": nbytes / MB,
+                "gb_per_s": nbytes / min(times) / 2**30,
+                "matches_sender": bool(torch.equal(probe, probe_src)),
+            }
             with open(out, "w") as f:
                 json.dump(result, f)
         # Both ranks past their last operation before either tears down: without it, rank 0
@@ -369,8 +417,12 @@ def _broadcast_rank(rank: int, args, init: str, out: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu-smoke", dest="smoke", action="store_true",
-                   help="a tiny model on CPU, float32, 2 steps (the test that keeps this alive)")  # fmt: skip
+    p.add_argument(
+        "--cpu-smoke",
+        dest="smoke",
+        action="store_true",
+        help="a tiny model on CPU, float32, 2 steps (the test that keeps this alive)",
+    )
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
@@ -383,16 +435,26 @@ def main(argv: list[str] | None = None) -> dict:
         args.steps, args.prompts, args.group, args.tokens = 2, 2, 4, 8
     else:
         if not torch.cuda.is_available():
-            sys.exit("gpu_check: no GPU visible (torch.cuda.is_available() is False); run it on "
-                     "a GPU machine, or use --cpu-smoke for the CPU test of the script")  # fmt: skip
+            sys.exit(
+                "gpu_check: no GPU visible (torch.cuda.is_available() is False); run it on "
+                "a GPU machine, or use --cpu-smoke for the CPU test of the script"
+            )
         args.device, args.dtype, args.shapes = "cuda", "bfloat16", QWEN2_05B
     from forge.models import make_tiny_model
 
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    report = {"device": device_name, "gpus": torch.cuda.device_count(), "model": args.shapes,
-              "dtype": args.dtype, "modes": []}  # fmt: skip
-    print(f"[gpu_check] {device_name}: Qwen2 {args.shapes['num_hidden_layers']} layers, "
-          f"hidden {args.shapes['hidden_size']}, {args.dtype}", flush=True)  # fmt: skip
+    report = {
+        "device": device_name,
+        "gpus": torch.cuda.device_count(),
+        "model": args.shapes,
+        "dtype": args.dtype,
+        "modes": [],
+    }
+    print(
+        f"[gpu_check] {device_name}: Qwen2 {args.shapes['num_hidden_layers']} layers, "
+        f"hidden {args.shapes['hidden_size']}, {args.dtype}",
+        flush=True,
+    )
     n_params = sum(p.numel() for p in build_model(args.shapes, torch.bfloat16, "meta").parameters())
     model_mb = n_params * torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / MB
     with tempfile.TemporaryDirectory() as tmp:
@@ -400,10 +462,12 @@ def main(argv: list[str] | None = None) -> dict:
         for mode, run in (("colocate", colocated), ("split", split)):
             rows = run(args, tokenizer_dir)
             for i, row in enumerate(rows):
-                print(f"[gpu_check] {mode} step {i}: {row['step_s']:.2f} s, generate "
-                      f"{row['generate_tokens_per_s']:.0f} tok/s, hand-off "
-                      f"{row['handoff_s']:.3f} s, mismatch_kl {row['mismatch_kl']:.2e}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[gpu_check] {mode} step {i}: {row['step_s']:.2f} s, generate "
+                    f"{row['generate_tokens_per_s']:.0f} tok/s, hand-off "
+                    f"{row['handoff_s']:.3f} s, mismatch_kl {row['mismatch_kl']:.2e}",
+                    flush=True,
+                )
             report["modes"].append(summarize(mode, rows, model_mb))
             from forge.observability.memory import release_cached_memory
 

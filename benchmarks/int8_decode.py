@@ -30,13 +30,19 @@ import types
 
 ALPHA = 0.5
 CALIBRATION = (
-    ("Write two sentences about the sea.",
-     "The sea is wide and restless, and it carries light and salt to every shore."),
-    ("What is 47 + 38? Think step by step.",
-     "First add the tens: 40 + 30 = 70. Then the ones: 7 + 8 = 15. So 70 + 15 = 85."),
-    ("Write a Python function that reverses a list.",
-     "def reverse(items):\n    return items[::-1]\n\nThis returns a new list in reverse."),
-)  # fmt: skip
+    (
+        "Write two sentences about the sea.",
+        "The sea is wide and restless, and it carries light and salt to every shore.",
+    ),
+    (
+        "What is 47 + 38? Think step by step.",
+        "First add the tens: 40 + 30 = 70. Then the ones: 7 + 8 = 15. So 70 + 15 = 85.",
+    ),
+    (
+        "Write a Python function that reverses a list.",
+        "def reverse(items):\n    return items[::-1]\n\nThis returns a new list in reverse.",
+    ),
+)
 
 
 def pack(weight, smooth):
@@ -107,13 +113,15 @@ def main() -> None:
     torch.set_num_threads(2)
     model_dir = resolve_model("smollm2-135m-instruct")
     model, tok = load_model(model_dir, dtype="float32"), load_tokenizer(model_dir)
-    turns = [m for q, a in CALIBRATION for m in
-             ({"role": "user", "content": q}, {"role": "assistant", "content": a})]  # fmt: skip
+    turns = [
+        m
+        for q, a in CALIBRATION
+        for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})
+    ]
     text = tok.apply_chat_template(turns, tokenize=False)
     calibration_ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
     head = output_head(model)
-    layers = [m for m in model.modules()
-              if type(m) is torch.nn.Linear and m is not head]  # fmt: skip
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and m is not head]
     rows = SETUPS["gen-heavy"].rows(4, 0)
     params = SamplingParams(n=8, max_tokens=128, seed=1, ignore_eos=True)
     engine = HFEngine(model, tok, max_batch_size=64)  # patches the layers for oneDNN layouts
@@ -136,9 +144,12 @@ def main() -> None:
             steps.append(time.perf_counter() - t)
         total = time.perf_counter() - wall
         first = total - sum(steps[1:])
-        print(f"[int8_decode] {name}: {total:.2f} s, first step (with any packing) "
-              f"{first:.2f} s, median decode step {1000 * statistics.median(steps[1:]):.0f} "
-              "ms", flush=True)  # fmt: skip
+        print(
+            f"[int8_decode] {name}: {total:.2f} s, first step (with any packing) "
+            f"{first:.2f} s, median decode step {1000 * statistics.median(steps[1:]):.0f} "
+            "ms",
+            flush=True,
+        )
         return total, statistics.median(steps[1:]), [c for k in sorted(out) for c in out[k]]
 
     @torch.inference_mode()
@@ -163,9 +174,11 @@ def main() -> None:
             results[name].append(run(name))
     for name, runs in results.items():
         m = mismatch(runs[-1][2])
-        print(f"{name}: median total {statistics.median(r[0] for r in runs):.2f} s, median "
-              f"decode step {1000 * statistics.median(r[1] for r in runs):.0f} ms, "
-              f"mismatch_kl {m['mismatch_kl']:.5f}, logprob_gap {m['logprob_gap']:.4f}")  # fmt: skip
+        print(
+            f"{name}: median total {statistics.median(r[0] for r in runs):.2f} s, median "
+            f"decode step {1000 * statistics.median(r[1] for r in runs):.0f} ms, "
+            f"mismatch_kl {m['mismatch_kl']:.5f}, logprob_gap {m['logprob_gap']:.4f}"
+        )
 
 
 if __name__ == "__main__":

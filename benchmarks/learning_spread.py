@@ -32,8 +32,18 @@ def run_once(config: str, seed: int, overrides: list[str], timeout: float) -> di
     """One demo run at ``seed``; its last ``key=value`` summary line as numbers."""
     with tempfile.TemporaryDirectory(prefix="forge-spread-") as tmp:
         env = {**os.environ, "FORGE_CACHE_DIR": str(Path(tmp) / "cache")}
-        cmd = [sys.executable, "-m", "forge.cli", "run", "--config", config,
-               "--run-dir", str(Path(tmp) / "run"), f"seed={seed}", *overrides]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "run",
+            "--config",
+            config,
+            "--run-dir",
+            str(Path(tmp) / "run"),
+            f"seed={seed}",
+            *overrides,
+        ]
         t0 = time.monotonic()
         out = subprocess.run(
             cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
@@ -65,12 +75,19 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     gains = [r["gain"] for r in rows]
     summary = {
-        "config": a.config, "overrides": a.overrides, "gain": f"{after} - {before}",
-        "min": min(gains), "median": statistics.median(gains), "max": max(gains),
-        "after_min": min(r[after] for r in rows), "runs": rows,
-    }  # fmt: skip
-    print(f"{a.config} {' '.join(a.overrides)}: gain {after} - {before} over {len(rows)} seeds: "
-          f"min {summary['min']:.3f}  median {summary['median']:.3f}  max {summary['max']:.3f}")  # fmt: skip
+        "config": a.config,
+        "overrides": a.overrides,
+        "gain": f"{after} - {before}",
+        "min": min(gains),
+        "median": statistics.median(gains),
+        "max": max(gains),
+        "after_min": min(r[after] for r in rows),
+        "runs": rows,
+    }
+    print(
+        f"{a.config} {' '.join(a.overrides)}: gain {after} - {before} over {len(rows)} seeds: "
+        f"min {summary['min']:.3f}  median {summary['median']:.3f}  max {summary['max']:.3f}"
+    )
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=1))
 

@@ -50,11 +50,13 @@ async def _batch(backend, args, multi: bool = False) -> float:
 
     t0 = time.perf_counter()
     calls = [
-        backend.generate(PROMPTS[i % len(PROMPTS)],
-                         SamplingParams(n=args.n, max_tokens=args.max_tokens, seed=i),
-                         **({"adapter": "ab"[i % 2]} if multi else {}))
+        backend.generate(
+            PROMPTS[i % len(PROMPTS)],
+            SamplingParams(n=args.n, max_tokens=args.max_tokens, seed=i),
+            **({"adapter": "ab"[i % 2]} if multi else {}),
+        )
         for i in range(args.prompts)
-    ]  # fmt: skip
+    ]
     results = await asyncio.gather(*calls)
     tokens = sum(len(c.token_ids) for r in results for c in r)
     return tokens / (time.perf_counter() - t0)
@@ -64,8 +66,13 @@ async def _measure(model: str, mode: str, versions: list[dict], args) -> dict:
     from forge.generation.backend import GeneratorConfig
     from forge.generation.hf_backend import HFBackend
 
-    backend = HFBackend(GeneratorConfig(model=model, lora_mode=mode if mode != "base" else
-                                        "merged", max_batch_size=args.prompts * args.n))  # fmt: skip
+    backend = HFBackend(
+        GeneratorConfig(
+            model=model,
+            lora_mode=mode if mode != "base" else "merged",
+            max_batch_size=args.prompts * args.n,
+        )
+    )
     await backend.start()
     try:
         first = updates = float("nan")
@@ -82,8 +89,11 @@ async def _measure(model: str, mode: str, versions: list[dict], args) -> dict:
         multi = mode == "multi"
         await _batch(backend, args, multi)  # warm-up
         speeds = [await _batch(backend, args, multi) for _ in range(args.repeats)]
-        return {"tokens_per_s": statistics.median(speeds), "first_update_s": first,
-                "update_s": updates}  # fmt: skip
+        return {
+            "tokens_per_s": statistics.median(speeds),
+            "first_update_s": first,
+            "update_s": updates,
+        }
     finally:
         await backend.close()
 
@@ -108,8 +118,11 @@ def main() -> None:
             versions = _adapter_versions(model, args.rank, args.repeats + 1)
             for mode in ("base", "merged", "unmerged", "multi"):
                 r = asyncio.run(_measure(model, mode, versions, args))
-                print(f"{preset:8} {mode:9} {r['tokens_per_s']:9.1f} "
-                      f"{r['first_update_s'] * 1e3:14.2f} {r['update_s'] * 1e3:10.2f}", flush=True)  # fmt: skip
+                print(
+                    f"{preset:8} {mode:9} {r['tokens_per_s']:9.1f} "
+                    f"{r['first_update_s'] * 1e3:14.2f} {r['update_s'] * 1e3:10.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -46,9 +46,12 @@ def variant_overrides(name: str, rank: int, lr_scale: float) -> list[str]:
     stages = (("rl", RL_LR),) if name == "lora-rl" else (("sft", SFT_LR), ("rl", RL_LR))
     out = []
     for stage, lr in stages:
-        out += [f"{stage}.trainer.lora.rank={rank}", f"{stage}.trainer.lora.alpha={2 * rank}",
-                f"{stage}.trainer.lora.target_modules={TARGETS}",
-                f"{stage}.trainer.optimizer.lr={lr * scale:g}"]  # fmt: skip
+        out += [
+            f"{stage}.trainer.lora.rank={rank}",
+            f"{stage}.trainer.lora.alpha={2 * rank}",
+            f"{stage}.trainer.lora.target_modules={TARGETS}",
+            f"{stage}.trainer.optimizer.lr={lr * scale:g}",
+        ]
     return out
 
 
@@ -109,12 +112,25 @@ def run_variant(name: str, preset: str, seed: int, extra: list[str], a) -> dict:
     with tempfile.TemporaryDirectory(prefix="forge-lora-vs-full-") as tmp:
         run = Path(tmp) / "run"
         env = {**os.environ, "FORGE_CACHE_DIR": str(Path(tmp) / "cache")}
-        cmd = [sys.executable, "-m", "forge.cli", "run", "--config", CONFIG, "--run-dir",
-               str(run), f"preset={preset}", f"seed={seed}", "rl.eval.every=0",
-               *variant_overrides(name, a.rank, a.lora_lr_scale), *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "run",
+            "--config",
+            CONFIG,
+            "--run-dir",
+            str(run),
+            f"preset={preset}",
+            f"seed={seed}",
+            "rl.eval.every=0",
+            *variant_overrides(name, a.rank, a.lora_lr_scale),
+            *extra,
+        ]
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         mem = PeakMemory(proc.pid)
         try:
             out, err = proc.communicate(timeout=a.timeout)
@@ -135,30 +151,40 @@ def run_variant(name: str, preset: str, seed: int, extra: list[str], a) -> dict:
             return statistics.median(xs) if xs else float("nan")
 
         return {
-            "variant": name, "preset": preset, "seed": seed,
-            "sft_accuracy": summary["sft_accuracy"], "heldout_accuracy": summary["heldout_accuracy"],
+            "variant": name,
+            "preset": preset,
+            "seed": seed,
+            "sft_accuracy": summary["sft_accuracy"],
+            "heldout_accuracy": summary["heldout_accuracy"],
             "sft_loss_final": statistics.mean(r["sft/loss"] for r in sft[-10:]),
-            "sft_s": sft[-1]["time/elapsed_s"], "rl_steps": len(rl),
-            "rl_step_s": med(rl, "time/step_s"), "train_s": med(rl, "train/seconds"),
+            "sft_s": sft[-1]["time/elapsed_s"],
+            "rl_steps": len(rl),
+            "rl_step_s": med(rl, "time/step_s"),
+            "train_s": med(rl, "train/seconds"),
             "push_bytes": med(pushes, "weights/push_bytes"),
             "push_s": med(rl, "time/weight_push_s"),
             "peak_trainer_mib": peak.get("Trainer", float("nan")),
             "peak_generator_mib": peak.get("Generator", float("nan")),
             "minutes": (time.monotonic() - t0) / 60,
-        }  # fmt: skip
+        }
 
 
 def table(rows: list[dict]) -> str:
     """Medians over seeds, one column per variant, as a Markdown table."""
     names = list(dict.fromkeys(r["variant"] for r in rows))
-    keys = [("held-out accuracy after SFT", "sft_accuracy", "{:.3f}"),
-            ("held-out accuracy after RL", "heldout_accuracy", "{:.3f}"),
-            ("final SFT loss", "sft_loss_final", "{:.2f}"), ("SFT time (s)", "sft_s", "{:.0f}"),
-            ("RL s/step", "rl_step_s", "{:.3f}"), ("of which training (s)", "train_s", "{:.3f}"),
-            ("weight push (bytes)", "push_bytes", "{:,.0f}"), ("weight push (ms)", "push_s", "ms"),
-            ("peak trainer RSS (MiB)", "peak_trainer_mib", "{:.0f}"),
-            ("peak generator RSS (MiB)", "peak_generator_mib", "{:.0f}"),
-            ("wall minutes", "minutes", "{:.1f}")]  # fmt: skip
+    keys = [
+        ("held-out accuracy after SFT", "sft_accuracy", "{:.3f}"),
+        ("held-out accuracy after RL", "heldout_accuracy", "{:.3f}"),
+        ("final SFT loss", "sft_loss_final", "{:.2f}"),
+        ("SFT time (s)", "sft_s", "{:.0f}"),
+        ("RL s/step", "rl_step_s", "{:.3f}"),
+        ("of which training (s)", "train_s", "{:.3f}"),
+        ("weight push (bytes)", "push_bytes", "{:,.0f}"),
+        ("weight push (ms)", "push_s", "ms"),
+        ("peak trainer RSS (MiB)", "peak_trainer_mib", "{:.0f}"),
+        ("peak generator RSS (MiB)", "peak_generator_mib", "{:.0f}"),
+        ("wall minutes", "minutes", "{:.1f}"),
+    ]
     lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, key, fmt in keys:
         cells = []
@@ -177,8 +203,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--variants", nargs="+", default=["full", "lora-rl"],
-                   choices=["full", "lora-rl", "lora", "lora-same-lr"])  # fmt: skip
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=["full", "lora-rl"],
+        choices=["full", "lora-rl", "lora", "lora-same-lr"],
+    )
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--lora-lr-scale", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=3600)
@@ -191,8 +221,10 @@ def main() -> None:
             print(f"[lora_vs_full] {name} preset={a.preset} seed={seed} ...", flush=True)
             rows.append(run_variant(name, a.preset, seed, a.overrides, a))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{CONFIG} preset={a.preset} {' '.join(a.overrides)} (medians over seeds "
-          f"{a.seeds}; LoRA rank {a.rank}, lr x{a.lora_lr_scale:g})\n")  # fmt: skip
+    print(
+        f"\n{CONFIG} preset={a.preset} {' '.join(a.overrides)} (medians over seeds "
+        f"{a.seeds}; LoRA rank {a.rank}, lr x{a.lora_lr_scale:g})\n"
+    )
     print(table(rows))
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))

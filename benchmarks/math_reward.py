@@ -25,8 +25,12 @@ def items() -> list[tuple[str, str, str]]:
     for i in range(256):
         a, b = rng.randint(1, 99), rng.randint(1, 99)
         kind = i % 4
-        response = [f"so \\boxed{{{a + b}}}", f"Answer: {a}/{b}",
-                    f"\\boxed{{\\frac{{{a}}}{{{b}}}}}", f"we get {a * b}"][kind]  # fmt: skip
+        response = [
+            f"so \\boxed{{{a + b}}}",
+            f"Answer: {a}/{b}",
+            f"\\boxed{{\\frac{{{a}}}{{{b}}}}}",
+            f"we get {a * b}",
+        ][kind]
         target = [str(a + b), str(a / b), f"{a}/{b}", str(a * b + (i % 2))][kind]
         out.append(("p", response, target))
     return out

@@ -67,9 +67,14 @@ async def one_round(svc, tok, args, episodes: int, turns: int) -> dict:
         sampling = {"max_tokens": args.max_tokens, "temperature": 1.0, "seed": 1000 + i}
         async with svc.session():
             return await run_episode(
-                ScriptedEnv(), f"Task {i}: say something.", generate, tok,
-                max_turns=turns, max_context_tokens=args.max_context, sampling=sampling,
-            )  # fmt: skip
+                ScriptedEnv(),
+                f"Task {i}: say something.",
+                generate,
+                tok,
+                max_turns=turns,
+                max_context_tokens=args.max_context,
+                sampling=sampling,
+            )
 
     t = time.perf_counter()
     trajs = await asyncio.gather(*(episode(i) for i in range(episodes)))

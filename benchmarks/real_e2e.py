@@ -103,9 +103,18 @@ class LongAddition:
         (``benchmarks.real_heldout`` evaluates on them)."""
         from apps.arith.task import INSTRUCTION, Addition
 
-        return [{**row, "prompt": [{"role": "user", "content": row["prompt"][0]["content"]
-                                    .replace(INSTRUCTION, LONG)}]}
-                for row in Addition().heldout()]  # fmt: skip
+        return [
+            {
+                **row,
+                "prompt": [
+                    {
+                        "role": "user",
+                        "content": row["prompt"][0]["content"].replace(INSTRUCTION, LONG),
+                    }
+                ],
+            }
+            for row in Addition().heldout()
+        ]
 
     def state_dict(self) -> dict:
         return {"seed": self._seed, "rows": list(self._rows)}
@@ -161,19 +170,27 @@ async def run_forge(
         finally:
             await shutdown()
     rows = [r for r in result["history"] if M.ELAPSED_S in r]
-    return {"marks": [math.nan, *marks], "samples": cpu.samples,
-            "tokens": [r[M.train("tokens")] for r in rows],
-            # rows whose advantage was exactly 0, not computed (trainer.skip_zero_advantage)
-            "skipped": [r.get(M.train("rows_skipped"), 0.0) for r in rows],
-            "train_s": statistics.median(r[M.TRAIN_S] for r in rows),
-            "rewards": [r.get(M.REWARD, math.nan) for r in rows],  # each step's mean reward
-            "model": result["model"]}  # fmt: skip
+    return {
+        "marks": [math.nan, *marks],
+        "samples": cpu.samples,
+        "tokens": [r[M.train("tokens")] for r in rows],
+        # rows whose advantage was exactly 0, not computed (trainer.skip_zero_advantage)
+        "skipped": [r.get(M.train("rows_skipped"), 0.0) for r in rows],
+        "train_s": statistics.median(r[M.TRAIN_S] for r in rows),
+        "rewards": [r.get(M.REWARD, math.nan) for r in rows],  # each step's mean reward
+        "model": result["model"],
+    }
 
 
 def run_trl(
-    model: str, setup: Setup, steps: int, out_dir: Path, bf16: bool, seed: int = 0,
+    model: str,
+    setup: Setup,
+    steps: int,
+    out_dir: Path,
+    bf16: bool,
+    seed: int = 0,
     save: Path | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """TRL's GRPOTrainer on ``setup``'s prompts (``seed``'s stream, as Forge's ``seed=``);
     ``save``: where the final model and tokenizer go."""
     import torch
@@ -191,12 +208,23 @@ def run_trl(
     Clock = trl_clock(marks, lengths)
     torch.set_num_threads(2)
     args = cpu_grpo_config(
-        out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
-        lr=1e-5, steps=steps, seed=seed, bf16=bf16,
-    )  # fmt: skip
+        out_dir,
+        prompts=setup.prompts,
+        group=setup.group,
+        max_tokens=setup.max_tokens,
+        lr=1e-5,
+        steps=steps,
+        seed=seed,
+        bf16=bf16,
+    )
     rows = setup.rows(setup.prompts * (steps + 1), seed=seed)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
-                          train_dataset=Dataset.from_list(rows), callbacks=[Clock()])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        callbacks=[Clock()],
+    )
     trainer.remove_callback(PrinterCallback)
     with ProcessTreeCpu(interval=0.2) as cpu:
         marks.append(time.perf_counter())
@@ -206,8 +234,12 @@ def run_trl(
         trainer.processing_class.save_pretrained(str(save))
     n = setup.prompts * setup.group
     rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
-    return {"marks": marks, "samples": cpu.samples, "tokens": [x * n for x in lengths],
-            "rewards": rewards}  # fmt: skip
+    return {
+        "marks": marks,
+        "samples": cpu.samples,
+        "tokens": [x * n for x in lengths],
+        "rewards": rewards,
+    }
 
 
 def timed(raw: dict, warmup: int, steps: int, setup: Setup) -> dict:
@@ -253,14 +285,17 @@ async def main(args: argparse.Namespace) -> None:
                         release_memory()  # TRL ran in this process: give its heap back
                     r = {**timed(raw, args.warmup, args.steps, setup), "load": load}
                     results[setup.name].setdefault(system, []).append(r)
-                    print(f"[real_e2e] rep {rep + 1} {setup.name} {system}: "
-                          f"{r['s_per_step']:.2f} s/step, {r['tok_per_s']:.0f} tok/s, "
-                          f"len {r['completion_len']:.1f}, CPU {100 * r['cpu_util']:.0f}%, "
-                          f"skipped {100 * r.get('skipped_rows', 0.0):.0f}% of rows, "
-                          f"load {load:.1f} (at {time.perf_counter() - start:.0f}s)",
-                          flush=True)  # fmt: skip
-    print(f"\n{'config':9s} {'system':9s} {'s/step':>7s} {'tok/s':>6s} {'len':>5s} {'CPU':>5s}"
-          "  runs")  # fmt: skip
+                    print(
+                        f"[real_e2e] rep {rep + 1} {setup.name} {system}: "
+                        f"{r['s_per_step']:.2f} s/step, {r['tok_per_s']:.0f} tok/s, "
+                        f"len {r['completion_len']:.1f}, CPU {100 * r['cpu_util']:.0f}%, "
+                        f"skipped {100 * r.get('skipped_rows', 0.0):.0f}% of rows, "
+                        f"load {load:.1f} (at {time.perf_counter() - start:.0f}s)",
+                        flush=True,
+                    )
+    print(
+        f"\n{'config':9s} {'system':9s} {'s/step':>7s} {'tok/s':>6s} {'len':>5s} {'CPU':>5s}  runs"
+    )
     ratios = {}
     for setup in order:
         by = results[setup.name]
@@ -269,13 +304,19 @@ async def main(args: argparse.Namespace) -> None:
             by["trl_best"] = [min(rep, key=lambda r: r["s_per_step"]) for rep in zip(*trl)]
         for system, runs in by.items():
             each = ", ".join(f"{r['s_per_step']:.2f}" for r in runs)
-            print(f"{setup.name:9s} {system:9s} {med(runs, 's_per_step'):7.2f} "
-                  f"{med(runs, 'tok_per_s'):6.0f} {med(runs, 'completion_len'):5.1f} "
-                  f"{100 * med(runs, 'cpu_util'):4.0f}%  {each}")  # fmt: skip
+            print(
+                f"{setup.name:9s} {system:9s} {med(runs, 's_per_step'):7.2f} "
+                f"{med(runs, 'tok_per_s'):6.0f} {med(runs, 'completion_len'):5.1f} "
+                f"{100 * med(runs, 'cpu_util'):4.0f}%  {each}"
+            )
         if "forge" in by and "trl_best" in by:
             ratios[setup.name] = med(by["trl_best"], "s_per_step") / med(by["forge"], "s_per_step")
-    print(" ".join(f"real_{'' if k == 'short' else 'gen_heavy_'}forge_vs_trl={v:.2f}"
-                   for k, v in sorted(ratios.items(), reverse=True)))  # fmt: skip
+    print(
+        " ".join(
+            f"real_{'' if k == 'short' else 'gen_heavy_'}forge_vs_trl={v:.2f}"
+            for k, v in sorted(ratios.items(), reverse=True)
+        )
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -285,8 +326,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--only", nargs="+", choices=SYSTEMS)
-    p.add_argument("--forge-set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="overrides for the forge_set system")  # fmt: skip
+    p.add_argument(
+        "--forge-set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for the forge_set system",
+    )
     args = p.parse_args(argv)
     if ("forge_set" in (args.only or ())) != bool(args.forge_set):
         p.error("--forge-set needs forge_set in --only, and forge_set needs --forge-set")

@@ -32,8 +32,12 @@ SYSTEMS = ("forge", "forge_set", "trl_bf16", "trl_fp32")
 
 def eval_overrides(model: str, setup: Setup) -> list[str]:
     """The main job's config, pointed at ``model``, asking ``setup``'s way."""
-    out = [f"base_model={model}", f"rl.policy.model={model}",
-           f"rl.eval.max_tokens={setup.max_tokens}", "rl.metrics=[]"]  # fmt: skip
+    out = [
+        f"base_model={model}",
+        f"rl.policy.model={model}",
+        f"rl.eval.max_tokens={setup.max_tokens}",
+        "rl.metrics=[]",
+    ]
     if setup.instruction:
         out.append("rl.data.fn=benchmarks.real_e2e:LongAddition")
     return out
@@ -78,27 +82,42 @@ async def main(args: argparse.Namespace) -> None:
                     model = str(raw["model"])
                 else:
                     model = str(out / "model")
-                    raw = run_trl(base, setup, args.steps, out, bf16=system == "trl_bf16",
-                            seed=seed, save=Path(model))  # fmt: skip
+                    raw = run_trl(
+                        base,
+                        setup,
+                        args.steps,
+                        out,
+                        bf16=system == "trl_bf16",
+                        seed=seed,
+                        save=Path(model),
+                    )
                     release_memory()
                 minutes = (time.perf_counter() - t0) / 60
                 step_s = median_step(raw["marks"][1:])  # [0]: the start (TRL), NaN (Forge)
                 after = await evaluate(model, setup)
                 rows.setdefault(system, []).append({**after, "minutes": minutes, "step_s": step_s})
-                say(f"{setup.name} {system} seed {seed}: {args.steps} steps in {minutes:.1f} "
+                say(
+                    f"{setup.name} {system} seed {seed}: {args.steps} steps in {minutes:.1f} "
                     f"min (median step {step_s:.1f} s); held-out {fmt(after)}; training "
-                    f"reward by step {' '.join(f'{r:.2f}' for r in raw['rewards'])}")  # fmt: skip
+                    f"reward by step {' '.join(f'{r:.2f}' for r in raw['rewards'])}"
+                )
     print(f"\n{setup.name}: base {fmt(before)}; after {args.steps} steps, seeds {args.seeds}:")
     for system, runs in rows.items():
         each = ", ".join(f"{r['correct']:.3f}" for r in runs)
         mean = {k: statistics.mean(r[k] for r in runs) for k in before}
-        print(f"  {system:9s} correct {mean['correct']:.3f} ({each})  contains "
-              f"{mean['contains']:.3f}  strict {mean['strict']:.3f}  "
-              f"train {statistics.median(r['minutes'] for r in runs):.1f} min, median step "
-              f"{statistics.median(r['step_s'] for r in runs):.1f} s")  # fmt: skip
+        print(
+            f"  {system:9s} correct {mean['correct']:.3f} ({each})  contains "
+            f"{mean['contains']:.3f}  strict {mean['strict']:.3f}  "
+            f"train {statistics.median(r['minutes'] for r in runs):.1f} min, median step "
+            f"{statistics.median(r['step_s'] for r in runs):.1f} s"
+        )
     key = setup.name.replace("-", "_")
-    print(" ".join(f"heldout_{key}_{s}={statistics.mean(r['correct'] for r in runs):.3f}"
-                   for s, runs in rows.items()))  # fmt: skip
+    print(
+        " ".join(
+            f"heldout_{key}_{s}={statistics.mean(r['correct'] for r in runs):.3f}"
+            for s, runs in rows.items()
+        )
+    )
 
 
 def median_step(marks: list[float]) -> float:
@@ -116,8 +135,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--only", nargs="+", choices=SYSTEMS, default=["forge", "trl_bf16"])
-    p.add_argument("--forge-set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="overrides of the main job for the forge_set system")  # fmt: skip
+    p.add_argument(
+        "--forge-set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides of the main job for the forge_set system",
+    )
     return p.parse_args(argv)
 
 

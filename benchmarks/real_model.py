@@ -36,8 +36,15 @@ HIDDEN, INTER, KV, VOCAB, LAYERS = 576, 1536, 192, 49152, 30
 def gemm_ceiling(dtype: torch.dtype, tokens: int, repeats: int) -> float:
     """Median FLOP/s over the model's GEMMs at ``tokens`` rows (each shape weighted by its
     FLOPs in a forward)."""
-    shapes = [(HIDDEN, HIDDEN), (HIDDEN, KV), (HIDDEN, KV), (HIDDEN, HIDDEN),
-              (HIDDEN, INTER), (HIDDEN, INTER), (INTER, HIDDEN)]  # fmt: skip
+    shapes = [
+        (HIDDEN, HIDDEN),
+        (HIDDEN, KV),
+        (HIDDEN, KV),
+        (HIDDEN, HIDDEN),
+        (HIDDEN, INTER),
+        (HIDDEN, INTER),
+        (INTER, HIDDEN),
+    ]
     flops, seconds = 0.0, 0.0
     for k, n in shapes:
         a, b = torch.randn(tokens, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
@@ -83,9 +90,18 @@ def sample_batch(model_dir: str, dtype: str = "bfloat16"):
     engine = HFEngine(load_model(model_dir, dtype=dtype), tok, max_batch_size=64, seed=0)
     params = SamplingParams(n=8, max_tokens=16, temperature=1.0)
     outs = engine.generate([(it["prompt"], params) for it in items])
-    eps = [Episode(f"e{i}", c.prompt_ids, c.token_ids, c.logprobs, reward=0.0, policy_version=0,
-                   advantage=1.0 if i % 2 else -1.0)
-           for i, c in enumerate(c for cs in outs for c in cs)]  # fmt: skip
+    eps = [
+        Episode(
+            f"e{i}",
+            c.prompt_ids,
+            c.token_ids,
+            c.logprobs,
+            reward=0.0,
+            policy_version=0,
+            advantage=1.0 if i % 2 else -1.0,
+        )
+        for i, c in enumerate(c for cs in outs for c in cs)
+    ]
     prompt_len = len(outs[0][0].prompt_ids)
     return collate_episodes(eps, pad_id=tok.pad_token_id), prompt_len, len(items)
 
@@ -165,8 +181,13 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="only profile one bf16-autocast trainer step (torch.profiler, top ops)",
     )
-    p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=None,
-                   help="precisions to measure (default: bfloat16 too where it is native)")  # fmt: skip
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="precisions to measure (default: bfloat16 too where it is native)",
+    )
     args = p.parse_args(argv)
     if args.dtypes is None:
         from forge.models.precision import native_bf16
@@ -203,8 +224,10 @@ def main(argv: list[str] | None = None) -> dict:
             r[f"gen_{dtype}_b{b}_prefill_tps"], r[f"gen_{dtype}_b{b}_decode_tps"] = pre, dec
             bytes_step = (non_embedding + VOCAB * HIDDEN) * (2 if dtype == "bfloat16" else 4)
             ceiling = r[f"ceiling_{dtype}_gflops"] * 1e9
-            step_s = max(bytes_step / (r["bandwidth_gbs"] * 1e9),
-                         2 * (non_embedding + VOCAB * HIDDEN) * b / ceiling)  # fmt: skip
+            step_s = max(
+                bytes_step / (r["bandwidth_gbs"] * 1e9),
+                2 * (non_embedding + VOCAB * HIDDEN) * b / ceiling,
+            )
             r[f"gen_{dtype}_b{b}_roofline_tps"] = b / step_s
     print(json.dumps(r, indent=1))
     print(table(r))
@@ -224,18 +247,31 @@ def table(r: dict) -> str:
         return f"{c(stem.format('float32'), spec)} | {c(stem.format('bfloat16'), spec)} |"
 
     rows = ["| what | float32 | bfloat16 |", "| --- | --- | --- |"]
-    rows.append(f"| matmul ceiling at the model's shapes, {r['threads']} threads (GFLOP/s) | "
-                + both("ceiling_{}_gflops"))  # fmt: skip
-    rows.append(f"| trainer step, 64 rows ({r['trainer_step_tflop']:.2f} TFLOP), s | "
-                + both("trainer_{}_s", ".2f"))  # fmt: skip
+    rows.append(
+        f"| matmul ceiling at the model's shapes, {r['threads']} threads (GFLOP/s) | "
+        + both("ceiling_{}_gflops")
+    )
+    rows.append(
+        f"| trainer step, 64 rows ({r['trainer_step_tflop']:.2f} TFLOP), s | "
+        + both("trainer_{}_s", ".2f")
+    )
     rows.append("| trainer share of the ceiling | " + both("trainer_{}_share", ".0%"))
-    rows.append("| trainer step with SDPA attention, s (share) | | "
-                + (f"{c('trainer_bfloat16_sdpa_s', '.2f')} "
-                   f"{c('trainer_bfloat16_sdpa_share', '.0%', '({})')} |"
-                   if "trainer_bfloat16_sdpa_s" in r else "- |"))  # fmt: skip
+    rows.append(
+        "| trainer step with SDPA attention, s (share) | | "
+        + (
+            f"{c('trainer_bfloat16_sdpa_s', '.2f')} "
+            f"{c('trainer_bfloat16_sdpa_share', '.0%', '({})')} |"
+            if "trainer_bfloat16_sdpa_s" in r
+            else "- |"
+        )
+    )
     for b in (1, 8, 64):
-        dec = [f"{c(f'gen_{d}_b{b}_decode_tps')} {c(f'gen_{d}_b{b}_roofline_tps', '.0f', '({})')}"
-               if f"gen_{d}_b{b}_decode_tps" in r else "-" for d in ("float32", "bfloat16")]  # fmt: skip
+        dec = [
+            f"{c(f'gen_{d}_b{b}_decode_tps')} {c(f'gen_{d}_b{b}_roofline_tps', '.0f', '({})')}"
+            if f"gen_{d}_b{b}_decode_tps" in r
+            else "-"
+            for d in ("float32", "bfloat16")
+        ]
         rows.append(f"| decode tokens/s at batch {b} (roofline) | {dec[0]} | {dec[1]} |")
         rows.append(f"| prefill tokens/s at batch {b} | " + both(f"gen_{{}}_b{b}_prefill_tps"))
     rows.append(

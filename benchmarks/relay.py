@@ -174,11 +174,35 @@ def main() -> None:
     with running_cluster(a.hosts, logs) as cluster:
         env = {**os.environ, **cluster.env()}
         for h in cluster.hosts if a.rate else []:
-            subprocess.run(["ip", "netns", "exec", h.ns, "tc", "qdisc", "replace", "dev", "eth0",
-                            "root", "tbf", "rate", a.rate, "burst", "1mb", "latency", "100ms"],
-                           check=True)  # fmt: skip
-        out = subprocess.run([sys.executable, "-m", "benchmarks.relay", *sys.argv[1:], "--child"],
-                             env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.ns,
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    a.rate,
+                    "burst",
+                    "1mb",
+                    "latency",
+                    "100ms",
+                ],
+                check=True,
+            )
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.relay", *sys.argv[1:], "--child"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
     if out.returncode != 0 or not line:
         sys.exit(f"benchmark failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
@@ -187,19 +211,29 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in r.items() if isinstance(v, list)}
     n = r["hosts"] - 1
     rate = f", each host sending at most {a.rate}" if a.rate else ""
-    print(f"version of {gb:.2f} GB, pusher on 1 host, pullers on {n}{rate}, medians of "
-          f"{len(r['relay_1'])} runs")  # fmt: skip
-    for key, label in (("relay_1", "relay, 1 host"), ("tcp_1", "TCP floor, 1 host"),
-                       ("relay_n", f"relay, {n} hosts"), ("tcp_n", f"TCP floor, {n} hosts")):  # fmt: skip
+    print(
+        f"version of {gb:.2f} GB, pusher on 1 host, pullers on {n}{rate}, medians of "
+        f"{len(r['relay_1'])} runs"
+    )
+    for key, label in (
+        ("relay_1", "relay, 1 host"),
+        ("tcp_1", "TCP floor, 1 host"),
+        ("relay_n", f"relay, {n} hosts"),
+        ("tcp_n", f"TCP floor, {n} hosts"),
+    ):
         runs = " ".join(f"{x:.2f}" for x in r[key])
         print(
             f"{label:22s} median {med[key]:6.2f} s  ({gb / med[key]:.2f} GB/s per host)  runs {runs}"
         )
-    print(f"pusher_sent: {med['sent_relay_1']:.2f}x the version for 1 host, "
-          f"{med['sent_relay_n']:.2f}x for {n} hosts")  # fmt: skip
-    print(f"relay_vs_tcp={med['relay_1'] / med['tcp_1']:.2f} "
-          f"relay_hosts_vs_one={med['relay_n'] / med['relay_1']:.2f} "
-          f"tcp_hosts_vs_one={med['tcp_n'] / med['tcp_1']:.2f}")  # fmt: skip
+    print(
+        f"pusher_sent: {med['sent_relay_1']:.2f}x the version for 1 host, "
+        f"{med['sent_relay_n']:.2f}x for {n} hosts"
+    )
+    print(
+        f"relay_vs_tcp={med['relay_1'] / med['tcp_1']:.2f} "
+        f"relay_hosts_vs_one={med['relay_n'] / med['relay_1']:.2f} "
+        f"tcp_hosts_vs_one={med['tcp_n'] / med['tcp_1']:.2f}"
+    )
 
 
 if __name__ == "__main__":

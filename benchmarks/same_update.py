@@ -51,10 +51,18 @@ def sample_batch(model, tok, setup: Setup, seed: int) -> dict:
         x = torch.tensor([ids])
         with torch.no_grad():
             out = model.generate(
-                x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0, top_k=0,
-                top_p=1.0, max_new_tokens=setup.max_tokens, num_return_sequences=setup.group,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=eos,
-            )  # fmt: skip
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=setup.max_tokens,
+                num_return_sequences=setup.group,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=eos,
+            )
         lp_all = torch.stack(out.logits, 1).float().log_softmax(-1)  # [G, T, V]
         for g in range(setup.group):
             seq = out.sequences[g, len(ids) :].tolist()
@@ -66,8 +74,12 @@ def sample_batch(model, tok, setup: Setup, seed: int) -> dict:
             completions.append(seq)
             logps.append(lp)
             rewards.append(correct(row["prompt"], text, row["target"]))
-    return {"prompts": prompts, "completions": completions, "logps": logps,
-            "rewards": torch.tensor(rewards)}  # fmt: skip
+    return {
+        "prompts": prompts,
+        "completions": completions,
+        "logps": logps,
+        "rewards": torch.tensor(rewards),
+    }
 
 
 def trl_advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
@@ -84,11 +96,20 @@ def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tupl
     from trl import GRPOTrainer
 
     args = cpu_grpo_config(
-        out_dir, prompts=setup.prompts, group=setup.group, max_tokens=setup.max_tokens,
-        lr=1e-5, steps=1, seed=0,
-    )  # fmt: skip
-    trainer = GRPOTrainer(model=model_path, reward_funcs=lambda **kw: [0.0],
-                          args=args, train_dataset=Dataset.from_list([{"prompt": "x"}]))  # fmt: skip
+        out_dir,
+        prompts=setup.prompts,
+        group=setup.group,
+        max_tokens=setup.max_tokens,
+        lr=1e-5,
+        steps=1,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=lambda **kw: [0.0],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "x"}]),
+    )
     tok = trainer.processing_class
     pad = tok.pad_token_id
     width_p = max(len(p) for p in batch["prompts"])
@@ -96,14 +117,17 @@ def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tupl
     prompt_ids = torch.tensor([[pad] * (width_p - len(p)) + p for p in batch["prompts"]])
     prompt_mask = torch.tensor([[0] * (width_p - len(p)) + [1] * len(p) for p in batch["prompts"]])
     completion_ids = torch.tensor([c + [pad] * (width_c - len(c)) for c in batch["completions"]])
-    completion_mask = torch.tensor([[1] * len(c) + [0] * (width_c - len(c))
-                                    for c in batch["completions"]])  # fmt: skip
+    completion_mask = torch.tensor(
+        [[1] * len(c) + [0] * (width_c - len(c)) for c in batch["completions"]]
+    )
     inputs = {
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
         "advantages": trl_advantages(batch["rewards"], setup.group),
         "num_items_in_batch": completion_mask.sum(),
-    }  # fmt: skip
+    }
     model = trainer.model
     model.train()
     trainer.current_gradient_accumulation_steps = 1
@@ -127,14 +151,30 @@ def forge_update(model_path: str, batch: dict, advantages: torch.Tensor) -> tupl
     from forge.training.trainer_core import TrainerCore
     from forge.types import Episode
 
-    core = TrainerCore(TrainerConfig(model=model_path, device="cpu", loss=LossConfig(type="grpo"),
-                                     optimizer=OptimizerConfig(lr=1e-5, max_grad_norm=1.0)))  # fmt: skip
+    core = TrainerCore(
+        TrainerConfig(
+            model=model_path,
+            device="cpu",
+            loss=LossConfig(type="grpo"),
+            optimizer=OptimizerConfig(lr=1e-5, max_grad_norm=1.0),
+        )
+    )
     eps = [
-        Episode(episode_id=f"e{i}", prompt_ids=p, response_ids=c, behavior_logprobs=lp,
-                reward=float(r), policy_version=0, advantage=float(a))
-        for i, (p, c, lp, r, a) in enumerate(zip(batch["prompts"], batch["completions"],
-                                                 batch["logps"], batch["rewards"], advantages))
-    ]  # fmt: skip
+        Episode(
+            episode_id=f"e{i}",
+            prompt_ids=p,
+            response_ids=c,
+            behavior_logprobs=lp,
+            reward=float(r),
+            policy_version=0,
+            advantage=float(a),
+        )
+        for i, (p, c, lp, r, a) in enumerate(
+            zip(
+                batch["prompts"], batch["completions"], batch["logps"], batch["rewards"], advantages
+            )
+        )
+    ]
     params = [p for p in core.model.parameters() if p.requires_grad]
     denom = core.accumulate(collate_episodes(eps))
     grads = [torch.zeros_like(p) if p.grad is None else p.grad / max(denom, 1.0) for p in params]
@@ -151,8 +191,11 @@ def compare(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
     nb = math.sqrt(sum(float(y.double().pow(2).sum()) for y in b))
     moved = sum(int(((x != 0) | (y != 0)).sum()) for x, y in zip(a, b))
     agree = sum(int(((x.sign() == y.sign()) & ((x != 0) | (y != 0))).sum()) for x, y in zip(a, b))
-    return {"cos": dot / max(na * nb, 1e-30), "ratio": na / max(nb, 1e-30),
-            "sign_agree": agree / max(moved, 1)}  # fmt: skip
+    return {
+        "cos": dot / max(na * nb, 1e-30),
+        "ratio": na / max(nb, 1e-30),
+        "sign_agree": agree / max(moved, 1),
+    }
 
 
 def main() -> None:
@@ -172,16 +215,20 @@ def main() -> None:
     setup = SETUPS[args.config]
     path = str(resolve_model("smollm2-135m-instruct"))
     tok = load_tokenizer(path)
-    sampler = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                   attn_implementation="eager")  # fmt: skip
+    sampler = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    )
     worst_g, worst_s = 1.0, 1.0
     for seed in args.seeds:
         batch = sample_batch(sampler, tok, setup, seed)
         r = batch["rewards"].view(-1, setup.group)
         live = int((r.max(1).values > r.min(1).values).sum())
         if not live:
-            print(f"[same_update] seed {seed}: no group with a reward spread (every advantage 0,"
-                  " both gradients 0): skipped", flush=True)  # fmt: skip
+            print(
+                f"[same_update] seed {seed}: no group with a reward spread (every advantage 0,"
+                " both gradients 0): skipped",
+                flush=True,
+            )
             continue
         with tempfile.TemporaryDirectory(prefix="forge-same-update-") as tmp:
             g_trl, s_trl = trl_update(path, setup, batch, tmp)
@@ -190,14 +237,21 @@ def main() -> None:
         grad, step = compare(g_f, g_trl), compare(s_f, s_trl)
         grad_c, step_c = compare(g_c, g_trl), compare(s_c, s_trl)
         tokens = sum(len(c) for c in batch["completions"])
-        print(f"[same_update] seed {seed}: {len(batch['completions'])} rows, {tokens} tokens, "
-              f"mean reward {float(batch['rewards'].mean()):.3f}, {live}/{setup.prompts} groups "
-              f"with a reward spread", flush=True)  # fmt: skip
-        for name, g, s in (("forge (population std)", grad, step),
-                           ("forge with TRL's advantages", grad_c, step_c)):  # fmt: skip
-            print(f"  {name:28s} gradient cos {g['cos']:.6f}, norm ratio {g['ratio']:.4f}; "
-                  f"update cos {s['cos']:.6f}, signs agree {100 * s['sign_agree']:.3f}%",
-                  flush=True)  # fmt: skip
+        print(
+            f"[same_update] seed {seed}: {len(batch['completions'])} rows, {tokens} tokens, "
+            f"mean reward {float(batch['rewards'].mean()):.3f}, {live}/{setup.prompts} groups "
+            f"with a reward spread",
+            flush=True,
+        )
+        for name, g, s in (
+            ("forge (population std)", grad, step),
+            ("forge with TRL's advantages", grad_c, step_c),
+        ):
+            print(
+                f"  {name:28s} gradient cos {g['cos']:.6f}, norm ratio {g['ratio']:.4f}; "
+                f"update cos {s['cos']:.6f}, signs agree {100 * s['sign_agree']:.3f}%",
+                flush=True,
+            )
         worst_g, worst_s = min(worst_g, grad["cos"]), min(worst_s, step["cos"])
     print(f"same_update_grad_cos={worst_g:.6f} same_update_step_cos={worst_s:.6f}")
 

@@ -30,8 +30,10 @@ KEY = "tml-bench-key-0123456789abcdef"
 def start_server() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "serve", "--port", "0", "--api-key", KEY],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -47,18 +49,36 @@ def one_run(url: str, steps: int, group: int) -> dict:
     """Run ``apps/tinker/rl_loop.py`` (the SDK only, its own process); parse its step lines."""
     env = {**os.environ, "TINKER_API_KEY": KEY}
     out = subprocess.run(
-        [sys.executable, "-m", "apps.tinker.rl_loop", "--base-url", url, "--steps", str(steps),
-         "--group", str(group)],
-        env=env, capture_output=True, text=True, timeout=600, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "apps.tinker.rl_loop",
+            "--base-url",
+            url,
+            "--steps",
+            str(steps),
+            "--group",
+            str(group),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
     phases = {"save_for_sampler": 0.0, "sample": 0.0, "train": 0.0}
     for m in re.finditer(r"save ([\d.]+) sample ([\d.]+) train ([\d.]+)", out):
         for key, value in zip(phases, m.groups()):
             phases[key] += float(value)
     last = dict(re.findall(r"(\w+)=([-\d.]+)", out.strip().splitlines()[-1]))
     wall = float(last["seconds"])
-    return {"steps_per_s": steps / wall, "wall_s": wall, "phases": phases,
-            "reward_first": float(last["first"]), "reward_last": float(last["last"])}  # fmt: skip
+    return {
+        "steps_per_s": steps / wall,
+        "wall_s": wall,
+        "phases": phases,
+        "reward_first": float(last["first"]),
+        "reward_last": float(last["last"]),
+    }
 
 
 def server_stats(url: str) -> dict:
@@ -87,8 +107,11 @@ def main() -> None:
                 for k, v in after.items()
             }
             runs.append(run)
-            print(f"[tinker_loop] repeat {r}: {run['steps_per_s']:.2f} steps/s, reward "
-                  f"{run['reward_first']:.2f} -> {run['reward_last']:.2f}", flush=True)  # fmt: skip
+            print(
+                f"[tinker_loop] repeat {r}: {run['steps_per_s']:.2f} steps/s, reward "
+                f"{run['reward_first']:.2f} -> {run['reward_last']:.2f}",
+                flush=True,
+            )
     finally:
         proc.terminate()
         proc.wait(60)

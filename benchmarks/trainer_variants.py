@@ -54,8 +54,17 @@ def long_batch(model_dir: str):
         prompt = tok(text if isinstance(msgs, list) else msgs)["input_ids"]
         for j in range(8):
             resp = [rng.randrange(100, 40000) for _ in range(rng.randint(60, 128))]
-            eps.append(Episode(f"e{g}{j}", list(prompt), resp, [-1.0] * len(resp), reward=0.0,
-                               policy_version=0, advantage=1.0 if j % 2 else -1.0))  # fmt: skip
+            eps.append(
+                Episode(
+                    f"e{g}{j}",
+                    list(prompt),
+                    resp,
+                    [-1.0] * len(resp),
+                    reward=0.0,
+                    policy_version=0,
+                    advantage=1.0 if j % 2 else -1.0,
+                )
+            )
     return collate_episodes(eps, pad_id=tok.pad_token_id)
 
 
@@ -71,9 +80,13 @@ def run_variant(variant: str, steps: int) -> dict:
     model_dir = resolve_model("smollm2-135m-instruct")
     long = variant.startswith("long") or variant == "head_ab"
     batch = long_batch(model_dir) if long else sample_batch(model_dir)[0]
-    cfg = TrainerConfig(model=model_dir, device="cpu", autocast="bfloat16",
-                        gradient_checkpointing=variant == "long_gc",
-                        autocast_head=variant == "long_bf16_head")  # fmt: skip
+    cfg = TrainerConfig(
+        model=model_dir,
+        device="cpu",
+        autocast="bfloat16",
+        gradient_checkpointing=variant == "long_gc",
+        autocast_head=variant == "long_bf16_head",
+    )
     core = TrainerCore(cfg)
     if variant.startswith("compile"):
         for layer in core.model.model.layers:
@@ -90,8 +103,13 @@ def run_variant(variant: str, steps: int) -> dict:
         core.train_step(batch)
         times.append(time.perf_counter() - t)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return {"variant": variant, "first_s": times[0], "median_s": statistics.median(times[2:]),
-            "steps_s": times[2:], "peak_rss_gb": peak_gb}  # fmt: skip
+    return {
+        "variant": variant,
+        "first_s": times[0],
+        "median_s": statistics.median(times[2:]),
+        "steps_s": times[2:],
+        "peak_rss_gb": peak_gb,
+    }
 
 
 def head_ab(core, batch, steps: int) -> dict:
@@ -110,9 +128,15 @@ def head_ab(core, batch, steps: int) -> dict:
     print(
         f"[trainer_variants] float32 head {times[False]}, bf16 head {times[True]}", file=sys.stderr
     )
-    return {"variant": "head_ab", "first_s": 0.0, "median_s": statistics.median(times[False]),
-            "bf16_head_median_s": statistics.median(times[True]), "steps_s": times[False],
-            "bf16_head_steps_s": times[True], "peak_rss_gb": peak_gb}  # fmt: skip
+    return {
+        "variant": "head_ab",
+        "first_s": 0.0,
+        "median_s": statistics.median(times[False]),
+        "bf16_head_median_s": statistics.median(times[True]),
+        "steps_s": times[False],
+        "bf16_head_steps_s": times[True],
+        "peak_rss_gb": peak_gb,
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -128,17 +152,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for v in args.only:
         print(f"[trainer_variants] {v} ...", flush=True)
         out = subprocess.run(
-            [sys.executable, "-m", "benchmarks.trainer_variants", "--child", v,
-             "--steps", str(args.steps)],
-            capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.trainer_variants",
+                "--child",
+                v,
+                "--steps",
+                str(args.steps),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"variant {v} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"\n{'variant':16} {'first step s':>12} {'median s':>9} {'peak RSS GB':>11}")
     for r in rows:
-        print(f"{r['variant']:16} {r['first_s']:12.1f} {r['median_s']:9.2f} "
-              f"{r['peak_rss_gb']:11.2f}")  # fmt: skip
+        print(
+            f"{r['variant']:16} {r['first_s']:12.1f} {r['median_s']:9.2f} {r['peak_rss_gb']:11.2f}"
+        )
         if "bf16_head_median_s" in r:
             print(f"{'  bf16 head':16} {'':12} {r['bf16_head_median_s']:9.2f}")
     return rows

@@ -84,13 +84,17 @@ def main() -> None:
                 await shutdown()
 
         r = loops.run(run())
-    print(f"model {params / 1e6:.0f}M fp32 parameters ({params * 4 / 1e9:.2f} GB), 2 generator "
-          f"replicas, push + load on both, medians of {a.repeats}")  # fmt: skip
+    print(
+        f"model {params / 1e6:.0f}M fp32 parameters ({params * 4 / 1e9:.2f} GB), 2 generator "
+        f"replicas, push + load on both, medians of {a.repeats}"
+    )
     med = {k: statistics.median(v) for k, v in r.items()}
     for name, runs in r.items():
         print(f"{name:18s} median {med[name]:6.2f} s  runs " + " ".join(f"{x:.2f}" for x in runs))
-    print(f"broadcast_vs_copying={med['broadcast (gloo)'] / med['shm, copying']:.2f} "
-          f"broadcast_vs_sharing={med['broadcast (gloo)'] / med['shm, sharing']:.2f}")  # fmt: skip
+    print(
+        f"broadcast_vs_copying={med['broadcast (gloo)'] / med['shm, copying']:.2f} "
+        f"broadcast_vs_sharing={med['broadcast (gloo)'] / med['shm, sharing']:.2f}"
+    )
 
 
 if __name__ == "__main__":

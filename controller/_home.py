@@ -126,8 +126,9 @@ def start_home(ip: str) -> str:
     try:
         address = fut.result(START_TIMEOUT_S)
     except concurrent.futures.TimeoutError:
-        raise TimeoutError(f"the controller's home did not listen on {ip} within "
-                           f"{START_TIMEOUT_S:.0f} s") from None  # fmt: skip
+        raise TimeoutError(
+            f"the controller's home did not listen on {ip} within {START_TIMEOUT_S:.0f} s"
+        ) from None
     rt.session.home = address
     return address
 
@@ -159,8 +160,9 @@ def home() -> ActorMesh | None:
     address = get_runtime().session.home or env_vars.home_address()
     if not address:
         return None
-    mesh = ActorMesh(HOME_ACTOR, "Home", Home, [ProcInfo(address, 0)],
-                     Shape.full({"procs": 1}), "home")  # fmt: skip
+    mesh = ActorMesh(
+        HOME_ACTOR, "Home", Home, [ProcInfo(address, 0)], Shape.full({"procs": 1}), "home"
+    )
     # Every call to the home is bounded (FORGE_CALL_TIMEOUT_S): a controller host that stops
     # answering fails the caller with a CallTimeoutError naming the call, never a hang.
     return mesh.with_default_timeout(env_vars.call_timeout_s())

@@ -52,8 +52,13 @@ import traceback
 
 from controller import _zygote
 
-APPLIED = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "PYTHONPATH", "TRANSFORMERS_VERBOSITY",
-           "HF_HUB_DISABLE_PROGRESS_BARS")  # fmt: skip
+APPLIED = (
+    "OMP_NUM_THREADS",
+    "PYTHONUNBUFFERED",
+    "PYTHONPATH",
+    "TRANSFORMERS_VERBOSITY",
+    "HF_HUB_DISABLE_PROGRESS_BARS",
+)
 _TRUE = ("1", "true", "yes", "on")
 _LEVELS = ("detail", "debug", "info", "warning", "error", "critical")  # transformers' names
 
@@ -153,9 +158,11 @@ def _apply(applied: dict[str, str]) -> None:
         for name, fd in (("stdout", 1), ("stderr", 2)):
             old = getattr(sys, name)
             new = io.TextIOWrapper(
-                io.FileIO(fd, "w", closefd=False), encoding=old.encoding, errors=old.errors,
+                io.FileIO(fd, "w", closefd=False),
+                encoding=old.encoding,
+                errors=old.errors,
                 write_through=True,
-            )  # fmt: skip
+            )
             setattr(sys, name, new)
             setattr(sys, f"__{name}__", new)
     if "TRANSFORMERS_VERBOSITY" in applied and "transformers" in sys.modules:

@@ -56,8 +56,15 @@ logger = logging.getLogger("controller")
 # Names read only while a process runs, never at import: they may differ between the
 # children of one zygote. (torch's inductor sets TORCHINDUCTOR_CACHE_DIR in the controller's
 # environment the first time it asks for its cache directory, in the middle of a run.)
-RUNTIME_ONLY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT", "TORCHINDUCTOR_CACHE_DIR")  # fmt: skip
+RUNTIME_ONLY = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHINDUCTOR_CACHE_DIR",
+)
 _MAX_MSG = 1 << 20
 _MAX_FDS = 16
 REPLY_TIMEOUT_S = 30.0  # one fork, once the zygote has imported (its start has its own bound)
@@ -234,8 +241,9 @@ def spawn_worker(env: dict[str, str], fds: dict[str, int]) -> ZygoteChild | None
                 z = _zygotes[key] = Zygote(zygote_env(env), preload)
         return z.spawn(env, fds)
     except (OSError, RuntimeError, ValueError) as e:
-        logger.warning("could not fork an actor process from a zygote (%s); starting it "
-                       "the plain way", e)  # fmt: skip
+        logger.warning(
+            "could not fork an actor process from a zygote (%s); starting it the plain way", e
+        )
         return None
 
 

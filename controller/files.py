@@ -263,8 +263,9 @@ def own_address() -> str:
     return address if address.startswith("tcp:") and not address.endswith(":0") else ""
 
 
-async def _read_remote(address: str, path: str, offset: int, size: int,
-                       timeout: float = CALL_TIMEOUT_S):  # fmt: skip
+async def _read_remote(
+    address: str, path: str, offset: int, size: int, timeout: float = CALL_TIMEOUT_S
+):
     from controller import _serialization as ser
     from controller import _wire
 
@@ -312,8 +313,9 @@ PARENT_TIMEOUT_S = 120.0  # one chunk from a relaying host (it may wait up to 60
 relayed: dict[str, dict] = {}  # dest -> where its last copies came from (newest 16)
 
 
-async def fetch_relayed(source: str, path: str, dest: str, key: str,
-                        fanout: int = RELAY_FANOUT) -> int:  # fmt: skip
+async def fetch_relayed(
+    source: str, path: str, dest: str, key: str, fanout: int = RELAY_FANOUT
+) -> int:
     """Copy ``path``, published by the worker at ``source``, into the local file ``dest``, as
     one of several hosts copying the same file (``key`` names it, e.g. a weight version).
 
@@ -381,7 +383,12 @@ class _Reader:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure of the parent: go to the source
                 if self.parent is not None:
-                    logger.warning("relay: reading %s from %s failed (%s); copying the rest "
-                                   "from %s", path, address, e, self.source)  # fmt: skip
+                    logger.warning(
+                        "relay: reading %s from %s failed (%s); copying the rest from %s",
+                        path,
+                        address,
+                        e,
+                        self.source,
+                    )
                     self.parent = None
         return await _read_remote(self.source, self.path, offset, size)

@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
             "Trainer",
             "TrainerConfig",
         )
-    },  # fmt: skip
+    },
     # configs
     "OptimizerConfig": "forge.training.trainer_config",
     "ScheduleConfig": "forge.training.trainer_config",
@@ -74,7 +74,7 @@ _EXPORTS: dict[str, str] = {
             "train_step",
             "train_streamed",
         )
-    },  # fmt: skip
+    },
     "policy_defaults": "forge.run.policy",
     "make_deterministic": "forge.run.run_config",
     "seed_defaults": "forge.run.run_config",
@@ -137,7 +137,7 @@ _EXPORTS: dict[str, str] = {
             "REWARD",
             "REWARD_AGGREGATOR",
         )
-    },  # fmt: skip
+    },
     "JsonlSource": "forge.data",
     "HFSource": "forge.data",
     "sft_batch": "forge.data.sft",

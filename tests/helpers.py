@@ -138,8 +138,12 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "run", "--config", str(config), "--run-dir", str(run)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(), cwd=REPO,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=script_env(),
+        cwd=REPO,
+    )
     try:
         deadline = time.monotonic() + 300
         while len([r for r in run_metrics(run) if "train/loss" in r]) < kill_at:
@@ -177,8 +181,14 @@ def run_killing_a_generator(config: Path, run: Path, kill_at: int) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    return {"returncode": proc.returncode, "out": out, "err": err, "gens": gens,
-            "victim": victim, "trained_at_kill": trained}  # fmt: skip
+    return {
+        "returncode": proc.returncode,
+        "out": out,
+        "err": err,
+        "gens": gens,
+        "victim": victim,
+        "trained_at_kill": trained,
+    }
 
 
 def _wait_generator_back(run: Path, victim: int, proc: subprocess.Popen) -> None:
@@ -194,8 +204,10 @@ def _wait_generator_back(run: Path, victim: int, proc: subprocess.Popen) -> None
                 if svc["name"] != "Generator":
                     continue
                 last = svc["replicas"]
-                if any(r["restarts"] >= 1 and r["state"] == "healthy" and victim not in r["pids"]
-                       for r in last):  # fmt: skip
+                if any(
+                    r["restarts"] >= 1 and r["state"] == "healthy" and victim not in r["pids"]
+                    for r in last
+                ):
                     return
         time.sleep(0.1)
     raise AssertionError(f"the killed generator replica was not back within 120 s: {last}")

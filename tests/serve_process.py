@@ -26,11 +26,23 @@ def serve_process(work: Path, config: str, key: str):
     """Yield the URL (a ``Served``) of a server run with ``config`` (YAML text) and ``key``."""
     (work / "serve.yaml").write_text(config)
     proc = subprocess.Popen(  # the key in the environment, not on the command line
-        [sys.executable, "-m", "forge.cli", "serve", "--config", str(work / "serve.yaml"),
-         "--port", "0"],
-        cwd=str(REPO), env=script_env(FORGE_API_KEY=key), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "serve",
+            "--config",
+            str(work / "serve.yaml"),
+            "--port",
+            "0",
+        ],
+        cwd=str(REPO),
+        env=script_env(FORGE_API_KEY=key),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines, url = [], None
     deadline = time.monotonic() + 120
     while url is None and time.monotonic() < deadline:

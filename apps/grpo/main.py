@@ -88,34 +88,51 @@ class Handles:
 async def spawn(cfg: Config, roles: Roles) -> Handles:
     """Start the run's actors and services, in parallel."""
     env_vars, n = actor_env_vars(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
-    buffer_cfg = ReplayBufferConfig(batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs,
-                                    dp_size=cfg.trainer_procs, max_policy_age=cfg.max_policy_age,
-                                    seed=cfg.seed)  # fmt: skip
+    buffer_cfg = ReplayBufferConfig(
+        batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs,
+        dp_size=cfg.trainer_procs,
+        max_policy_age=cfg.max_policy_age,
+        seed=cfg.seed,
+    )
 
     def maybe(needed, make):
         return make() if needed else asyncio.sleep(0)
 
     parts: list = await asyncio.gather(  # in the order of Handles' fields
         DatasetActor.options(env_vars=env_vars).as_actor(cfg.data),
-        Generator.options(num_replicas=n.generator, env_vars=env_vars,
-                          **cfg.gpu_options("generator")).as_service(cfg.generator),
-        maybe(cfg.rewards, lambda: RewardActor.options(num_replicas=n.rewards, env_vars=env_vars)
-              .as_service(cfg.reward_fns())),
+        Generator.options(
+            num_replicas=n.generator, env_vars=env_vars, **cfg.gpu_options("generator")
+        ).as_service(cfg.generator),
+        maybe(
+            cfg.rewards,
+            lambda: RewardActor.options(num_replicas=n.rewards, env_vars=env_vars).as_service(
+                cfg.reward_fns()
+            ),
+        ),
         ReplayBuffer.options(env_vars=env_vars).as_actor(buffer_cfg),
-        Trainer.options(procs=cfg.trainer_procs, env_vars=env_vars, **cfg.gpu_options("trainer"))
-        .as_actor(cfg.trainer),
-        maybe(n.env, lambda: EnvActor.options(num_replicas=n.env, env_vars=env_vars)
-              .as_service(cfg.env.fn)),
-        maybe(cfg.reward_model, lambda: RewardModel.options(num_replicas=n.reward_model,
-                                                            env_vars=env_vars)
-              .as_service(cfg.reward_model)),
-        maybe(ref := cfg.reference_service,
-              lambda: ReferenceModel.options(env_vars=env_vars).as_service(ref)),
+        Trainer.options(
+            procs=cfg.trainer_procs, env_vars=env_vars, **cfg.gpu_options("trainer")
+        ).as_actor(cfg.trainer),
+        maybe(
+            n.env,
+            lambda: EnvActor.options(num_replicas=n.env, env_vars=env_vars).as_service(cfg.env.fn),
+        ),
+        maybe(
+            cfg.reward_model,
+            lambda: RewardModel.options(num_replicas=n.reward_model, env_vars=env_vars).as_service(
+                cfg.reward_model
+            ),
+        ),
+        maybe(
+            ref := cfg.reference_service,
+            lambda: ReferenceModel.options(env_vars=env_vars).as_service(ref),
+        ),
         maybe(cfg.critic, lambda: Critic.options(env_vars=env_vars).as_actor(cfg.critic)),
-        maybe(teacher := cfg.teacher_service,
-              lambda: Teacher.options(num_replicas=n.teacher, env_vars=env_vars)
-              .as_service(teacher)),
-    )  # fmt: skip
+        maybe(
+            teacher := cfg.teacher_service,
+            lambda: Teacher.options(num_replicas=n.teacher, env_vars=env_vars).as_service(teacher),
+        ),
+    )
     h = Handles(*parts)
     for role, handle in (("trainer", h.trainer), ("buffer", h.buffer), ("data", h.data)):
         roles.watch(handle, role)  # what a checkpoint restores
@@ -131,15 +148,23 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     state = (s.trainer, s.buffer, s.data)
     version = await ckpt.restore(*state) if resume else 0
     scorer, manager = rollouts(cfg, s, log)
-    sync = WeightSync(s.trainer, s.generator, s.reference, teacher=s.teacher, log=log,
-                      on_served=manager.advance, on_failed=manager.fail,
-                      overlap=cfg.max_policy_age > 0)  # fmt: skip
+    sync = WeightSync(
+        s.trainer,
+        s.generator,
+        s.reference,
+        teacher=s.teacher,
+        log=log,
+        on_served=manager.advance,
+        on_failed=manager.fail,
+        overlap=cfg.max_policy_age > 0,
+    )
     if version:
         await sync.resume(version)
     flush = ActorMetrics(log, s.trainer, s.generator, s.buffer)
     critic = GAECritic(s.critic, cfg.critic, cfg.whiten_advantages) if cfg.critic else None
-    evaluate = Evaluator.of_run(cfg, scorer, s.generator, await s.data.heldout.call_one(),
-                                log, before=sync.wait)  # fmt: skip
+    evaluate = Evaluator.of_run(
+        cfg, scorer, s.generator, await s.data.heldout.call_one(), log, before=sync.wait
+    )
     if cfg.parity.check_at_start and not resume:
         await check_parity(cfg, s.data, s.generator, s.trainer)  # before any update
     parity = ParityWatch(cfg)
@@ -160,8 +185,9 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
                 await s.trainer.set_loss.call(phase.loss)
                 scorer.switch(phase.rollout, manager)
                 log.add(M.PHASE, [float(phase.index)])
-            m, waited, took = await train_batch(cfg, s.buffer, s.trainer, version, manager,
-                                                critic, colo)  # fmt: skip
+            m, waited, took = await train_batch(
+                cfg, s.buffer, s.trainer, version, manager, critic, colo
+            )
             parity.observe(version, m)
             t, version = time.perf_counter(), version + 1
             log.cut("rollout/")  # this step's rollouts end here: the push starts the next's
@@ -187,21 +213,34 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
         await evaluate(version)
     await s.trainer.export_hf.call(str(run_dir / "model"))  # the final policy, every run
     log.close()
-    return {"history": log.history, "eval": evaluate.scores, "version": version,
-            "model": run_dir / "model"}  # fmt: skip
+    return {
+        "history": log.history,
+        "eval": evaluate.scores,
+        "version": version,
+        "model": run_dir / "model",
+    }
 
 
 def rollouts(cfg: Config, s: Handles, log: MetricLog) -> tuple:
     """The group producer (scored completions, or episodes) and its rollout manager."""
     distill = Distiller(cfg.teacher, s.teacher, log) if cfg.teacher is not None else None
-    scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, s.data, s.generator, s.rewards,
-                         log=log, reference=s.reference, reward_model=s.reward_model,
-                         distill=distill)  # fmt: skip
+    scorer = GroupScorer(
+        cfg.rollout,
+        cfg.policy.temperature,
+        s.data,
+        s.generator,
+        s.rewards,
+        log=log,
+        reference=s.reference,
+        reward_model=s.reward_model,
+        distill=distill,
+    )
     if cfg.env is not None:
         bootstrap = cfg.critic is not None and cfg.critic.bootstrap_truncated
         scorer = EpisodeScorer(scorer, cfg.env, s.envs, load_tokenizer(cfg.policy.model), bootstrap)
-    manager = RolloutManager(scorer.produce, s.buffer.add.call_one,
-                             **scorer.manager_kwargs(cfg.max_policy_age))  # fmt: skip
+    manager = RolloutManager(
+        scorer.produce, s.buffer.add.call_one, **scorer.manager_kwargs(cfg.max_policy_age)
+    )
     return scorer, manager
 
 

@@ -53,8 +53,10 @@ class Config(RolloutRunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rollout.group_size != 1:
-            raise ValueError("reinforce samples one completion per prompt (the running "
-                             "baseline replaces the group): set rollout.group_size=1")  # fmt: skip
+            raise ValueError(
+                "reinforce samples one completion per prompt (the running "
+                "baseline replaces the group): set rollout.group_size=1"
+            )
         if not 0.0 <= self.baseline_decay <= 1.0:
             raise ValueError(f"baseline_decay must be in [0, 1], got {self.baseline_decay}")
 
@@ -64,20 +66,28 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     env_vars = actor_env_vars(cfg.threads_per_actor, cfg.deterministic)
     data, generator, rewards, trainer = await asyncio.gather(
         DatasetActor.options(env_vars=env_vars).as_actor(cfg.data),
-        Generator.options(num_replicas=cfg.replicas.generator, env_vars=env_vars)
-        .as_service(cfg.generator),
-        RewardActor.options(num_replicas=cfg.replicas.rewards, env_vars=env_vars)
-        .as_service(cfg.reward_fns()),
+        Generator.options(num_replicas=cfg.replicas.generator, env_vars=env_vars).as_service(
+            cfg.generator
+        ),
+        RewardActor.options(num_replicas=cfg.replicas.rewards, env_vars=env_vars).as_service(
+            cfg.reward_fns()
+        ),
         Trainer.options(env_vars=env_vars).as_actor(cfg.trainer),
-    )  # fmt: skip
+    )
     log, pad = (
         MetricLog(run_dir, cfg.metrics, cfg.steps),
         load_tokenizer(cfg.policy.model).pad_token_id,
     )
     sync = WeightSync(trainer, generator, log=log, overlap=False)
     scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, data, generator, rewards, log=log)
-    evaluate = Evaluator(scorer, generator, await data.heldout.call_one(), cfg.eval_reward_fn(),
-                         cfg.eval.max_tokens, log)  # fmt: skip
+    evaluate = Evaluator(
+        scorer,
+        generator,
+        await data.heldout.call_one(),
+        cfg.eval_reward_fn(),
+        cfg.eval.max_tokens,
+        log,
+    )
     if cfg.eval.at_start:
         await evaluate(0)
     baseline = None

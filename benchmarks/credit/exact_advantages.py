@@ -120,8 +120,10 @@ def exact_q(probs: dict[tuple[int, bool], list[float]]) -> dict[tuple[int, bool]
 
 def greedy_success(probs: dict[tuple[int, bool], list[float]]) -> float:
     """Exact win rate of the policy's greedy moves over the start piles."""
-    greedy = {s: [float(k == max(range(3), key=pr.__getitem__)) for k in range(3)]
-              for s, pr in probs.items()}  # fmt: skip
+    greedy = {
+        s: [float(k == max(range(3), key=pr.__getitem__)) for k in range(3)]
+        for s, pr in probs.items()
+    }
     q = exact_q(greedy)
     piles = start_piles(5, 15)
     return sum(q[(p, True)][-1] for p in piles) / len(piles)
@@ -146,8 +148,10 @@ def play(probs: dict, pile: int, rng: random.Random) -> list[tuple[tuple[int, bo
 def sft(policy: Policy, steps: int, seed: int) -> None:
     """Cross-entropy on random legal moves in the states of random games (batch 32 games)."""
     rng = random.Random(seed + 1)
-    uniform = {s: [1 / len([k for k in MOVES if k <= s[0]]) if k <= s[0] else 0.0
-                   for k in MOVES] for s in policy.states}  # fmt: skip
+    uniform = {
+        s: [1 / len([k for k in MOVES if k <= s[0]]) if k <= s[0] else 0.0 for k in MOVES]
+        for s in policy.states
+    }
     opt = torch.optim.AdamW(policy.model.parameters(), lr=1e-3, weight_decay=0.0)
     for _ in range(steps):
         rows, targets = [], []
@@ -194,8 +198,11 @@ def train(args: argparse.Namespace, seed: int) -> dict:
         if step % 50 == 0 or step == args.steps:
             with torch.no_grad():
                 curve[step] = greedy_success(policy.move_probs(policy.logprobs()))
-            print(f"  seed {seed} step {step}: greedy {curve[step]:.3f} "
-                  f"entropy {entropy:.2f} ({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"  seed {seed} step {step}: greedy {curve[step]:.3f} "
+                f"entropy {entropy:.2f} ({time.monotonic() - t0:.0f} s)",
+                flush=True,
+            )
     with torch.no_grad():
         probs = policy.move_probs(policy.logprobs())
     moves = {s: 1 + max(range(3), key=pr.__getitem__) for s, pr in probs.items()}

@@ -72,10 +72,18 @@ def table(model_dir: str, label: str, window: HistoryWindow | None = None) -> No
     print("  state      optimal  P(1)  P(2)  P(3)  greedy")
     first, later = {}, {}
     rows = [("start", pile, [{"role": "user", "content": intro(pile)}]) for pile in piles]
-    rows += [("later", pile, [{"role": "user", "content": intro(15)},  # after "take 3" from 15
-                              {"role": "assistant", "content": "3"},
-                              {"role": "user", "content": observe(pile)}])
-             for pile in range(1, 16)]  # fmt: skip
+    rows += [
+        (
+            "later",
+            pile,
+            [
+                {"role": "user", "content": intro(15)},  # after "take 3" from 15
+                {"role": "assistant", "content": "3"},
+                {"role": "user", "content": observe(pile)},
+            ],
+        )
+        for pile in range(1, 16)
+    ]
     for kind, pile, messages in rows:
         if window is not None:
             messages = window_messages(messages, window)

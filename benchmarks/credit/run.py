@@ -54,8 +54,18 @@ GAMES = {
 def run_once(config: str, seed: int, overrides: list[str], run_dir: Path, timeout: float) -> dict:
     """One run at ``seed`` into ``run_dir`` (its cache inside); its summary line as numbers."""
     env = {**os.environ, "FORGE_CACHE_DIR": str(run_dir / "cache")}
-    cmd = [sys.executable, "-m", "forge.cli", "run", "--config", config,
-           "--run-dir", str(run_dir / "run"), f"seed={seed}", *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "forge.cli",
+        "run",
+        "--config",
+        config,
+        "--run-dir",
+        str(run_dir / "run"),
+        f"seed={seed}",
+        *overrides,
+    ]
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("success_rate=")]
@@ -91,8 +101,15 @@ def report_rows(path: Path, keep: Path, trl: list[Path]) -> list[dict]:
     first = next((r for r in rows if r["game"] == "subtraction"), {"optimal": 1.0})
     for t in trl:
         d = json.loads(t.read_text())
-        rows.append({"game": "subtraction", "method": "trl_grpo", "optimal": first["optimal"],
-                     **d, "rl_minutes": d["minutes"]})  # fmt: skip
+        rows.append(
+            {
+                "game": "subtraction",
+                "method": "trl_grpo",
+                "optimal": first["optimal"],
+                **d,
+                "rl_minutes": d["minutes"],
+            }
+        )
     return rows
 
 
@@ -102,9 +119,12 @@ def table(rows: list[dict]) -> str:
     for game in dict.fromkeys(r["game"] for r in rows):
         mine = [r for r in rows if r["game"] == game]
         opt, rand = mine[0]["optimal"], mine[0]["random"]
-        out += [f"\n{game}: optimal rule {opt:.3f}, random legal play {rand:.3f}\n",
-                "| method | seeds | after SFT | greedy after RL | sampled (last 10 steps) | "
-                "RL minutes |", "|---|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            f"\n{game}: optimal rule {opt:.3f}, random legal play {rand:.3f}\n",
+            "| method | seeds | after SFT | greedy after RL | sampled (last 10 steps) | "
+            "RL minutes |",
+            "|---|---|---|---|---|---|",
+        ]
         for method in dict.fromkeys(r["method"] for r in mine):
             rs = [r for r in mine if r["method"] == method]
             out.append(
@@ -137,8 +157,11 @@ def main() -> None:
             for method in a.methods:
                 extra = METHODS[method] + a.overrides
                 run_dir = Path(a.keep) / f"{game}-{method}-s{seed}"
-                row = {"game": game, "method": method,
-                       **run_once(GAMES[game], seed, extra, run_dir, a.timeout)}  # fmt: skip
+                row = {
+                    "game": game,
+                    "method": method,
+                    **run_once(GAMES[game], seed, extra, run_dir, a.timeout),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if a.out:

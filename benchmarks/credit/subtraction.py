@@ -83,8 +83,11 @@ class Piles:
         return {"pile": pile, "prompt": intro(pile), "target": pile}
 
     def heldout(self) -> list[dict]:
-        return [{"pile": p, "prompt": intro(p), "target": p}
-                for p in self.piles for _ in range(self.repeats)]  # fmt: skip
+        return [
+            {"pile": p, "prompt": intro(p), "target": p}
+            for p in self.piles
+            for _ in range(self.repeats)
+        ]
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.getstate()}
@@ -116,8 +119,11 @@ class RandomMoveGames:
         self.piles, self.rng = start_piles(low, high), random.Random(seed)
 
     def sample(self) -> dict:
-        messages, _ = play(lambda p: self.rng.choice([k for k in MOVES if k <= p]),
-                           self.rng.choice(self.piles), self.rng)  # fmt: skip
+        messages, _ = play(
+            lambda p: self.rng.choice([k for k in MOVES if k <= p]),
+            self.rng.choice(self.piles),
+            self.rng,
+        )
         return {"messages": messages}
 
     def heldout(self) -> list[dict]:

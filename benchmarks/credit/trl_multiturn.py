@@ -78,9 +78,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    p.add_argument("--entropy-coef", type=float, default=0.0,
-                   help="TRL's entropy_coef (the mean per-token entropy of the full "
-                        "distribution; 0: off, TRL's default)")  # fmt: skip
+    p.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=0.0,
+        help="TRL's entropy_coef (the mean per-token entropy of the full "
+        "distribution; 0: off, TRL's default)",
+    )
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="new tokens per turn")
     args = p.parse_args(argv)
     if args.steps < 1 or args.threads < 1 or args.max_tokens < 1 or args.entropy_coef < 0:
@@ -106,8 +110,18 @@ class Games:
         for pile, seed in zip(piles, seeds):
             env = Subtraction(seed=seed)
             messages = to_messages(await env.reset({"pile": pile}))
-            games.append({"env": env, "messages": messages, "prompt": self.chat.prompt_ids(messages),
-                          "ids": [], "mask": [], "logprobs": [], "success": 0.0, "turns": 0})  # fmt: skip
+            games.append(
+                {
+                    "env": env,
+                    "messages": messages,
+                    "prompt": self.chat.prompt_ids(messages),
+                    "ids": [],
+                    "mask": [],
+                    "logprobs": [],
+                    "success": 0.0,
+                    "turns": 0,
+                }
+            )
         live = list(games)
         for turn in range(MAX_TURNS):
             if not live:
@@ -165,13 +179,21 @@ def success_reward(prompts, completions, success, **kwargs) -> list[float]:
     return [float(s) for s in success]
 
 
-def trl_config(out_dir: Path, steps: int, seed: int, max_tokens: int = MAX_TOKENS,
-               entropy_coef: float = 0.0):  # fmt: skip
+def trl_config(
+    out_dir: Path, steps: int, seed: int, max_tokens: int = MAX_TOKENS, entropy_coef: float = 0.0
+):
     # max_tokens is per turn (the rollout_func's generate); the tasks keep Piles(seed=2)'s order.
     return cpu_grpo_config(
-        out_dir, prompts=PROMPTS, group=GROUP, max_tokens=max_tokens, lr=LR, steps=steps,
-        seed=seed, shuffle_dataset=False, entropy_coef=entropy_coef,
-    )  # fmt: skip
+        out_dir,
+        prompts=PROMPTS,
+        group=GROUP,
+        max_tokens=max_tokens,
+        lr=LR,
+        steps=steps,
+        seed=seed,
+        shuffle_dataset=False,
+        entropy_coef=entropy_coef,
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -232,9 +254,12 @@ def run(args: argparse.Namespace) -> dict:
         tok = trainer.processing_class
         holder.update(games=Games(tok, args.seed), turns=[])
         greedy = GenerationConfig(
-            max_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
-            eos_token_id=trainer.eos_token_ids, disable_compile=True,
-        )  # fmt: skip
+            max_new_tokens=args.max_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=trainer.eos_token_ids,
+            disable_compile=True,
+        )
         tasks = Piles(heldout_repeats=8).heldout()  # as subtraction.yaml
         opponents = random.Random(args.seed + 1)
         eval_seeds = [opponents.getrandbits(32) for _ in tasks]  # the same before and after

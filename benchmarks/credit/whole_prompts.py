@@ -56,8 +56,9 @@ def play(policy: WholePolicy, piles: list[int], rng: random.Random, mode: str):
     (uniform legal moves, for SFT data). Returns, per game, its turns as
     ``(conversation before the move, (pile, first turn?), take)`` (take 0: an illegal token
     or a token that is no move)."""
-    games = [{"pile": p, "msgs": [{"role": "user", "content": intro(p)}], "turns": []}
-             for p in piles]  # fmt: skip
+    games = [
+        {"pile": p, "msgs": [{"role": "user", "content": intro(p)}], "turns": []} for p in piles
+    ]
     live = list(games)
     while live:
         if mode == "random":
@@ -81,8 +82,10 @@ def play(policy: WholePolicy, piles: list[int], rng: random.Random, mode: str):
             g["pile"] -= rng.choice([k for k in MOVES if k <= g["pile"]])
             if g["pile"] == 0:
                 continue
-            g["msgs"] += [{"role": "assistant", "content": str(take)},
-                          {"role": "user", "content": observe(g["pile"])}]  # fmt: skip
+            g["msgs"] += [
+                {"role": "assistant", "content": str(take)},
+                {"role": "user", "content": observe(g["pile"])},
+            ]
             still.append(g)
         live = still
     return [g["turns"] for g in games]
@@ -133,21 +136,27 @@ def train(args: argparse.Namespace, seed: int) -> dict:
                 adv += credit
         if rows:
             logp = policy.logprobs([m for m, _ in rows])
-            tokens = [policy.digits[t - 1] if t else non_move(logp[i], policy.digits, illegal_rng)
-                      for i, (_, t) in enumerate(rows)]  # fmt: skip
+            tokens = [
+                policy.digits[t - 1] if t else non_move(logp[i], policy.digits, illegal_rng)
+                for i, (_, t) in enumerate(rows)
+            ]
             pg_step(args, opt, policy.model, logp, tokens, adv)
         if step % 50 == 0 or step == args.steps:
             curve[step] = heldout(policy)
-            print(f"  seed {seed} step {step}: held out {curve[step]:.3f} "
-                  f"({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"  seed {seed} step {step}: held out {curve[step]:.3f} "
+                f"({time.monotonic() - t0:.0f} s)",
+                flush=True,
+            )
     return {"seed": seed, "curve": curve}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(p, steps=300, entropy_coef=0.1, entropy="sampled")
-    p.add_argument("--advantages", choices=["episode", "gigpo", "state_baseline"],
-                   default="state_baseline")  # fmt: skip
+    p.add_argument(
+        "--advantages", choices=["episode", "gigpo", "state_baseline"], default="state_baseline"
+    )
     args = p.parse_args()
     args.per_state_norm = False
     print(f"whole-game prompts: {vars(args)}", flush=True)

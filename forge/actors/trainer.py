@@ -278,8 +278,10 @@ class Trainer(ForgeActor):
     def _broadcast_transport(self):
         transport = self.store.transport
         if transport.name != "broadcast":
-            raise RuntimeError(f"the trainer pushes with weights type {transport.name!r}, "
-                               "not broadcast: replicas pull its versions themselves")  # fmt: skip
+            raise RuntimeError(
+                f"the trainer pushes with weights type {transport.name!r}, "
+                "not broadcast: replicas pull its versions themselves"
+            )
         return transport
 
     @endpoint

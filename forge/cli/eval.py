@@ -89,8 +89,11 @@ async def run_eval(rl: Any, sets: list[EvalSet]) -> dict[str, dict[str, float]]:
         defaults.greedy = await greedy_completions(
             generator.generate.route, heldout, defaults.max_tokens
         )
-        print(f"[eval] greedy answers to {len(heldout)} held-out items in "
-              f"{time.perf_counter() - t0:.1f} s, scored by: {', '.join(reusing)}", flush=True)  # fmt: skip
+        print(
+            f"[eval] greedy answers to {len(heldout)} held-out items in "
+            f"{time.perf_counter() - t0:.1f} s, scored by: {', '.join(reusing)}",
+            flush=True,
+        )
     results = {}
     for es in sets:
         t0 = time.perf_counter()
@@ -129,8 +132,9 @@ def write(results: dict, out: Path, model: str) -> None:
     print(f"[eval] metrics written to {out}", flush=True)
 
 
-def main(config: str, checkpoint: str | None, names: str | None, out: str | None,
-         overrides: list[str]) -> int:  # fmt: skip
+def main(
+    config: str, checkpoint: str | None, names: str | None, out: str | None, overrides: list[str]
+) -> int:
     """``forge eval``'s body; returns the exit code."""
     from controller import loops, shutdown
     from forge.launch import load_app

@@ -146,9 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="the app's YAML config")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     run.add_argument("--run-dir", help="where to write outputs (default: runs/<app>-<time>)")
-    run.add_argument("--dry-run", action="store_true",
-                     help="load and validate the config, print it resolved (as `forge config "
-                     "show`), start nothing")  # fmt: skip
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="load and validate the config, print it resolved (as `forge config "
+        "show`), start nothing",
+    )
     run.add_argument("overrides", nargs="*", metavar="a.b=c", help="config overrides")
     run.set_defaults(fn=_run)
     config = sub.add_parser("config", help="inspect configs without running them")
@@ -183,8 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     eps.set_defaults(fn=_episodes)
     exp = sub.add_parser("export", help="write a run's final policy as a plain HF model")
     exp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or a model directory)")
-    exp.add_argument("--merge", required=True, metavar="OUT_DIR",
-                     help="where to write the model, LoRA adapters merged into the base")  # fmt: skip
+    exp.add_argument(
+        "--merge",
+        required=True,
+        metavar="OUT_DIR",
+        help="where to write the model, LoRA adapters merged into the base",
+    )
     exp.set_defaults(fn=_export)
     srv = sub.add_parser("serve", help="serve the Tinker API (LoRA training and sampling)")
     srv.add_argument("--config", help="a serve config (default: the tiny CPU model)")

@@ -204,9 +204,13 @@ def _progress(rl: dict[str, Any]) -> Table:
         grid.add_row("train", "  ".join(_train_item(k, v) for k, v in train.items()))
     memory = rl.get("memory") or {}  # time-sliced colocation: MiB at each phase end
     if memory:
-        grid.add_row("memory", "  ".join(
-            f"{role} " + " ".join(f"{phase} {v:.0f}M" for phase, v in phases.items())
-            for role, phases in sorted(memory.items())))  # fmt: skip
+        grid.add_row(
+            "memory",
+            "  ".join(
+                f"{role} " + " ".join(f"{phase} {v:.0f}M" for phase, v in phases.items())
+                for role, phases in sorted(memory.items())
+            ),
+        )
     return grid
 
 
@@ -231,9 +235,19 @@ def _services(snap: dict[str, Any]) -> RenderableType:
     """One row per replica; last errors below the table (they are long)."""
     t = _table(
         "services",
-        ("service", "rep", "state", "pid", "in\nflight", "queued", "reqs", "fail", "re-\nstarts",
-         "p50\nms"),
-    )  # fmt: skip
+        (
+            "service",
+            "rep",
+            "state",
+            "pid",
+            "in\nflight",
+            "queued",
+            "reqs",
+            "fail",
+            "re-\nstarts",
+            "p50\nms",
+        ),
+    )
     errors = Text()
     for svc in snap.get("services", []):
         for i, r in enumerate(svc.get("replicas", [])):

@@ -121,8 +121,11 @@ def _enter_namespace(libc) -> bool:
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
         return False
     # Map our own uid and gid to themselves, so the program sees who it is.
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                       ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
         try:
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)

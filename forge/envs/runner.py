@@ -257,9 +257,17 @@ async def run_episode(
             "each turn is its own row: drop one of them"
         )
     settings = _Settings(
-        max_turns, max_context_tokens, sampling, tools, parser or HermesToolParser(),
-        version_of, step_timeout_s, end_on_length, final_observation, history,
-    )  # fmt: skip
+        max_turns,
+        max_context_tokens,
+        sampling,
+        tools,
+        parser or HermesToolParser(),
+        version_of,
+        step_timeout_s,
+        end_on_length,
+        final_observation,
+        history,
+    )
     tid, target = _task_fields(task, task_id)
     b = _Builder()
     try:

@@ -134,8 +134,17 @@ def run_python(
         program = [sys.executable, *flags, "main.py"]
         status_r, status_w = os.pipe()  # the supervisor writes the program's ending here
         limits += [status_w, int(USE_NAMESPACES), os.getpid(), timeout_s]
-        argv = [sys.executable, "-I", "-S", _BOOT, *map(str, limits), workdir, outdir, "--",
-                *program]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            _BOOT,
+            *map(str, limits),
+            workdir,
+            outdir,
+            "--",
+            *program,
+        ]
         out_path, err_path = os.path.join(outdir, "stdout"), os.path.join(outdir, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:

@@ -81,8 +81,12 @@ def _tool(spec: Any) -> Tool:
     if spec.fn == "python":  # the sandboxed Python tool, kwargs for its limits
         return python_tool(**spec.kwargs)
     obj = import_string(spec.fn) if isinstance(spec.fn, str) else spec.fn
-    own = {"name": spec.name or None, "schema": spec.schema, "description": spec.description,
-           "timeout_s": spec.timeout_s}  # fmt: skip
+    own = {
+        "name": spec.name or None,
+        "schema": spec.schema,
+        "description": spec.description,
+        "timeout_s": spec.timeout_s,
+    }
     if isinstance(obj, Tool):
         return obj
     if spec.kwargs:  # a factory of a Tool, given its arguments

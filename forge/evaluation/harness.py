@@ -118,15 +118,23 @@ async def _episodes(es: EvalSet, env_cfg, tasks, generator, tokenizer, max_token
     async def one(task: dict) -> dict:
         async with generator.session():
             t = await run_episode(
-                make_env(), {**task, "task_id": uuid.uuid4().hex[:8]},
-                generator.generate.route, tokenizer, max_turns=env_cfg.max_turns,
-                max_context_tokens=env_cfg.max_context_tokens, tools=tools,
+                make_env(),
+                {**task, "task_id": uuid.uuid4().hex[:8]},
+                generator.generate.route,
+                tokenizer,
+                max_turns=env_cfg.max_turns,
+                max_context_tokens=env_cfg.max_context_tokens,
+                tools=tools,
                 sampling={"max_tokens": max_tokens, "temperature": es.sampling_temperature},
                 step_timeout_s=env_cfg.step_timeout_s,
-            )  # fmt: skip
+            )
         (comps,) = episode_components([t])  # named rewards, plus "reward" for scalar ones
-        return {"components": comps, "reward": sum(comps.values()),
-                "finish": t.finish_reason, "turns": t.num_turns}  # fmt: skip
+        return {
+            "components": comps,
+            "reward": sum(comps.values()),
+            "finish": t.finish_reason,
+            "turns": t.num_turns,
+        }
 
     async def task_samples(task: dict) -> list[dict]:
         return list(await asyncio.gather(*(one(task) for _ in range(es.n))))

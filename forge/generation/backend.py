@@ -121,8 +121,9 @@ class GeneratorConfig:
         # hf's device is ``device``; vllm places itself (a GPU where one is visible) and picks
         # its own kernels, so an explicit bf16 there is not judged
         hf = self.backend == "hf"
-        self.dtype = resolve_auto("generator.dtype", self.dtype,
-                                  self.device if hf else "auto", warn=hf)  # fmt: skip
+        self.dtype = resolve_auto(
+            "generator.dtype", self.dtype, self.device if hf else "auto", warn=hf
+        )
         if self.max_batch_size < 1:
             raise ValueError(
                 f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"

@@ -337,7 +337,7 @@ class HFBackend(HFWeights, GeneratorBackend):
                 {"adapters": self.adapters(), "adapter_slots": self._slots.used}
                 if self._slots is not None
                 else {}
-            ),  # fmt: skip
+            ),
         }
 
 

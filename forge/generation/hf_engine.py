@@ -176,8 +176,12 @@ class HFEngine:
         tensors = list(self._prefix.tensors())
         if self._running is not None:
             for layer in self._running.cache.layers:
-                tensors += [layer.keys, layer.values, getattr(layer, "_buf_k", None),
-                            getattr(layer, "_buf_v", None)]  # fmt: skip
+                tensors += [
+                    layer.keys,
+                    layer.values,
+                    getattr(layer, "_buf_k", None),
+                    getattr(layer, "_buf_v", None),
+                ]
         return tensor_bytes(tensors)
 
     def prefix_cache_stats(self) -> dict[str, int]:

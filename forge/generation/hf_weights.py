@@ -184,8 +184,10 @@ class HFWeights:
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         if self._dropped is not None:  # asleep at level 2: what an update must bring (meta)
-            return {name: torch.empty(shape, dtype=dtype, device="meta")
-                    for name, (shape, dtype, _) in self._dropped.specs.items()}  # fmt: skip
+            return {
+                name: torch.empty(shape, dtype=dtype, device="meta")
+                for name, (shape, dtype, _) in self._dropped.specs.items()
+            }
         return dict(self._lanes[-1].engine.model.state_dict())
 
     # ---- adapters (lora_mode: multi) ---------------------------------------------------
@@ -197,8 +199,10 @@ class HFWeights:
         own; requests admitted from then on use it, running ones keep the version they
         started with (``forge.generation.multi_lora``)."""
         if self._slots is None:
-            raise ValueError("load_adapter needs lora_mode: multi (this generator has "
-                             f"lora_mode {self.config.lora_mode!r})")  # fmt: skip
+            raise ValueError(
+                "load_adapter needs lora_mode: multi (this generator has "
+                f"lora_mode {self.config.lora_mode!r})"
+            )
         adapter = unpack_adapter(state_dict)
         if adapter is None:
             raise ValueError(f"load_adapter({name!r}): the pushed version holds no LoRA adapter")

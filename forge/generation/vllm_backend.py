@@ -363,12 +363,18 @@ class VLLMBackend(GeneratorBackend):
         path = os.path.join(self._lora_root, f"v{version}")
         os.makedirs(path, exist_ok=True)
         peft_config = {
-            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
-            "lora_alpha": spec.alpha, "target_modules": list(spec.target_modules),
-            "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "modules_to_save": None,
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": spec.rank,
+            "lora_alpha": spec.alpha,
+            "target_modules": list(spec.target_modules),
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "use_rslora": False,
+            "modules_to_save": None,
             "base_model_name_or_path": spec.base_model,
-        }  # fmt: skip
+        }
         with open(os.path.join(path, "adapter_config.json"), "w") as f:
             json.dump(peft_config, f)
         weights = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}

@@ -186,12 +186,26 @@ class _Server:
             self.port = s.getsockname()[1]
         self.app, self.url = app, f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
-        cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
-               "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        ]
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent, env={**os.environ, "PYTHONPATH": _pythonpath()},
-        )  # fmt: skip
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
+        )
 
     async def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -180,9 +180,13 @@ class VerifiersEnv:
         try:
             episode = vf.Episode(
                 env=vf.EnvInfo(id=self.env.config.env_id),
-                task=TraceTask(type=type(self.task).__name__, data=self.task.data,
-                               key=self.task.key, hash=self.task.hash),
-            )  # fmt: skip
+                task=TraceTask(
+                    type=type(self.task).__name__,
+                    data=self.task.data,
+                    key=self.task.key,
+                    hash=self.task.hash,
+                ),
+            )
             await self.env.setup(agents)
             await self.env.run(self.task, agents)
             episode.traces = list(self.traces)

@@ -102,8 +102,11 @@ class BridgeAgent:
     ) -> None:
         from verifiers.v1.session import RolloutLimits
 
-        extra = [k for k in ("max_input_tokens", "max_output_tokens", "max_total_tokens")
-                 if getattr(config, k) is not None]  # fmt: skip
+        extra = [
+            k
+            for k in ("max_input_tokens", "max_output_tokens", "max_total_tokens")
+            if getattr(config, k) is not None
+        ]
         if extra:
             raise ValueError(
                 f"verifiers agent limits {extra} count tokens from a serving engine's usage, "
@@ -148,13 +151,13 @@ class BridgeRollout:
             )
         self.task, self.agent = task, agent
         self.trace = Trace(
-            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key,
-                           hash=task.hash),
+            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
             state=state_cls(type(task))(),
             agent=AgentInfo(config=agent.config, name=agent.name, trainable=agent.trainable),
-        )  # fmt: skip
-        intercepts = [(hook_boundary(f, allow_trace=False), f)
-                      for f in discover_decorated(task, "intercept")]  # fmt: skip
+        )
+        intercepts = [
+            (hook_boundary(f, allow_trace=False), f) for f in discover_decorated(task, "intercept")
+        ]
         stops = [(hook_boundary(f, allow_trace=True), f) for f in task.hooks("stop")]
         from verifiers.v1.types import Request, Response
 
@@ -162,11 +165,16 @@ class BridgeRollout:
             return [f for b, f in pairs if b is kind]
 
         self.session = RolloutSession(
-            ctx=None, trace=self.trace, limits=agent.limits,
-            trace_stops=of(stops, Trace), request_stops=of(stops, Request),
-            response_stops=of(stops, Response), request_interceptors=of(intercepts, Request),
-            response_interceptors=of(intercepts, Response), gates_tools=True,
-        )  # fmt: skip
+            ctx=None,
+            trace=self.trace,
+            limits=agent.limits,
+            trace_stops=of(stops, Trace),
+            request_stops=of(stops, Request),
+            response_stops=of(stops, Response),
+            request_interceptors=of(intercepts, Request),
+            response_interceptors=of(intercepts, Response),
+            gates_tools=True,
+        )
         self.tools, self.specs = _task_tools(task, taskset, self.trace.state)
         self.messages: list = _opening(task.data, self.specs)
         self.shown = 0  # how many of self.messages Forge has seen
@@ -232,15 +240,21 @@ class BridgeRollout:
 
         calls = self.parser.parse(text) if self.tools is not None else []
         tool_calls = [
-            ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=getattr(c, "name", "") or "error",
-                     arguments=json.dumps(getattr(c, "arguments", {})))
+            ToolCall(
+                id=f"call_{uuid.uuid4().hex[:8]}",
+                name=getattr(c, "name", "") or "error",
+                arguments=json.dumps(getattr(c, "arguments", {})),
+            )
             for c in calls
-        ] or None  # fmt: skip
+        ] or None
         message = AssistantMessage(content=text, tool_calls=tool_calls)
         response = Response(
-            id=uuid.uuid4().hex, created=int(time.time()), model="forge", message=message,
+            id=uuid.uuid4().hex,
+            created=int(time.time()),
+            model="forge",
+            message=message,
             finish_reason="tool_calls" if calls else "stop",
-        )  # fmt: skip
+        )
         return response, calls
 
     async def _run_tools(self, calls: list, tool_calls: list) -> list:
@@ -248,10 +262,11 @@ class BridgeRollout:
 
         results = await self.tools.execute_all(calls)
         return [
-            ToolMessage(tool_call_id=tc.id, content=r.message["content"],
-                        name=r.message.get("name"))
+            ToolMessage(
+                tool_call_id=tc.id, content=r.message["content"], name=r.message.get("name")
+            )
             for tc, r in zip(tool_calls, results)
-        ]  # fmt: skip
+        ]
 
     async def close(self, condition: str) -> None:
         """End the exchange and score the trace (verifiers' ``task.score``)."""
@@ -271,9 +286,19 @@ def _opening(data: Any, specs: list) -> list:
 
     system = data.system_prompt
     if specs:
-        listing = tools_system_prompt([{"type": "function", "function": {
-            "name": s.name, "description": s.description, "parameters": s.parameters}}
-            for s in specs])  # fmt: skip
+        listing = tools_system_prompt(
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": s.name,
+                        "description": s.description,
+                        "parameters": s.parameters,
+                    },
+                }
+                for s in specs
+            ]
+        )
         system = f"{system}\n\n{listing}" if system else listing
     messages: list = [SystemMessage(content=system)] if system else []
     if isinstance(data.prompt, str):
@@ -297,8 +322,9 @@ def _task_tools(task: Any, taskset: Any, state: Any) -> tuple[ToolSet | None, li
             name = getattr(fn, "tool_name", None) or fn.__name__
             name = f"{prefix}_{name}" if prefix else name
             described = tool(fn, name=name, description=(fn.__doc__ or "").strip())
-            tools.append(Tool(name, _with_state(fn, state), described.schema,
-                              described.description))  # fmt: skip
+            tools.append(
+                Tool(name, _with_state(fn, state), described.schema, described.description)
+            )
     if not tools:
         return None, []
     specs = [VfTool(name=t.name, description=t.description, parameters=t.schema) for t in tools]

@@ -140,10 +140,14 @@ def shared_prefix_logprobs(
         if not _plain_cache(c_out.past_key_values):
             return None
         past = DynamicCache(
-            [(layer.keys.expand(len(prefixes), -1, -1, -1),
-              layer.values.expand(len(prefixes), -1, -1, -1))
-             for layer in c_out.past_key_values.layers]
-        )  # fmt: skip
+            [
+                (
+                    layer.keys.expand(len(prefixes), -1, -1, -1),
+                    layer.values.expand(len(prefixes), -1, -1, -1),
+                )
+                for layer in c_out.past_key_values.layers
+            ]
+        )
     else:
         common = 0
     p_out = body(
@@ -176,9 +180,11 @@ def shared_prefix_logprobs(
     # index_select, not ``keys[src_b]``: its backward is an index_add, ~10x faster on CPU than
     # the accumulating index_put that advanced indexing takes (60 of them a step).
     expanded = DynamicCache(
-        [(layer.keys.index_select(0, src_b), layer.values.index_select(0, src_b))
-         for layer in cache.layers]
-    )  # fmt: skip
+        [
+            (layer.keys.index_select(0, src_b), layer.values.index_select(0, src_b))
+            for layer in cache.layers
+        ]
+    )
     t_out = body(
         input_ids=t_ids,
         attention_mask=torch.cat([p_mask[src_b], t_mask], dim=1),

@@ -48,8 +48,9 @@ class RewardAlerts:
         elif (step - self.zero_since) % self.every:
             return None
         prefix = M.REWARD + "/"
-        dead = sorted(k[len(prefix) :] for k, v in values.items() if k.startswith(prefix) and v
-                      and not any(v))  # fmt: skip
+        dead = sorted(
+            k[len(prefix) :] for k, v in values.items() if k.startswith(prefix) and v and not any(v)
+        )
         which = f" (components never non-zero: {', '.join(dead)})" if dead else ""
         return (
             f"every reward was 0 at step {step} ({len(total)} episodes{which}, since step "

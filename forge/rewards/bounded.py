@@ -51,12 +51,22 @@ class _Child:
 
     def __init__(self, target: str, max_memory_mb: int, start_timeout_s: float) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        cmd = [sys.executable, "-m", "forge.rewards.bounded", target, str(max_memory_mb),
-               str(os.getpid())]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "forge.rewards.bounded",
+            target,
+            str(max_memory_mb),
+            str(os.getpid()),
+        ]
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env, close_fds=True,
-        )  # fmt: skip
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
         self._buf = b""
         line = self.read_line(time.monotonic() + start_timeout_s)
         if line != _READY:
@@ -127,8 +137,9 @@ class BoundedScorer:
         start_timeout_s: float = 120.0,
     ) -> None:
         if timeout_s <= 0 or workers < 1:
-            raise ValueError(f"BoundedScorer: timeout_s must be > 0 and workers >= 1, got "
-                             f"{timeout_s}, {workers}")  # fmt: skip
+            raise ValueError(
+                f"BoundedScorer: timeout_s must be > 0 and workers >= 1, got {timeout_s}, {workers}"
+            )
         self.target, self.timeout_s, self.workers = target, timeout_s, workers
         self.max_memory_mb, self.start_timeout_s = max_memory_mb, start_timeout_s
         self._idle: queue.SimpleQueue[_Child | None] = queue.SimpleQueue()
@@ -151,8 +162,10 @@ class BoundedScorer:
                 if not child.send(pending):
                     child, lost = self._drop(child), lost + 1
                     if lost > 3:
-                        raise RuntimeError(f"the scoring process for {self.target} keeps "
-                                           "dying before it reads its work")  # fmt: skip
+                        raise RuntimeError(
+                            f"the scoring process for {self.target} keeps "
+                            "dying before it reads its work"
+                        )
                     continue
                 for _ in pending:
                     reply = child.read_line(time.monotonic() + self.timeout_s)

@@ -119,9 +119,11 @@ class MathReward:
         with self._lock:
             if self._scorer is None:
                 self._scorer = BoundedScorer(
-                    f"{__name__}:score_pair", timeout_s=self.timeout_s, workers=self.workers,
+                    f"{__name__}:score_pair",
+                    timeout_s=self.timeout_s,
+                    workers=self.workers,
                     max_memory_mb=self.max_memory_mb,
-                )  # fmt: skip
+                )
             return self._scorer
 
     def close(self) -> None:

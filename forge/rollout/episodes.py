@@ -105,12 +105,18 @@ class EpisodeScorer:
             env = RemoteEnv(self.envs) if self.envs is not None else self.make_env()
             async with self.base.generator.session():
                 traj = await run_episode(
-                    env, task, self.base.generator.generate.route, self.tokenizer,
-                    max_turns=c.max_turns, max_context_tokens=c.max_context_tokens,
+                    env,
+                    task,
+                    self.base.generator.generate.route,
+                    self.tokenizer,
+                    max_turns=c.max_turns,
+                    max_context_tokens=c.max_context_tokens,
                     sampling={"max_tokens": max_tokens, "temperature": temperature},
-                    tools=self.tools, step_timeout_s=c.step_timeout_s,
-                    final_observation=self.bootstrap, history=c.history,
-                )  # fmt: skip
+                    tools=self.tools,
+                    step_timeout_s=c.step_timeout_s,
+                    final_observation=self.bootstrap,
+                    history=c.history,
+                )
             if traj.finish_reason != "env_error" and traj.turn_versions:
                 return traj
             log.add(M.RETRIED_EPISODES, [1.0])
@@ -148,9 +154,11 @@ class EpisodeScorer:
         r, temperature = self.base.cfg, self.base.temperature
         task = await self.base.data.sample.call_one()
         trajs = await asyncio.gather(
-            *(self.episode(task, temperature=temperature, max_tokens=r.max_tokens)
-              for _ in range(r.group_size))
-        )  # fmt: skip
+            *(
+                self.episode(task, temperature=temperature, max_tokens=r.max_tokens)
+                for _ in range(r.group_size)
+            )
+        )
         if any(t is None for t in trajs):
             self.base.log.add(M.DROPPED_GROUPS, [1.0])
             return None  # the manager gives the credit back and tries another task
@@ -160,9 +168,12 @@ class EpisodeScorer:
                 comp.update(extra)
         totals = [float(t) for t in self.base.aggregate(components)]
         group = group_episodes(
-            [_as_completion(t) for t in trajs], totals, task.get("target"), self.base.advantage,
+            [_as_completion(t) for t in trajs],
+            totals,
+            task.get("target"),
+            self.base.advantage,
             components,
-        )  # fmt: skip
+        )
         for e, t in zip(group, trajs):
             e.policy_version = t.oldest_version  # aged by its stalest turn
             e.loss_mask = t.loss_mask[t.prompt_length :]
@@ -229,9 +240,13 @@ async def heldout_success(scorer: EpisodeScorer, tasks: list[dict], max_tokens: 
     """Greedy episodes on held-out tasks: success rate (the ``success`` reward component if
     the environment reports one, else reward > 0) and mean turns."""
     trajs = await asyncio.gather(
-        *(scorer.episode({**t, "task_id": uuid.uuid4().hex[:8]}, temperature=0.0,
-                         max_tokens=max_tokens) for t in tasks)
-    )  # fmt: skip
+        *(
+            scorer.episode(
+                {**t, "task_id": uuid.uuid4().hex[:8]}, temperature=0.0, max_tokens=max_tokens
+            )
+            for t in tasks
+        )
+    )
     done = [t for t in trajs if t is not None]
     wins = [t.reward_components.get("success", float(t.reward > 0)) > 0 for t in done]
     return {

@@ -86,9 +86,18 @@ class RolloutManager:
         self._tasks: list[asyncio.Task] = []
         self._failure: tuple[str, BaseException] | None = None
         self.counts = dict.fromkeys(
-            ("produced", "kept", "filtered", "kept_over_budget", "carried_over", "dropped",
-             "stale", "refilled"), 0,
-        )  # fmt: skip
+            (
+                "produced",
+                "kept",
+                "filtered",
+                "kept_over_budget",
+                "carried_over",
+                "dropped",
+                "stale",
+                "refilled",
+            ),
+            0,
+        )
 
     def reconfigure(
         self,

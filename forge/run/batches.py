@@ -111,9 +111,12 @@ async def _starved(buffer: ReplayBuffer, version: int, manager, timeout_s: float
 
 def _unstick(manager, version: int) -> None:
     if manager.unstick():
-        logger.warning("no rollout was running while the trainer waited for a batch at "
-                       "version %d (their credits went to groups too old for it): handed out "
-                       "a step's worth more", version)  # fmt: skip
+        logger.warning(
+            "no rollout was running while the trainer waited for a batch at "
+            "version %d (their credits went to groups too old for it): handed out "
+            "a step's worth more",
+            version,
+        )
 
 
 async def train_batch(cfg, buffer, trainer, version: int, manager, critic=None, colo=None):
@@ -125,11 +128,22 @@ async def train_batch(cfg, buffer, trainer, version: int, manager, critic=None, 
     if cfg.stream:  # train on the step's first groups while the rest generate
         r = cfg.rollout
         m, waited = await train_streamed(
-            buffer, trainer, version, manager, episodes=r.episodes_per_step,
-            chunk=r.group_size * max(1, r.prompts_per_step // 4), timeout_s=cfg.batch_timeout_s,
-        )  # fmt: skip
+            buffer,
+            trainer,
+            version,
+            manager,
+            episodes=r.episodes_per_step,
+            chunk=r.group_size * max(1, r.prompts_per_step // 4),
+            timeout_s=cfg.batch_timeout_s,
+        )
     else:
-        m, waited = await train_next(buffer, trainer, version, manager,
-                                     timeout_s=cfg.batch_timeout_s, critic=critic,
-                                     before_train=colo.to_train if colo else None)  # fmt: skip
+        m, waited = await train_next(
+            buffer,
+            trainer,
+            version,
+            manager,
+            timeout_s=cfg.batch_timeout_s,
+            critic=critic,
+            before_train=colo.to_train if colo else None,
+        )
     return m, waited, max(time.perf_counter() - t0 - waited, 1e-9)

@@ -55,8 +55,11 @@ class Colocation:
         if not placement.colocate:
             raise ValueError("Colocation needs placement.colocate: true")
         self.placement, self.trainer, self.generator, self.log = (
-            placement, trainer, generator, log,
-        )  # fmt: skip
+            placement,
+            trainer,
+            generator,
+            log,
+        )
         self.asleep = False
         self.cycles = 0
 
@@ -100,8 +103,10 @@ class Colocation:
     async def _snapshot(self, phase: str) -> None:
         gen = await self.generator.memory.fanout()
         trainer = (await self.trainer.memory.call()).values()
-        for name, value in {**memory_metrics("generator", phase, gen),
-                            **memory_metrics("trainer", phase, trainer)}.items():  # fmt: skip
+        for name, value in {
+            **memory_metrics("generator", phase, gen),
+            **memory_metrics("trainer", phase, trainer),
+        }.items():
             self._add(name, value)
 
     def _add(self, key: str, value: Any) -> None:

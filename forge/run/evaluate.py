@@ -21,9 +21,13 @@ __all__ = ["Evaluator", "evaluate_policy"]
 
 
 async def evaluate_policy(
-    scorer, generator, heldout: list[dict], reward_fn: Callable | None, max_tokens: int,
+    scorer,
+    generator,
+    heldout: list[dict],
+    reward_fn: Callable | None,
+    max_tokens: int,
     keep: list | None = None,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """The evaluation's metrics: ``M.HELDOUT_ACCURACY`` (success rate with an environment)
     and, for episodes, ``M.MEAN_TURNS``. ``scorer``: the run's ``GroupScorer`` or
     ``EpisodeScorer`` (episodes run through the latter's environment). Single-turn, the
@@ -45,8 +49,19 @@ class Evaluator:
     what they leave out (``forge.evaluation.Defaults``); ``tokenizer`` plays their
     episodes."""
 
-    def __init__(self, scorer, generator, heldout, reward_fn, max_tokens, log, before=None,
-                 sets=(), defaults: Defaults | None = None, tokenizer: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        scorer,
+        generator,
+        heldout,
+        reward_fn,
+        max_tokens,
+        log,
+        before=None,
+        sets=(),
+        defaults: Defaults | None = None,
+        tokenizer: Any = None,
+    ):
         self.scorer, self.generator, self.heldout = scorer, generator, heldout
         self.reward_fn, self.max_tokens, self.log, self.before = reward_fn, max_tokens, log, before
         self.sets, self.defaults, self.tokenizer = list(sets), defaults or Defaults(), tokenizer
@@ -62,8 +77,18 @@ class Evaluator:
             from forge.models import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.policy.model)
-        return Evaluator(scorer, generator, heldout, reward, cfg.eval.max_tokens, log,
-                         before, cfg.eval.sets, defaults, tokenizer)  # fmt: skip
+        return Evaluator(
+            scorer,
+            generator,
+            heldout,
+            reward,
+            cfg.eval.max_tokens,
+            log,
+            before,
+            cfg.eval.sets,
+            defaults,
+            tokenizer,
+        )
 
     async def __call__(self, step: int) -> float:
         if self.before is not None:

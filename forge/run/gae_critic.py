@@ -82,9 +82,14 @@ class GAECritic:
         mask_bt = b.response_mask_bt
         at_b = b.bootstrap_at_b if self.cfg.bootstrap_truncated else None
         return turn_gae_advantages(
-            b.turn_rewards, values_bt.to(mask_bt.device), mask_bt, self.cfg.gamma, self.cfg.lam,
-            at_b, b.row_episode_b,
-        )  # fmt: skip
+            b.turn_rewards,
+            values_bt.to(mask_bt.device),
+            mask_bt,
+            self.cfg.gamma,
+            self.cfg.lam,
+            at_b,
+            b.row_episode_b,
+        )
 
     async def train(self, batches: list[TrainBatch], targets) -> dict[str, float]:
         """One critic update on all the step's rank batches together; its metrics, prefixed."""

@@ -71,8 +71,11 @@ class PlacementConfig:
                 f"got {self.sleep_level!r}"
             )
         if not self.colocate:
-            ignored = [k for k, default in (("sleep_level", 2), ("offload_optimizer", True))
-                       if getattr(self, k) != default]  # fmt: skip
+            ignored = [
+                k
+                for k, default in (("sleep_level", 2), ("offload_optimizer", True))
+                if getattr(self, k) != default
+            ]
             if ignored:
                 raise ValueError(
                     f"placement.{ignored[0]} applies to time-sliced colocation only; set "

@@ -157,10 +157,16 @@ class RLConfig(RolloutRunConfig):
         p, gen, trainer = self.placement, self.generator, self.trainer
         gen_gpu = gen.backend == "vllm" or gen.device.startswith("cuda")
         trainer_gpu = trainer.device == "cuda" or (trainer.device == "auto" and gpu_count() > 0)
-        check_placement(p, generator_gpu=gen_gpu, trainer_gpu=trainer_gpu,
-                        generators=self.replicas.generator, trainer_procs=self.trainer_procs,
-                        max_policy_age=self.max_policy_age, stream=self.stream,
-                        visible=gpu_count() if gen_gpu or trainer_gpu else 0)  # fmt: skip
+        check_placement(
+            p,
+            generator_gpu=gen_gpu,
+            trainer_gpu=trainer_gpu,
+            generators=self.replicas.generator,
+            trainer_procs=self.trainer_procs,
+            max_policy_age=self.max_policy_age,
+            stream=self.stream,
+            visible=gpu_count() if gen_gpu or trainer_gpu else 0,
+        )
         if p.colocate and p.sleep_level == 2 and trainer.lora is not None:
             raise ValueError(
                 "placement.sleep_level 2 frees the generator's weights while it sleeps, but a "
@@ -183,8 +189,10 @@ class RLConfig(RolloutRunConfig):
         gen._check_memory_fraction()  # (e.g. against engine_kwargs.gpu_memory_utilization)
         if p.colocate and gen.backend == "vllm":
             if gen.engine_kwargs.get("enable_sleep_mode") is False:
-                raise ValueError("placement.colocate needs vLLM's sleep mode; remove "
-                                 "generator.engine_kwargs.enable_sleep_mode: false")  # fmt: skip
+                raise ValueError(
+                    "placement.colocate needs vLLM's sleep mode; remove "
+                    "generator.engine_kwargs.enable_sleep_mode: false"
+                )
             gen.engine_kwargs = {**gen.engine_kwargs, "enable_sleep_mode": True}
 
     def gpu_options(self, role: str) -> dict[str, Any]:
@@ -192,10 +200,16 @@ class RLConfig(RolloutRunConfig):
         placement, with enough GPUs visible, a GPU role's processes get GPUs of their own (the
         GPU provisioner, ``with_gpus``); otherwise they see every GPU (generator on GPU 0,
         trainer rank r on GPU r). Nothing on a machine without GPUs."""
-        gpu = {"generator_gpu": self.generator.backend == "vllm" or self.generator.device != "cpu",
-               "trainer_gpu": self.trainer.device != "cpu"}  # fmt: skip
-        own = disjoint_gpus(**gpu, generators=self.replicas.generator,
-                            trainer_procs=self.trainer_procs, visible=gpu_count())  # fmt: skip
+        gpu = {
+            "generator_gpu": self.generator.backend == "vllm" or self.generator.device != "cpu",
+            "trainer_gpu": self.trainer.device != "cpu",
+        }
+        own = disjoint_gpus(
+            **gpu,
+            generators=self.replicas.generator,
+            trainer_procs=self.trainer_procs,
+            visible=gpu_count(),
+        )
         if self.placement.shared or not gpu[f"{role}_gpu"] or not own:
             return {}
         from controller import env_vars

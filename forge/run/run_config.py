@@ -233,8 +233,9 @@ class RolloutRunConfig(RunConfig):
         if self.eval.reward is not None:
             REWARD.validate(self.eval.reward, key="eval.reward")
         reference = self._reference()
-        check_policy(self.policy, generator=self.generator, trainer=self.trainer,
-                     reference=reference)  # fmt: skip
+        check_policy(
+            self.policy, generator=self.generator, trainer=self.trainer, reference=reference
+        )
         # Resolved configs are new objects (the ones given stay as they are).
         self.trainer, self.generator, reference = resolve_lora(
             self.trainer, self.generator, reference

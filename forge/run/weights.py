@@ -79,8 +79,11 @@ class WeightSync:
         gone: set[int] = set()  # ids of meshes whose process died during a send
         served: dict[int, int] = {}  # replicas that have it (a failed send may reach some)
         for attempt in range(3):
-            targets = [r for r in self.generator.replicas if r.state == "healthy"
-                       and id(r.mesh) not in gone and r.index not in served]  # fmt: skip
+            targets = [
+                r
+                for r in self.generator.replicas
+                if r.state == "healthy" and id(r.mesh) not in gone and r.index not in served
+            ]
             if not targets:
                 if served:
                     return served
@@ -92,18 +95,28 @@ class WeightSync:
             results = await self._send_round(version, spec, targets, addressed)
             died = [r for r, x in zip(targets, results[1:]) if isinstance(x, ActorDiedError)]
             gone.update(id(r.mesh) for r in died)
-            served.update((r.index, x) for r, x in zip(targets, results[1:])
-                          if not isinstance(x, BaseException))  # fmt: skip
+            served.update(
+                (r.index, x)
+                for r, x in zip(targets, results[1:])
+                if not isinstance(x, BaseException)
+            )
             failed = [x for x in results if isinstance(x, BaseException)]
             if not failed:
                 return served
             error = failed[0]
-            outcome = ", ".join(f"replica {r.index}: {_outcome(x)}"
-                                for r, x in zip(targets, results[1:]))  # fmt: skip
-            logger.warning("weight broadcast of version %d to %d replicas failed after %.1f s "
-                           "(%s: %s); %s; trying again in a new group", version, len(targets),
-                           time.perf_counter() - t0, type(error).__name__, error,
-                           outcome)  # fmt: skip
+            outcome = ", ".join(
+                f"replica {r.index}: {_outcome(x)}" for r, x in zip(targets, results[1:])
+            )
+            logger.warning(
+                "weight broadcast of version %d to %d replicas failed after %.1f s "
+                "(%s: %s); %s; trying again in a new group",
+                version,
+                len(targets),
+                time.perf_counter() - t0,
+                type(error).__name__,
+                error,
+                outcome,
+            )
             if not died and attempt > 0:
                 break
         raise RuntimeError(f"weight version {version} could not be broadcast") from error

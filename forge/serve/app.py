@@ -94,10 +94,17 @@ def build_app(state: ServerState, api_key: str):
 
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities():
-        return {"supported_models": [
-            {"model_name": m.name, "max_context_length": m.max_context_length,
-             "trainable": True, "sampleable": True} for m in state.cfg.models
-        ]}  # fmt: skip
+        return {
+            "supported_models": [
+                {
+                    "model_name": m.name,
+                    "max_context_length": m.max_context_length,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+                for m in state.cfg.models
+            ]
+        }
 
     @post("client/config")
     async def client_config():
@@ -154,10 +161,13 @@ def build_app(state: ServerState, api_key: str):
     async def get_info(request: Request):
         m = model_of(await fields(request))
         return {
-            "type": "get_info", "model_id": m.model_id, "model_name": m.base.name,
-            "is_lora": True, "lora_rank": m.rank,
+            "type": "get_info",
+            "model_id": m.model_id,
+            "model_name": m.base.name,
+            "is_lora": True,
+            "lora_rank": m.rank,
             "model_data": {"arch": "causal_lm", "model_name": m.base.name, "tokenizer_id": m.path},
-        }  # fmt: skip
+        }
 
     # -- training --------------------------------------------------------------------------
 
@@ -310,8 +320,10 @@ def build_app(state: ServerState, api_key: str):
         session = await state.sampling_for_path(
             body.opt_str("model_path"), body.opt_str("base_model")
         )
-        return {"type": "create_sampling_session",
-                "sampling_session_id": state.new_sampling_session(session)}  # fmt: skip
+        return {
+            "type": "create_sampling_session",
+            "sampling_session_id": state.new_sampling_session(session),
+        }
 
     @post("asample")
     async def asample(request: Request):
@@ -341,8 +353,12 @@ def build_app(state: ServerState, api_key: str):
         prompt = wire.prompt_tokens(body.body.get("prompt"), "asample", context)
         n = body.opt_int("num_samples", 1, state.cfg.max_samples)
         params = body.opt_obj("sampling_params") or Fields({}, "sampling_params.")
-        sampling = sampling_kwargs(params.body, 1 if n is None else n, state.cfg.max_tokens,
-                                   max_tokens_cap=context - len(prompt))  # fmt: skip
+        sampling = sampling_kwargs(
+            params.body,
+            1 if n is None else n,
+            state.cfg.max_tokens,
+            max_tokens_cap=context - len(prompt),
+        )
         # Ids past the vocabulary are refused here, per request: in the generator's batch
         # one would fail every request decoded with it.
         vocab = state.vocab_size(base)
@@ -371,10 +387,12 @@ def build_app(state: ServerState, api_key: str):
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def unsupported(rest: str):
         return JSONResponse(
-            {"detail": f"forge serve does not support /api/v1/{rest} (see docs/tinker.md "
-             "for what it serves)"},
+            {
+                "detail": f"forge serve does not support /api/v1/{rest} (see docs/tinker.md "
+                "for what it serves)"
+            },
             status_code=404,
-        )  # fmt: skip
+        )
 
     return app
 
@@ -407,8 +425,11 @@ def checkpoint_meta(source) -> dict:
         meta = json.loads((source / CHECKPOINT_META).read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"the checkpoint at {source.name} is unreadable ({e})") from None
-    if not (isinstance(meta, dict) and isinstance(meta.get("base_model"), str)
-            and isinstance(meta.get("lora_config") or {}, dict)):  # fmt: skip
+    if not (
+        isinstance(meta, dict)
+        and isinstance(meta.get("base_model"), str)
+        and isinstance(meta.get("lora_config") or {}, dict)
+    ):
         raise UserError(f"the checkpoint at {source.name} has a malformed {CHECKPOINT_META}")
     return meta
 

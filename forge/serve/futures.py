@@ -27,8 +27,13 @@ class UserError(ValueError):
 
 
 USER_ERROR_TYPES = (
-    "UserError", "BadRequest", "DatumError", "WireError", "KeyError", "UnsafeCheckpointError"
-)  # fmt: skip
+    "UserError",
+    "BadRequest",
+    "DatumError",
+    "WireError",
+    "KeyError",
+    "UnsafeCheckpointError",
+)
 
 
 def category(e: BaseException) -> str:

@@ -69,13 +69,18 @@ class Gate:
 
         headers = dict(scope["headers"])
         if not hmac.compare_digest(headers.get(b"x-api-key", b""), self.key):
-            detail = ("invalid or missing API key (X-API-Key): give the key forge serve was "
-                      "started with (--api-key or FORGE_API_KEY)")  # fmt: skip
+            detail = (
+                "invalid or missing API key (X-API-Key): give the key forge serve was "
+                "started with (--api-key or FORGE_API_KEY)"
+            )
             return await JSONResponse({"detail": detail}, status_code=401)(scope, receive, send)
         too_large = JSONResponse(
-            {"detail": f"the request body is over this server's limit of {self.max_bytes} "
-             "bytes (serve.max_body_bytes)"}, status_code=413,
-        )  # fmt: skip
+            {
+                "detail": f"the request body is over this server's limit of {self.max_bytes} "
+                "bytes (serve.max_body_bytes)"
+            },
+            status_code=413,
+        )
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return await too_large(scope, receive, send)
@@ -274,8 +279,9 @@ def _stop_ok(s) -> bool:
 
 def adam_params(params: Fields) -> dict:
     """Adam's settings from the API's ``AdamParams`` (defaults as the SDK's)."""
-    defaults = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
-                    weight_decay=0.0, grad_clip_norm=0.0)  # fmt: skip
+    defaults = dict(
+        learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12, weight_decay=0.0, grad_clip_norm=0.0
+    )
     unknown = sorted(set(params.body) - set(defaults) - {"type"})
     if unknown:
         raise UserError(f"adam_params {unknown} are not supported by this server")

@@ -100,9 +100,16 @@ class ServeConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"serve.models names a base model twice: {names}")
-        for key in ("max_lora_rank", "max_models", "max_batch_size", "max_tokens",
-                    "max_body_bytes", "max_decompressed_bytes", "max_samples",
-                    "max_connections"):  # fmt: skip
+        for key in (
+            "max_lora_rank",
+            "max_models",
+            "max_batch_size",
+            "max_tokens",
+            "max_body_bytes",
+            "max_decompressed_bytes",
+            "max_samples",
+            "max_connections",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"serve.{key} must be >= 1, got {getattr(self, key)}")
 

@@ -110,8 +110,10 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
         logger.warning(
             "listening on %s, not a loopback address: anyone who can reach port %s can try "
             "the API key, and requests (the key included) travel unencrypted; put a TLS "
-            "proxy in front, or bind 127.0.0.1 and tunnel (docs/security.md)", host, port,
-        )  # fmt: skip
+            "proxy in front, or bind 127.0.0.1 and tunnel (docs/security.md)",
+            host,
+            port,
+        )
     state = ServerState(cfg)
     app = build_app(state, api_key)
     ensure_fd_room(cfg.max_connections)
@@ -128,8 +130,10 @@ async def serve(cfg: ServeConfig, host: str, port: int, api_key: str, ready=None
             await asyncio.sleep(0.05)
         url = f"http://{host}:{server.servers[0].sockets[0].getsockname()[1]}"
         names = ", ".join(m.name for m in cfg.models)
-        print(f"[serve] Tinker API on {url} (tinker SDK {SDK_VERSIONS}); base models: {names}",
-              flush=True)  # fmt: skip
+        print(
+            f"[serve] Tinker API on {url} (tinker SDK {SDK_VERSIONS}); base models: {names}",
+            flush=True,
+        )
         if ready is not None:
             ready(url)
         await task

@@ -63,8 +63,11 @@ class ServedModel:
                 except asyncio.TimeoutError:
                     logger.warning(
                         "%s: request %d ran before %d..%d, which never came",
-                        self.model_id, seq_id, self._next_seq, seq_id - 1,
-                    )  # fmt: skip
+                        self.model_id,
+                        seq_id,
+                        self._next_seq,
+                        seq_id - 1,
+                    )
         async with self._lock:
             try:
                 return await work()
@@ -102,8 +105,10 @@ class ServerState:
         if session_id not in self.sessions:
             raise UserError(f"unknown session {session_id!r}; create one with create_session")
         if session_id in self.finished:
-            raise UserError(f"session {session_id!r} is finished ({self.finished[session_id]}); "
-                            "create a new one with create_session")  # fmt: skip
+            raise UserError(
+                f"session {session_id!r} is finished ({self.finished[session_id]}); "
+                "create a new one with create_session"
+            )
 
     def finish_session(self, session_id: str, reason: str) -> None:
         """Mark a session terminal (the SDK's ``ServiceClient.close``); the first reason wins.
@@ -170,9 +175,13 @@ class ServerState:
             safe = re.sub(r"[^A-Za-z0-9_.-]", "-", model_id)  # ids hold ':'; file names do not
             weights = WeightTransportConfig(prefix=f"serve-{safe}", keep_last=2)
             tcfg = TrainerConfig(
-                model=path, lora=lora_cfg, weights=weights, device=self.cfg.device,
-                autocast=self.cfg.autocast, seed=0 if seed is None else int(seed),
-            )  # fmt: skip
+                model=path,
+                lora=lora_cfg,
+                weights=weights,
+                device=self.cfg.device,
+                autocast=self.cfg.autocast,
+                seed=0 if seed is None else int(seed),
+            )
             env_vars = self._env_vars()
             logger.info("%s: spawning a trainer (%s, rank %d)", model_id, base.name, lora_cfg.rank)
         try:
@@ -206,9 +215,13 @@ class ServerState:
             raise UserError(str(e.args[0])) from None
         async with self._spawn_lock:
             if base_name not in self.base_generators:
-                cfg = GeneratorConfig(model=resolve_path(base), device=self.cfg.device,
-                                      dtype=self.cfg.dtype, max_batch_size=self.cfg.max_batch_size,
-                                      lora_mode="multi")  # fmt: skip
+                cfg = GeneratorConfig(
+                    model=resolve_path(base),
+                    device=self.cfg.device,
+                    dtype=self.cfg.dtype,
+                    max_batch_size=self.cfg.max_batch_size,
+                    lora_mode="multi",
+                )
                 self.base_generators[base_name] = await Generator.options(
                     num_replicas=1, env_vars=self._env_vars()
                 ).as_service(cfg)

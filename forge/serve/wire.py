@@ -81,15 +81,19 @@ def decode_forward_backward(body: bytes, max_tokens: int | None = None) -> Forwa
         for chunk in d.model_input:
             tokens += _chunk_tokens(chunk, f"datum {i}")
         if max_tokens is not None and len(tokens) > max_tokens:
-            raise WireError(f"datum {i} has {len(tokens)} tokens, over the base model's "
-                            f"max_context_length of {max_tokens}")  # fmt: skip
+            raise WireError(
+                f"datum {i} has {len(tokens)} tokens, over the base model's "
+                f"max_context_length of {max_tokens}"
+            )
         inputs = {}
         for name, t in d.loss_fn_inputs.items():
             try:
                 inputs[name] = _tensor_to_numpy(t)
             except Exception as e:  # noqa: BLE001 - a malformed tensor is the caller's error
-                raise WireError(f"datum {i}: loss_fn_inputs[{name!r}] is not a valid "
-                                f"tensor ({type(e).__name__}: {e})") from None  # fmt: skip
+                raise WireError(
+                    f"datum {i}: loss_fn_inputs[{name!r}] is not a valid "
+                    f"tensor ({type(e).__name__}: {e})"
+                ) from None
         datums.append({"tokens": tokens, "inputs": inputs})
     return ForwardBackwardCall(
         msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), datums

@@ -74,8 +74,9 @@ def import_peft():
 
 def linear_names(model: torch.nn.Module) -> list[str]:
     """Leaf names of the model's linear layers (what ``target_modules`` may name)."""
-    return sorted({n.rpartition(".")[2] for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear)})  # fmt: skip
+    return sorted(
+        {n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    )
 
 
 def _peft_config(targets: tuple[str, ...], rank: int, alpha: float, dropout: float, base: str):

@@ -48,9 +48,13 @@ def build_optimizer(params, cfg) -> torch.optim.Optimizer:
         raise ValueError(f"unknown optimizer type: {cfg.type!r}; choose one of ('adamw',)")
     params = list(params)
     return torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        params,
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
         fused=_can_fuse(params),
-    )  # fmt: skip
+    )
 
 
 def _can_fuse(params: list) -> bool:

@@ -144,8 +144,7 @@ def load_checkpoint(path: str | Path, core, weights_only: bool = False) -> None:
 def _numpy_array_globals() -> list:
     """What a pickled numpy array needs (older RNG files): its reconstructor and types."""
     multiarray = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
-    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype,
-            type(np.dtype(np.uint32))]  # fmt: skip
+    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):

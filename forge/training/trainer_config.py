@@ -355,7 +355,9 @@ class TrainerConfig:
         if self.autocast == "auto":
             native = resolve_auto("trainer.autocast", "auto", self.device) == "bfloat16"
             # autocast_head asks for a bf16 head wherever bf16 is used: nothing without it
-            self.autocast, self.autocast_head = ("bfloat16", self.autocast_head) if native else (None, False)  # fmt: skip
+            self.autocast, self.autocast_head = (
+                ("bfloat16", self.autocast_head) if native else (None, False)
+            )
         else:
             warn_if_slow_bf16("trainer.autocast", self.autocast, self.device)
         if self.autocast is not None:

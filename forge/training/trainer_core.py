@@ -364,8 +364,15 @@ class TrainerCore:
         if self._acc is None:
             self.optimizer.zero_grad(set_to_none=True)
             self._repeated_rows = 0.0
-            self._acc = {"denom": 0.0, "trained": 0.0, "skipped": 0.0, "tokens": 0.0,
-                         "seconds": 0.0, "parts": 0.0, "sums": {}}  # fmt: skip
+            self._acc = {
+                "denom": 0.0,
+                "trained": 0.0,
+                "skipped": 0.0,
+                "tokens": 0.0,
+                "seconds": 0.0,
+                "parts": 0.0,
+                "sums": {},
+            }
         acc, sums = self._acc, self._acc["sums"]
         b = _batch_to(batch, self.device)
         mask_bt = b.response_mask_bt.float()
@@ -519,9 +526,10 @@ class TrainerCore:
         out = dict(sums)
         if self.world == 1:
             return out
-        for op, keys in ((torch.distributed.ReduceOp.SUM, [k for k in sums if k not in
-                         MAX_METRICS]), (torch.distributed.ReduceOp.MAX, [k for k in sums
-                         if k in MAX_METRICS])):  # fmt: skip
+        for op, keys in (
+            (torch.distributed.ReduceOp.SUM, [k for k in sums if k not in MAX_METRICS]),
+            (torch.distributed.ReduceOp.MAX, [k for k in sums if k in MAX_METRICS]),
+        ):
             if keys:
                 t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
                 torch.distributed.all_reduce(t, op=op)

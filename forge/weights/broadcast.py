@@ -44,8 +44,9 @@ class BroadcastTransport(WeightTransport):
             nbytes = t.numel() * t.element_size()
             manifest[n] = TensorMeta(dtype_name(t.dtype), tuple(t.shape), offset, nbytes)
             offset += nbytes
-        handle = WeightHandle(version, self.name, "", manifest, files.own_address(),
-                              secrets.token_hex(8))  # fmt: skip
+        handle = WeightHandle(
+            version, self.name, "", manifest, files.own_address(), secrets.token_hex(8)
+        )
         self.close()  # only the newest version is ever sent: the weight sync sends it at once
         self._snapshots[version], self._handles[version] = snapshot, handle
         return handle
@@ -66,8 +67,9 @@ class BroadcastTransport(WeightTransport):
         """Broadcast ``version`` to the group's other members (they call ``read_broadcast``
         at the same time). Returns the bytes sent."""
         if version not in self._snapshots:
-            raise KeyError(f"weight version {version} is not held here (have "
-                           f"{sorted(self._snapshots)})")  # fmt: skip
+            raise KeyError(
+                f"weight version {version} is not held here (have {sorted(self._snapshots)})"
+            )
         send_state_dict(join(spec, 0), self._snapshots[version], self._handles[version].manifest)
         return self._handles[version].nbytes
 
@@ -97,5 +99,9 @@ def read_broadcast(handle: WeightHandle, into: dict[str, torch.Tensor] | None = 
             f"weight version {handle.version} (type broadcast) reaches a replica only through "
             "the run's weight sync, which names the group; it cannot be pulled on its own"
         )
-    return receive_state_dict(join(GroupSpec.parse(handle.location)), handle.manifest, into,
-                              source=f"the broadcast of weight version {handle.version}")  # fmt: skip
+    return receive_state_dict(
+        join(GroupSpec.parse(handle.location)),
+        handle.manifest,
+        into,
+        source=f"the broadcast of weight version {handle.version}",
+    )

@@ -109,8 +109,9 @@ class GroupHost:
         """The group for the trainer and the receivers ``members`` names (e.g. their pids): a
         new one when they differ from the last call's, or if ``renew``."""
         if renew or self.current is None or tuple(members) != self.members:
-            self.current = GroupSpec(secrets.token_hex(16), self.host, self.store.port,
-                                     len(members) + 1, self.backend)  # fmt: skip
+            self.current = GroupSpec(
+                secrets.token_hex(16), self.host, self.store.port, len(members) + 1, self.backend
+            )
             self.members = tuple(members)
         return self.current
 
@@ -133,8 +134,16 @@ def bound_store(
         sock.bind((host, port))
         sock.listen(128)
         port = sock.getsockname()[1]
-        store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False,
-                              master_listen_fd=sock.fileno(), use_libuv=True)  # fmt: skip
+        store = dist.TCPStore(
+            host,
+            port,
+            None,
+            True,
+            timeout,
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+            use_libuv=True,
+        )
     except BaseException:
         sock.close()
         raise
@@ -163,20 +172,28 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
     _joined.pop("group", None)  # the old group's sockets close with it
     nccl = getattr(dist, "ProcessGroupNCCL", None)
     if spec.backend == "nccl" and (nccl is None or not torch.cuda.is_available()):
-        raise RuntimeError("weights type broadcast with backend nccl needs CUDA and a "
-                           "torch built with NCCL; use backend: gloo on CPU")  # fmt: skip
+        raise RuntimeError(
+            "weights type broadcast with backend nccl needs CUDA and a "
+            "torch built with NCCL; use backend: gloo on CPU"
+        )
     store = dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S))
     prefixed = dist.PrefixStore(key_prefix(spec.id), store)
     if rank is None:
         rank = prefixed.add("receivers", 1)
     if not 0 <= rank < spec.world:
-        raise RuntimeError(f"weight group {spec.id[:8]} of {spec.world} has no room for another "
-                           "receiver: more replicas joined than the weight sync counted")  # fmt: skip
+        raise RuntimeError(
+            f"weight group {spec.id[:8]} of {spec.world} has no room for another "
+            "receiver: more replicas joined than the weight sync counted"
+        )
     # Everyone arrives before gloo's rendezvous: a member that died before arriving fails the
     # others here as soon as the group is aborted.
     prefixed.add("arrived", 1)
-    _poll(lambda: prefixed.add("arrived", 0) >= spec.world, prefixed, JOIN_TIMEOUT_S,
-          f"all {spec.world} members to join weight group {spec.id[:8]}")  # fmt: skip
+    _poll(
+        lambda: prefixed.add("arrived", 0) >= spec.world,
+        prefixed,
+        JOIN_TIMEOUT_S,
+        f"all {spec.world} members to join weight group {spec.id[:8]}",
+    )
     timeout = timedelta(seconds=BUCKET_TIMEOUT_S)
     if spec.backend == "nccl":
         opts = nccl.Options()
@@ -187,8 +204,12 @@ def join(spec: GroupSpec, rank: int | None = None) -> dist.ProcessGroup:
     # Nobody leaves join before every member has its group: a sender that starts while a
     # receiver is still connecting would leave it in gloo's rendezvous if another one died.
     prefixed.add("formed", 1)
-    _poll(lambda: prefixed.add("formed", 0) >= spec.world, prefixed, JOIN_TIMEOUT_S,
-          f"all {spec.world} members to form weight group {spec.id[:8]}")  # fmt: skip
+    _poll(
+        lambda: prefixed.add("formed", 0) >= spec.world,
+        prefixed,
+        JOIN_TIMEOUT_S,
+        f"all {spec.world} members to form weight group {spec.id[:8]}",
+    )
     _joined["group"] = (spec, rank, group, prefixed)
     return group
 
@@ -200,8 +221,10 @@ def _formed(make, spec: GroupSpec) -> dist.ProcessGroup:
     connection of its own: a store client serves one request at a time, and the rendezvous
     holds the group's in a blocking get."""
     box: list = []
-    watch = dist.PrefixStore(key_prefix(spec.id), dist.TCPStore(
-        spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S)))  # fmt: skip
+    watch = dist.PrefixStore(
+        key_prefix(spec.id),
+        dist.TCPStore(spec.host, spec.port, None, False, timedelta(seconds=JOIN_TIMEOUT_S)),
+    )
 
     def run() -> None:
         try:
@@ -211,8 +234,9 @@ def _formed(make, spec: GroupSpec) -> dist.ProcessGroup:
 
     thread = threading.Thread(target=run, name=f"forge-weight-group-{spec.id[:8]}", daemon=True)
     thread.start()
-    _poll(lambda: bool(box), watch, BUCKET_TIMEOUT_S + 5,
-          f"weight group {spec.id[:8]}'s rendezvous")  # fmt: skip
+    _poll(
+        lambda: bool(box), watch, BUCKET_TIMEOUT_S + 5, f"weight group {spec.id[:8]}'s rendezvous"
+    )
     if isinstance(box[0], BaseException):
         raise box[0]
     return box[0]
@@ -230,16 +254,18 @@ def _poll(done, store: dist.Store | None, timeout_s: float, what: str) -> None:
     deadline, delay = time.monotonic() + timeout_s, 0.001
     while not done():
         if store is not None and store.check([ABORT_KEY]):
-            raise GroupAborted(f"gave up waiting for {what}: the group was aborted (a member "
-                               "failed or died)")  # fmt: skip
+            raise GroupAborted(
+                f"gave up waiting for {what}: the group was aborted (a member failed or died)"
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited over {timeout_s:.0f} s for {what}")
         time.sleep(delay)
         delay = min(delay * 2, POLL_S)
 
 
-def send_state_dict(group: dist.ProcessGroup, state_dict: dict[str, torch.Tensor],
-                    manifest: dict[str, TensorMeta]) -> None:  # fmt: skip
+def send_state_dict(
+    group: dist.ProcessGroup, state_dict: dict[str, torch.Tensor], manifest: dict[str, TensorMeta]
+) -> None:
     """Rank 0: broadcast ``state_dict``'s tensors in ``manifest``'s buckets. A failure (a
     receiver died) aborts the group, so the other receivers stop waiting at once."""
     try:
@@ -256,9 +282,13 @@ def send_state_dict(group: dist.ProcessGroup, state_dict: dict[str, torch.Tensor
         raise
 
 
-def receive_state_dict(group: dist.ProcessGroup, manifest: dict[str, TensorMeta],
-                       into: dict[str, torch.Tensor] | None, device: str = "cpu",
-                       source: str = "the weight broadcast") -> dict[str, torch.Tensor]:  # fmt: skip
+def receive_state_dict(
+    group: dist.ProcessGroup,
+    manifest: dict[str, TensorMeta],
+    into: dict[str, torch.Tensor] | None,
+    device: str = "cpu",
+    source: str = "the weight broadcast",
+) -> dict[str, torch.Tensor]:
     """Other ranks: receive the buckets and copy each tensor into ``into`` (checked names,
     dtypes and shapes) or into fresh tensors on ``device``."""
     out: dict[str, torch.Tensor] = {}

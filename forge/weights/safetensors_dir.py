@@ -59,9 +59,18 @@ def _manifest_from_file(path: Path) -> dict[str, TensorMeta]:
     header = _read_header(path)
     length = header.pop("__header_len__")
     header.pop("__metadata__", None)
-    dtypes = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-              "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-              "BOOL": "bool"}  # fmt: skip
+    dtypes = {
+        "F64": "float64",
+        "F32": "float32",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "I64": "int64",
+        "I32": "int32",
+        "I16": "int16",
+        "I8": "int8",
+        "U8": "uint8",
+        "BOOL": "bool",
+    }
     manifest = {}
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         start, end = info["data_offsets"]

@@ -214,8 +214,9 @@ class SharedMemoryTransport(WeightTransport):
         deadline = time.monotonic() + self.wait_s
         while (path := self._find(version)) is None:
             if time.monotonic() >= deadline:
-                raise gone(version, self._pattern(version), f"does not exist (waited "
-                            f"{self.wait_s:g}s)")  # fmt: skip
+                raise gone(
+                    version, self._pattern(version), f"does not exist (waited {self.wait_s:g}s)"
+                )
             time.sleep(0.01)
         return read_shm_file(path, version, None, into, 0.0)
 

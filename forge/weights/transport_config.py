@@ -67,10 +67,15 @@ class WeightTransportConfig:
     def __post_init__(self) -> None:
         entry = TRANSPORTS.get(self.type)
         if entry is None:
-            hint = (f" (for an {self.type} broadcast: type: broadcast, backend: {self.type})"
-                    if self.type in ("nccl", "gloo") else "")  # fmt: skip
-            raise ValueError(f"unknown weight transport type {self.type!r}; choose one of "
-                             f"{sorted(TRANSPORTS)}{hint}")  # fmt: skip
+            hint = (
+                f" (for an {self.type} broadcast: type: broadcast, backend: {self.type})"
+                if self.type in ("nccl", "gloo")
+                else ""
+            )
+            raise ValueError(
+                f"unknown weight transport type {self.type!r}; choose one of "
+                f"{sorted(TRANSPORTS)}{hint}"
+            )
         for f in dataclasses.fields(self):
             owners = [t for t, e in TRANSPORTS.items() if f.name in e.knobs]
             if owners and self.type not in owners and getattr(self, f.name) != f.default:
@@ -95,7 +100,9 @@ class WeightTransportConfig:
                 f"WeightTransportConfig.backend must be auto, gloo or nccl, got {self.backend!r}"
             )
         if self.type == "broadcast" and self.wait_s:
-            raise ValueError("WeightTransportConfig.wait_s applies to versions pulled by number; "
-                             "type broadcast has none (the weight sync sends each version)")  # fmt: skip
+            raise ValueError(
+                "WeightTransportConfig.wait_s applies to versions pulled by number; "
+                "type broadcast has none (the weight sync sends each version)"
+            )
         if self.wait_s < 0:
             raise ValueError(f"WeightTransportConfig.wait_s must be >= 0, got {self.wait_s!r}")

@@ -61,6 +61,13 @@ def test_the_ray_start_options_the_recipes_use_exist():
     helptext = subprocess.run(["ray", "start", "--help"], capture_output=True, text=True).stdout
     # --system-config is a hidden option (not in the help); tests/multihost/cluster.py starts
     # its head with it, so the multihost suite checks it.
-    for option in ("--head", "--node-ip-address", "--port", "--num-cpus",
-                   "--include-dashboard", "--block", "--address"):  # fmt: skip
+    for option in (
+        "--head",
+        "--node-ip-address",
+        "--port",
+        "--num-cpus",
+        "--include-dashboard",
+        "--block",
+        "--address",
+    ):
         assert option in helptext, option

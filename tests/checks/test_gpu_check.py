@@ -16,8 +16,15 @@ import torch
 from tests.helpers import REPO, script_env
 
 # Forge's dependencies that torch, transformers and peft do not pull in.
-MISSING_ON_A_BARE_GPU_MACHINE = ("cloudpickle", "uvloop", "rich", "math_verify", "matplotlib",
-                                 "gguf", "controller")  # fmt: skip
+MISSING_ON_A_BARE_GPU_MACHINE = (
+    "cloudpickle",
+    "uvloop",
+    "rich",
+    "math_verify",
+    "matplotlib",
+    "gguf",
+    "controller",
+)
 
 BLOCKER = f"""
 import sys
@@ -30,8 +37,14 @@ def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)  # loaded by every interpreter started
     env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"), PYTHON=sys.executable)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    return subprocess.run(["bash", "scripts/gpu_check.sh", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=240)  # fmt: skip
+    return subprocess.run(
+        ["bash", "scripts/gpu_check.sh", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=240,
+    )
 
 
 @pytest.mark.slow  # ~60 s on the 2-core machine: four interpreters load torch and transformers
@@ -41,8 +54,15 @@ def test_cpu_smoke_runs_every_part_with_torch_transformers_peft_only(tmp_path):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert [m["mode"] for m in report["modes"]] == ["colocate", "split"]
     for m in report["modes"]:
-        for key in ("step_s", "generate_tokens_per_s", "train_tokens_per_s", "handoff_s",
-                    "mismatch_kl", "logprob_gap", "memory_returns"):  # fmt: skip
+        for key in (
+            "step_s",
+            "generate_tokens_per_s",
+            "train_tokens_per_s",
+            "handoff_s",
+            "mismatch_kl",
+            "logprob_gap",
+            "memory_returns",
+        ):
             assert key in m, (m["mode"], key)
         # float32 on CPU, trainer and generator on the same weights: logprobs agree closely
         assert m["mismatch_kl"] < 1e-6, m

@@ -13,9 +13,13 @@ from tests.helpers import REPO, script_env
 
 def _python(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=script_env(), cwd=REPO,
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=script_env(),
+        cwd=REPO,
         timeout=60,
-    )  # fmt: skip
+    )
 
 
 def test_help_is_fast_and_light():

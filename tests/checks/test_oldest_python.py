@@ -54,11 +54,15 @@ def test_async_endpoints_run_on_python_3_10():
     py = venv / "bin" / "python"
     if not py.exists():
         subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "cloudpickle>=3.0", "psutil"],
-                       check=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "cloudpickle>=3.0", "psutil"],
+            check=True,
+            timeout=300,
+        )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(REPO)
-    out = subprocess.run([str(py), "-c", SCRIPT], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [str(py), "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["(3,", "10)", "2", "42"], out.stdout

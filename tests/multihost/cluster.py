@@ -103,22 +103,36 @@ def _base_env(token: str) -> dict[str, str]:
 def _start_head(cluster: RayCluster, head_cpus: int | None = 0) -> None:
     cpus = [] if head_cpus is None else [f"--num-cpus={head_cpus}"]  # None: Ray's default
     cmd = [
-        _ray_bin(), "start", "--head", f"--node-ip-address={HEAD_IP}", f"--port={HEAD_PORT}",
-        *cpus, "--include-dashboard=false", "--disable-usage-stats", "--block",
-        f"--temp-dir={cluster.temp_dir}", f"--system-config={json.dumps(HEALTH)}",
-    ]  # fmt: skip
+        _ray_bin(),
+        "start",
+        "--head",
+        f"--node-ip-address={HEAD_IP}",
+        f"--port={HEAD_PORT}",
+        *cpus,
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--block",
+        f"--temp-dir={cluster.temp_dir}",
+        f"--system-config={json.dumps(HEALTH)}",
+    ]
     log = cluster.log_dir / "ray-head.log"
     with open(log, "ab") as out:
         cluster.head = subprocess.Popen(
-            cmd, env=_base_env(cluster.token), stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            cmd,
+            env=_base_env(cluster.token),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and cluster.head.poll() is None:
         probe = subprocess.run(
-            [_ray_bin(), "status", f"--address={cluster.address}"], capture_output=True,
-            env=_base_env(cluster.token), timeout=60,
-        )  # fmt: skip
+            [_ray_bin(), "status", f"--address={cluster.address}"],
+            capture_output=True,
+            env=_base_env(cluster.token),
+            timeout=60,
+        )
         if probe.returncode == 0:
             return
         time.sleep(0.5)
@@ -151,19 +165,41 @@ def stop_head(cluster: RayCluster) -> None:
 
 
 def _start_node(cluster: RayCluster, host: netns.NetnsHost) -> None:
-    ray = shlex.join([
-        _ray_bin(), "start", f"--address={cluster.address}", f"--node-ip-address={host.ip}",
-        f"--num-cpus={NODE_CPUS}", "--disable-usage-stats", "--block",
-    ])  # fmt: skip
+    ray = shlex.join(
+        [
+            _ray_bin(),
+            "start",
+            f"--address={cluster.address}",
+            f"--node-ip-address={host.ip}",
+            f"--num-cpus={NODE_CPUS}",
+            "--disable-usage-stats",
+            "--block",
+        ]
+    )
     private = f"mount -t tmpfs none /dev/shm && mount -t tmpfs none /tmp && exec {ray}"
     log = cluster.log_dir / f"ray-{host.ns}.log"
     with open(log, "ab") as out:
         host.agent = subprocess.Popen(
-            ["ip", "netns", "exec", host.ns, "unshare", "--mount", "--propagation", "private",
-             "sh", "-c", private],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=_base_env(cluster.token), cwd="/", start_new_session=True,
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                host.ns,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                private,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_base_env(cluster.token),
+            cwd="/",
+            start_new_session=True,
+        )
     _wait_nodes(cluster, {host.ip}, log)
 
 
@@ -178,8 +214,11 @@ def alive_node_ips(cluster: RayCluster) -> set[str]:
     driver)."""
     out = subprocess.run(
         [sys.executable, "-c", _NODES.format(addr=cluster.address)],
-        capture_output=True, text=True, env=_base_env(cluster.token), timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=_base_env(cluster.token),
+        timeout=60,
+    )
     if out.returncode != 0:
         return set()
     return set(json.loads(out.stdout.strip().splitlines()[-1])) - {HEAD_IP}
@@ -191,8 +230,9 @@ def _wait_nodes(cluster: RayCluster, ips: set[str], log: Path) -> None:
         if ips <= alive_node_ips(cluster):
             return
         time.sleep(0.5)
-    raise RuntimeError(f"Ray nodes {sorted(ips)} did not join within {START_TIMEOUT_S:.0f} s; "
-                       f"see {log}")  # fmt: skip
+    raise RuntimeError(
+        f"Ray nodes {sorted(ips)} did not join within {START_TIMEOUT_S:.0f} s; see {log}"
+    )
 
 
 @contextlib.contextmanager

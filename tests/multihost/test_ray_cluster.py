@@ -83,8 +83,9 @@ def in_host(ns: str, *cmd: str) -> str:
     """Run ``cmd`` inside host ``ns``'s mounts (its private /dev/shm and /tmp)."""
     raylet = [p for p in netns.ns_pids(ns) if b"raylet" in _cmdline(p)]
     assert raylet, f"no raylet in {ns}"
-    out = subprocess.run(["nsenter", "-t", str(raylet[0]), "-m", *cmd], capture_output=True,
-                         text=True, timeout=30)  # fmt: skip
+    out = subprocess.run(
+        ["nsenter", "-t", str(raylet[0]), "-m", *cmd], capture_output=True, text=True, timeout=30
+    )
     return out.stdout
 
 
@@ -98,14 +99,20 @@ def _cmdline(pid: int) -> bytes:
 def _run(tmp_path: Path, cluster, args: list[str], resume: bool = False) -> subprocess.Popen:
     """``forge run`` of the CPU demo (or ``--resume`` of it) on the cluster, in the background."""
     run = tmp_path / "run"
-    where = ["--resume", str(run)] if resume else [
-        "--config", str(REPO / "apps/sumdigits/cpu.yaml"), "--run-dir", str(run)]  # fmt: skip
+    where = (
+        ["--resume", str(run)]
+        if resume
+        else ["--config", str(REPO / "apps/sumdigits/cpu.yaml"), "--run-dir", str(run)]
+    )
     log = open(tmp_path / "run.log", "a")  # noqa: SIM115 - the process owns it
     return subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "run", *where, *args],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"), **cluster.env()),
-    )  # fmt: skip
+    )
 
 
 def _steps(run: Path) -> list[dict]:
@@ -181,9 +188,13 @@ asyncio.run(main())
 
 def _script(tmp_path: Path, cluster, code: str, timeout: float = 300):
     return subprocess.run(
-        [sys.executable, str(write_script(tmp_path, code))], capture_output=True, text=True,
-        env=script_env(**cluster.env()), cwd=REPO, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, str(write_script(tmp_path, code))],
+        capture_output=True,
+        text=True,
+        env=script_env(**cluster.env()),
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def test_services_spread_one_per_host_and_refs_follow_restarts(hosts, tmp_path):
@@ -312,18 +323,32 @@ def test_cpu_demo_learns_on_three_hosts_and_loses_nothing_when_a_host_dies(hosts
     directory on the controller's host. (One run for both claims: learning on three hosts and a
     host's death, 2 minutes of CI instead of 4.)"""
     steps = 150
-    proc = _run(tmp_path, hosts, [f"rl.steps={steps}", "rl.eval.every=0",  # as the one-host test
-                                  "rl.replicas.generator=3", "rl.replicas.rewards=2",
-                                  "rl.checkpoint_every=50"])  # fmt: skip
+    proc = _run(
+        tmp_path,
+        hosts,
+        [
+            f"rl.steps={steps}",
+            "rl.eval.every=0",  # as the one-host test
+            "rl.replicas.generator=3",
+            "rl.replicas.rewards=2",
+            "rl.checkpoint_every=50",
+        ],
+    )
     run = tmp_path / "run"
     try:
         _until_step(proc, run, 20, 600)
         where = _placement(run)  # while the processes live
         shm = {h.ns: in_host(h.ns, "ls", "/dev/shm") for h in hosts.hosts}
-        victim = next(h for h in hosts.hosts if h.ns not in where["Trainer"] | where["DatasetActor"]
-                      | where["ReplayBuffer"])  # fmt: skip
-        lost = [r["index"] for r in _generator_replicas(run)
-                if {host_of(p) for p in r["pids"]} == {victim.ns}]  # fmt: skip
+        victim = next(
+            h
+            for h in hosts.hosts
+            if h.ns not in where["Trainer"] | where["DatasetActor"] | where["ReplayBuffer"]
+        )
+        lost = [
+            r["index"]
+            for r in _generator_replicas(run)
+            if {host_of(p) for p in r["pids"]} == {victim.ns}
+        ]
         assert lost, f"no generator replica on {victim.ns}: {where}"
         t0 = time.monotonic()
         netns.kill_host(victim.ns)
@@ -438,8 +463,10 @@ def test_a_silent_host_is_detected_and_failed_over_within_the_bound(hosts, tmp_p
     r = json.loads(out.stdout.split("RESULT", 1)[1].splitlines()[0])
     assert r["answers"] == list(range(60))  # no call lost
     assert r["new_ip"] != r["ip"]
-    print(f"silent host: calls answered in {r['answered_s']:.1f} s, replacement serving in "
-          f"{r['back_s']:.1f} s")  # fmt: skip
+    print(
+        f"silent host: calls answered in {r['answered_s']:.1f} s, replacement serving in "
+        f"{r['back_s']:.1f} s"
+    )
     assert r["back_s"] < 20, r
 
 
@@ -481,12 +508,16 @@ def test_a_one_replica_service_survives_the_loss_of_its_host(hosts, tmp_path):
     assert r["new_ip"] != r["ip"] and r["restarts"] == 1, r
     assert r["counts"] == {"sent": 2, "retried": 1, "completed": 2, "failed": 0, "cancelled": 0}
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    print(f"one-replica service: host killed, request answered on {r['new_ip']} after "
-          f"{r['answered_s']:.1f} s")  # fmt: skip
+    print(
+        f"one-replica service: host killed, request answered on {r['new_ip']} after "
+        f"{r['answered_s']:.1f} s"
+    )
 
 
 def test_wrong_ray_token_is_refused(hosts, tmp_path):
-    script = write_script(tmp_path, """
+    script = write_script(
+        tmp_path,
+        """
         import asyncio
         from tests.multihost.actors import Where
 
@@ -494,10 +525,17 @@ def test_wrong_ray_token_is_refused(hosts, tmp_path):
             await Where.as_actor()
 
         asyncio.run(main())
-    """)  # fmt: skip
+    """,
+    )
     env = script_env(**{**hosts.env(), "RAY_AUTH_TOKEN": "0" * 32})
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                         cwd=REPO, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
     assert out.returncode != 0
     err = out.stdout + out.stderr
     assert "could not join the Ray cluster at RAY_ADDRESS=" in err, err[-2000:]
@@ -520,9 +558,12 @@ asyncio.run(main())
 def test_a_sigkilled_controller_leaves_no_forge_process_on_any_host(hosts, tmp_path):
     before = {h.ns: set(netns.ns_pids(h.ns)) for h in hosts.hosts}
     proc = subprocess.Popen(
-        [sys.executable, str(write_script(tmp_path, CONTROLLER))], stdout=subprocess.PIPE,
-        text=True, env=script_env(**hosts.env()), cwd=REPO,
-    )  # fmt: skip
+        [sys.executable, str(write_script(tmp_path, CONTROLLER))],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=script_env(**hosts.env()),
+        cwd=REPO,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("PIDS"), line

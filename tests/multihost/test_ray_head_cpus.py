@@ -91,8 +91,11 @@ def test_grpo_with_two_reward_replicas_on_a_head_with_cpus(hosts, tmp_path):
     """The issue's run: the CPU demo with ``rl.replicas.rewards=2`` stopped at spawn with "no
     room for mesh 'RewardActor-r0'" (its replica was pinned to the full head)."""
     steps = 4
-    proc = _run(tmp_path, hosts, [f"rl.steps={steps}", "sft.steps=5", "rl.eval.every=0",
-                                  "rl.replicas.rewards=2"])  # fmt: skip
+    proc = _run(
+        tmp_path,
+        hosts,
+        [f"rl.steps={steps}", "sft.steps=5", "rl.eval.every=0", "rl.replicas.rewards=2"],
+    )
     run = tmp_path / "run"
     try:
         deadline = time.monotonic() + 600

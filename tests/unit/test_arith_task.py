@@ -22,8 +22,11 @@ from apps.arith.task import Addition, contains, correct, strict
     ],
 )
 def test_scores(response, scores):
-    assert (correct(None, response, "149"), strict(None, response, "149"),
-            contains(None, response, "149")) == scores  # fmt: skip
+    assert (
+        correct(None, response, "149"),
+        strict(None, response, "149"),
+        contains(None, response, "149"),
+    ) == scores
 
 
 def test_heldout_pairs_never_train_and_the_stream_resumes():

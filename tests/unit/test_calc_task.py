@@ -104,9 +104,14 @@ async def test_sft_tokens_are_the_episode_tokens_and_fit_the_context(tok):
 
     tools = build_tools(["apps.calc.task:mul"], advertise=False)
     traj = await run_episode(
-        Calculator(), {"a": 347, "b": 892}, generate, tok, max_turns=3,
-        max_context_tokens=256, tools=tools,
-    )  # fmt: skip
+        Calculator(),
+        {"a": 347, "b": 892},
+        generate,
+        tok,
+        max_turns=3,
+        max_context_tokens=256,
+        tools=tools,
+    )
     assert traj.finish_reason == "done" and traj.reward_components == {"success": 1.0}
     ids, mask, prompt_length = conversation_tokens(tok, messages)
     assert traj.token_ids == ids and traj.loss_mask == mask

@@ -20,8 +20,12 @@ from forge.training.trainer_checkpoint import (
 
 
 def test_plain_converts_numpy_and_names_what_it_cannot_keep():
-    state = {"a": [1, 2.5, "x", None], "b": (np.int64(3), np.float32(0.5)),
-             "c": np.arange(3), "d": {"e": [np.array([1.0])]}}  # fmt: skip
+    state = {
+        "a": [1, 2.5, "x", None],
+        "b": (np.int64(3), np.float32(0.5)),
+        "c": np.arange(3),
+        "d": {"e": [np.array([1.0])]},
+    }
     out = plain(state, "state")
     assert out["a"] == [1, 2.5, "x", None] and out["b"] == (3, 0.5)
     assert type(out["b"][0]) is int and torch.equal(out["c"], torch.arange(3))
@@ -42,8 +46,11 @@ def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
 
 
 def test_an_older_rng_file_with_a_numpy_array_still_loads(tmp_path):
-    old = {"python": random.getstate(), "numpy": np.random.get_state(),
-           "torch": torch.get_rng_state()}  # fmt: skip
+    old = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     torch.save(old, tmp_path / "rng.pt")
     x = np.random.rand(2)
     set_rng_state(safe_load(tmp_path / "rng.pt"))

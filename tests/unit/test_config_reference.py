@@ -26,8 +26,18 @@ def test_docs_config_md_is_current():
 
 def test_the_reference_reaches_the_run_configs_sections():
     names = {c.__name__ for c in CLASSES}
-    assert {"RLConfig", "TrainerConfig", "LossConfig", "GeneratorConfig", "RolloutConfig",
-            "PipelineConfig", "Stage", "ServeConfig", "EvalSet", "PolicyConfig"} <= names  # fmt: skip
+    assert {
+        "RLConfig",
+        "TrainerConfig",
+        "LossConfig",
+        "GeneratorConfig",
+        "RolloutConfig",
+        "PipelineConfig",
+        "Stage",
+        "ServeConfig",
+        "EvalSet",
+        "PolicyConfig",
+    } <= names
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: f"{c.__module__}.{c.__qualname__}")

@@ -57,9 +57,14 @@ def test_a_bias_is_added_with_and_without_autograd():
 
 def _llama(vocab: int, dtype=torch.float32) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
 

@@ -63,11 +63,9 @@ def test_gigpo_scaled_and_weighted():
 def test_gigpo_discounts_returns():
     # One state shared at different turn indices: returns 0.9 (one turn before the reward)
     # and 1.0 (the rewarded turn) with gamma 0.9 -> -0.05 and +0.05.
-    out = gigpo_credit([[0.0, 1.0], [1.0]], [["x", "y"], ["y"]], [0.0, 0.0], gamma=0.9,
-                       scale=False)  # fmt: skip
+    out = gigpo_credit([[0.0, 1.0], [1.0]], [["x", "y"], ["y"]], [0.0, 0.0], gamma=0.9, scale=False)
     assert out == [[0.0, pytest.approx(0.0)], [pytest.approx(0.0)]]
-    out = gigpo_credit([[0.0, 1.0], [1.0]], [["s", "y"], ["s"]], [0.0, 0.0], gamma=0.9,
-                       scale=False)  # fmt: skip
+    out = gigpo_credit([[0.0, 1.0], [1.0]], [["s", "y"], ["s"]], [0.0, 0.0], gamma=0.9, scale=False)
     assert out[0][0] == pytest.approx(-0.05) and out[1][0] == pytest.approx(0.05)
 
 
@@ -154,12 +152,20 @@ def _traj(turn_rewards, states, spans, length, prompt=2) -> Trajectory:
     for s, e in spans:
         mask[s:e] = [1] * (e - s)
     return Trajectory(
-        task_id="t", token_ids=list(range(length)), loss_mask=mask, logprobs=[0.0] * length,
-        turn_versions=[0] * len(spans), turn_rewards=turn_rewards,
+        task_id="t",
+        token_ids=list(range(length)),
+        loss_mask=mask,
+        logprobs=[0.0] * length,
+        turn_versions=[0] * len(spans),
+        turn_rewards=turn_rewards,
         reward=float(sum(r if not isinstance(r, dict) else sum(r.values()) for r in turn_rewards)),
-        reward_components={}, num_turns=len(spans), finish_reason="done",
-        prompt_length=prompt, turn_spans=spans, turn_states=states,
-    )  # fmt: skip
+        reward_components={},
+        num_turns=len(spans),
+        finish_reason="done",
+        prompt_length=prompt,
+        turn_spans=spans,
+        turn_states=states,
+    )
 
 
 class _Log:
@@ -178,10 +184,11 @@ def test_assign_credit_lays_turn_advantages_on_tokens_and_collates():
         _traj([0.0, 0.0], ["s0", "B"], [(2, 3), (5, 6)], 6),
     ]
     comps = [
-        Completion("", t.token_ids[:2], t.token_ids[2:], [0.0] * (len(t.token_ids) - 2), "",
-                   "stop", 0)
+        Completion(
+            "", t.token_ids[:2], t.token_ids[2:], [0.0] * (len(t.token_ids) - 2), "", "stop", 0
+        )
         for t in trajs
-    ]  # fmt: skip
+    ]
     group = group_episodes(comps, [t.reward for t in trajs], None, lambda r, g: r - r.mean())
     for e, t in zip(group, trajs):
         e.loss_mask = t.loss_mask[2:]
@@ -202,8 +209,9 @@ def test_assign_credit_lays_turn_advantages_on_tokens_and_collates():
 def test_turn_rewards_of_named_components_and_empty_turns():
     from forge.rewards.vector import WeightedSum
 
-    t = _traj([0.5, {"success": 1.0, "cost": -0.25}, 2.0], ["a", "b", "c"],
-              [(2, 3), (4, 4), (5, 6)], 7)  # fmt: skip
+    t = _traj(
+        [0.5, {"success": 1.0, "cost": -0.25}, 2.0], ["a", "b", "c"], [(2, 3), (4, 4), (5, 6)], 7
+    )
     agg = WeightedSum(weights={"cost": 2.0})
     # turn 1 = 1.0 + 2 * -0.25 = 0.5; it sampled nothing, so its reward moves to turn 2.
     assert sampled_turn_rewards(t, agg) == [0.5, 2.5]
@@ -215,8 +223,9 @@ def _scored_group(turn_rewards, credit):
     from forge.rewards.vector import WeightedSum
 
     trajs = [_traj(r, ["s0", s], [(2, 4), (5, 7)], 8) for r, s in zip(turn_rewards, "AB")]
-    comps = [Completion("", t.token_ids[:2], t.token_ids[2:], [0.0] * 6, "", "stop", 0)
-             for t in trajs]  # fmt: skip
+    comps = [
+        Completion("", t.token_ids[:2], t.token_ids[2:], [0.0] * 6, "", "stop", 0) for t in trajs
+    ]
     group = group_episodes(comps, [t.reward for t in trajs], None, grpo_advantages)
     for e, t in zip(group, trajs):
         e.loss_mask = t.loss_mask[2:]
@@ -260,13 +269,19 @@ def test_nonzero_variance_uses_the_advantages_relative_test():
     ("config", "overrides", "error"),
     [
         ("apps/sumdigits/cpu.yaml", ["rl.rollout.credit=gigpo"], "no env section"),
-        ("apps/guess/cpu.yaml", ["rl.rollout.credit=gigpo", "rl.trainer.loss.type=gspo"],
-         "gspo takes one per sequence"),
-        ("apps/guess/cpu.yaml", ["rl.rollout.credit=gigpo",
-                                 "rl.rollout.reward_aggregator=min"], "per-member"),
+        (
+            "apps/guess/cpu.yaml",
+            ["rl.rollout.credit=gigpo", "rl.trainer.loss.type=gspo"],
+            "gspo takes one per sequence",
+        ),
+        (
+            "apps/guess/cpu.yaml",
+            ["rl.rollout.credit=gigpo", "rl.rollout.reward_aggregator=min"],
+            "per-member",
+        ),
         ("apps/guess/cpu.yaml", ["rl.rollout.credit=gipgo"], "rollout.credit"),
     ],
-)  # fmt: skip
+)
 def test_run_config_checks_credit(config, overrides, error):
     from forge.launch import load_app
     from tests.helpers import REPO

@@ -171,7 +171,7 @@ def _rank_batches():
             behavior_logprobs=[-5.0] * int(n - p),
             reward=float(rewards_b[i]),
             policy_version=0,
-        )  # fmt: skip
+        )
         for i, (ids, p, n) in enumerate(
             zip(
                 batch.input_ids_bt.tolist(),

@@ -25,8 +25,9 @@ def test_a_split_field_decides_what_is_held_out(tmp_path):
     with pytest.raises(ValueError, match="no row has split='valid'.*splits: \\['test', 'train'\\]"):
         JsonlSource(str(tmp_path / "d.jsonl"), heldout_split="valid")
     # Without the field, the first lines are held out, as before.
-    plain = JsonlSource(_write(tmp_path / "p.jsonl", [{"prompt": str(i)} for i in range(5)]),
-                        heldout_size=2)  # fmt: skip
+    plain = JsonlSource(
+        _write(tmp_path / "p.jsonl", [{"prompt": str(i)} for i in range(5)]), heldout_size=2
+    )
     assert [r["prompt"] for r in plain.heldout()] == ["0", "1"]
 
 

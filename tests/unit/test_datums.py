@@ -31,9 +31,12 @@ def test_cross_entropy_is_the_weighted_sum_and_outputs_target_logprobs(tiny_mode
     ta, tb = [9, 13, 21, 2], [8, 30, 2]
     wa, wb = [0, 1, 1, 0.5], [1, 1, 0]
     out, metrics = ops.forward_backward(
-        core, [_datum(a, target_tokens=ta, weights=wa), _datum(b, target_tokens=tb, weights=wb)],
-        "cross_entropy", None, forward_only=True,
-    )  # fmt: skip
+        core,
+        [_datum(a, target_tokens=ta, weights=wa), _datum(b, target_tokens=tb, weights=wb)],
+        "cross_entropy",
+        None,
+        forward_only=True,
+    )
     la, lb = _reference_logprobs(core, a, ta), _reference_logprobs(core, b, tb)
     np.testing.assert_allclose(out[0]["logprobs"], la.numpy(), atol=1e-5)
     np.testing.assert_allclose(out[1]["logprobs"], lb.numpy(), atol=1e-5)  # padding ignored
@@ -52,8 +55,9 @@ def test_gradients_add_up_over_calls_until_the_optimizer_step(tiny_model):
     ops.forward_backward(core, [d], "cross_entropy", None, forward_only=False)
     torch.testing.assert_close(p.grad, 2 * once)
     before = p.detach().clone()
-    adam = dict(learning_rate=0.01, beta1=0.5, beta2=0.9, eps=1e-8, weight_decay=0.0,
-                grad_clip_norm=0.0)  # fmt: skip
+    adam = dict(
+        learning_rate=0.01, beta1=0.5, beta2=0.9, eps=1e-8, weight_decay=0.0, grad_clip_norm=0.0
+    )
     metrics = ops.optim_step(core, adam)
     assert metrics["grad_norm"] > 0 and metrics["step"] == 1
     assert p.grad is None
@@ -71,9 +75,12 @@ def test_importance_sampling_gradient_is_the_advantage_weighted_ratio(tiny_model
     sampled = (lp - 0.3).numpy()  # the sampler's logprobs: ratio exp(0.3) everywhere
     adv = np.array([0.0, 1.0, -2.0, 0.5], dtype=np.float32)
     _, metrics = ops.forward_backward(
-        core, [_datum(tokens, target_tokens=targets, logprobs=sampled, advantages=adv)],
-        "importance_sampling", None, forward_only=True,
-    )  # fmt: skip
+        core,
+        [_datum(tokens, target_tokens=targets, logprobs=sampled, advantages=adv)],
+        "importance_sampling",
+        None,
+        forward_only=True,
+    )
     assert metrics["loss:sum"] == pytest.approx(-np.exp(0.3) * adv.sum(), rel=1e-4)
 
 
@@ -85,9 +92,12 @@ def test_ppo_clips_the_ratio_where_the_advantage_is_positive(tiny_model):
     adv = np.array([1.0, 1.0, -1.0], dtype=np.float32)
     cfg = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
     _, metrics = ops.forward_backward(
-        core, [_datum(tokens, target_tokens=targets, logprobs=sampled, advantages=adv)],
-        "ppo", cfg, forward_only=True,
-    )  # fmt: skip
+        core,
+        [_datum(tokens, target_tokens=targets, logprobs=sampled, advantages=adv)],
+        "ppo",
+        cfg,
+        forward_only=True,
+    )
     # min(r A, clip(r) A): 1.1 for each positive advantage, -e for the negative one.
     assert metrics["loss:sum"] == pytest.approx(-(1.1 + 1.1 - np.e), rel=1e-4)
 
@@ -100,8 +110,13 @@ def test_bad_requests_are_named_before_any_compute(tiny_model):
     with pytest.raises(ops.DatumError, match="needs loss_fn_inputs\\['logprobs'\\]"):
         ops.forward_backward(core, [d], "importance_sampling", None, forward_only=False)
     with pytest.raises(ops.DatumError, match="same length"):
-        ops.forward_backward(core, [_datum([5, 9, 1], target_tokens=[9, 2])],
-                             "cross_entropy", None, forward_only=False)  # fmt: skip
+        ops.forward_backward(
+            core,
+            [_datum([5, 9, 1], target_tokens=[9, 2])],
+            "cross_entropy",
+            None,
+            forward_only=False,
+        )
     with pytest.raises(ops.DatumError, match="not used by 'cross_entropy'"):
         ops.forward_backward(core, [d], "cross_entropy", {"clip_low_threshold": 0.5}, False)
     with pytest.raises(ops.DatumError, match="unknown Adam parameters"):

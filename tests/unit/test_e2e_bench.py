@@ -116,6 +116,8 @@ def test_forge_config_is_the_demos_rl_stage_with_the_setups_shape(tmp_path):
     assert cfg.steps == setup.warmup + setup.steps and cfg.max_policy_age == 1
     rollout = cfg.rollout
     assert (rollout.prompts_per_step, rollout.group_size, rollout.max_tokens) == (
-        setup.prompts, setup.group, setup.max_tokens,
-    )  # fmt: skip
+        setup.prompts,
+        setup.group,
+        setup.max_tokens,
+    )
     assert rollout.filter == "keep_all" and cfg.threads_per_actor == 2

@@ -41,7 +41,9 @@ def test_history_window_loads_and_takes_only_a_critic_over_turns():
     ppo = [EPISODE, "rl.env.history.turns=0", "rl.trainer.loss.type=ppo"]
     _, cfg = load_app(GUESS, [*ppo, "rl.critic.level=turn"])
     assert cfg.rl.critic.level == "turn"
-    for bad in (["rl.critic.level=token"], ["rl.critic.level=turn",
-                                            "rl.critic.bootstrap_truncated=true"]):  # fmt: skip
+    for bad in (
+        ["rl.critic.level=token"],
+        ["rl.critic.level=turn", "rl.critic.bootstrap_truncated=true"],
+    ):
         with pytest.raises(ValueError, match="a critic then needs critic.level=turn"):
             load_app(GUESS, [*ppo, *bad])

@@ -165,24 +165,38 @@ class KeyedEnv(GuessEnv):
 
 async def test_turn_states_default_to_the_observation_text(tok):
     policy = ScriptedPolicy(tok, ["hello 7", "hello 40", " 42"])
-    traj = await run_episode(KeyedEnv(), {"q": "the answer?"}, policy, tok,
-                             sampling={"max_tokens": 32})  # fmt: skip
+    traj = await run_episode(
+        KeyedEnv(), {"q": "the answer?"}, policy, tok, sampling={"max_tokens": 32}
+    )
     # Turn 0 answers the initial messages, turn 1 the text "higher", turn 2 the env's key.
     assert traj.turn_states == ["Guess.\nthe answer?", "higher", "['after', 2]"]
 
 
 async def test_final_observation_keeps_the_state_a_truncated_episode_was_cut_in(tok):
     policy = ScriptedPolicy(tok, ["hello 7", "hello 40"])
-    traj = await run_episode(GuessEnv(), {"q": "?"}, policy, tok, max_turns=2,
-                             sampling={"max_tokens": 32}, final_observation=True)  # fmt: skip
+    traj = await run_episode(
+        GuessEnv(),
+        {"q": "?"},
+        policy,
+        tok,
+        max_turns=2,
+        sampling={"max_tokens": 32},
+        final_observation=True,
+    )
     assert traj.finish_reason == "max_turns" and not traj.truncated
     end = traj.turn_spans[-1][1]
     assert traj.info["final_state_at"] == len(traj.token_ids) > end
     tail = tok.decode(traj.token_ids[end:])
     assert tail.endswith("user\nhigher<|im_end|>\n<|im_start|>assistant\n"), tail
     assert sum(traj.loss_mask[end:]) == 0
-    plain = await run_episode(GuessEnv(), {"q": "?"}, ScriptedPolicy(tok, ["hello 7", "hello 40"]),
-                              tok, max_turns=2, sampling={"max_tokens": 32})  # fmt: skip
+    plain = await run_episode(
+        GuessEnv(),
+        {"q": "?"},
+        ScriptedPolicy(tok, ["hello 7", "hello 40"]),
+        tok,
+        max_turns=2,
+        sampling={"max_tokens": 32},
+    )
     assert "final_state_at" not in plain.info and len(plain.token_ids) == end
 
 

@@ -18,17 +18,31 @@ from forge.types import Episode
 
 
 def _episode(reward: float, version: int = 3) -> Episode:
-    e = Episode("e", [1], [2, 3], [0.0, 0.0], reward=reward, policy_version=version,
-                group_id="g1", advantage=reward - 0.5, target={"key": object()},
-                reward_breakdown={"success": reward}, stop_reason="done")  # fmt: skip
+    e = Episode(
+        "e",
+        [1],
+        [2, 3],
+        [0.0, 0.0],
+        reward=reward,
+        policy_version=version,
+        group_id="g1",
+        advantage=reward - 0.5,
+        target={"key": object()},
+        reward_breakdown={"success": reward},
+        stop_reason="done",
+    )
     e.turn_rewards = [0.0, {"success": reward}]
     return e
 
 
 def test_records_are_written_per_step_and_selected(tmp_path):
     samples = EpisodeSamples(tmp_path)
-    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-            {"role": "user", "content": "again"}, {"role": "assistant", "content": "b"}]  # fmt: skip
+    chat = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "b"},
+    ]
     assert samples.room(3) == 3
     samples.add([episode_record(_episode(r), chat, 2) for r in (0.0, 1.0)])
     assert samples.room(3) == 1 and samples.room(2) == 0

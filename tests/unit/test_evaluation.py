@@ -26,19 +26,31 @@ def test_pass_at_k_is_the_unbiased_estimator():
 def test_metrics_of_samples():
     es = EvalSet("s", n=2, k=[1, 2], success_threshold=1.0)
     per_task = [
-        [{"components": {"exact": 1.0}, "reward": 1.0, "finish": "stop"},
-         {"components": {"exact": 0.0}, "reward": 0.0, "finish": "length"}],
-        [{"components": {"exact": 0.0}, "reward": 0.0, "finish": "stop"},
-         {"components": {"exact": 0.0}, "reward": 0.0, "finish": "stop"}],
-    ]  # fmt: skip
+        [
+            {"components": {"exact": 1.0}, "reward": 1.0, "finish": "stop"},
+            {"components": {"exact": 0.0}, "reward": 0.0, "finish": "length"},
+        ],
+        [
+            {"components": {"exact": 0.0}, "reward": 0.0, "finish": "stop"},
+            {"components": {"exact": 0.0}, "reward": 0.0, "finish": "stop"},
+        ],
+    ]
     m = _metrics(es, per_task)
     assert m["tasks"] == 2 and m["samples"] == 4
     assert m["pass@1"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(0.5)
     assert m["reward"] == pytest.approx(0.25) and m["reward/exact"] == pytest.approx(0.25)
     assert m["finish/stop"] == pytest.approx(0.75) and "turns" not in m
     # A success component decides, whatever the total.
-    won = [[{"components": {"success": 1.0, "cost": -0.5}, "reward": 0.5, "finish": "done",
-             "turns": 3}]]  # fmt: skip
+    won = [
+        [
+            {
+                "components": {"success": 1.0, "cost": -0.5},
+                "reward": 0.5,
+                "finish": "done",
+                "turns": 3,
+            }
+        ]
+    ]
     assert (
         _metrics(EvalSet("w"), won)["pass@1"] == 1.0 and _metrics(EvalSet("w"), won)["turns"] == 3
     )
@@ -92,10 +104,20 @@ async def test_sets_that_score_the_runs_own_answers_do_not_generate_again():
     items = [{"prompt": f"q{i}={i}", "target": str(i)} for i in range(5)]
     gen = FakeService([_Echo()])
     log = type("Log", (), {"record": lambda self, step, m: None})()
-    sets = [EvalSet(name="again", rewards=["exact_match"]),
-            EvalSet(name="sampled", rewards=["exact_match"], n=2)]  # fmt: skip
-    ev = Evaluator(GroupScorerStub(), gen, items, REWARD.resolve("exact_match"), 8, log,
-                   sets=sets, defaults=Defaults(items, [], None, 8))  # fmt: skip
+    sets = [
+        EvalSet(name="again", rewards=["exact_match"]),
+        EvalSet(name="sampled", rewards=["exact_match"], n=2),
+    ]
+    ev = Evaluator(
+        GroupScorerStub(),
+        gen,
+        items,
+        REWARD.resolve("exact_match"),
+        8,
+        log,
+        sets=sets,
+        defaults=Defaults(items, [], None, 8),
+    )
     _Echo.calls = 0
     await ev(0)
     assert _Echo.calls == 5 + 5  # the held-out pass, then only the set that samples twice

@@ -154,10 +154,12 @@ def test_common_start_prefilled_once_same_samples(model_and_tokenizer, monkeypat
     model, tok = model_and_tokenizer
     system = [{"role": "system", "content": "You are a careful assistant who adds numbers."}]
     requests = [
-        (system + [{"role": "user", "content": f"What is {a} + {b}?"}],
-         SamplingParams(n=3, max_tokens=6, seed=a))
+        (
+            system + [{"role": "user", "content": f"What is {a} + {b}?"}],
+            SamplingParams(n=3, max_tokens=6, seed=a),
+        )
         for a, b in [(12, 7), (3, 45), (60, 1), (9, 99)]
-    ]  # fmt: skip
+    ]
     on = HFEngine(model, tok, max_batch_size=32)
     got = on.generate(requests)
     assert on.counters["prefill_common_tokens"] > 0

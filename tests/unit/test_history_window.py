@@ -39,12 +39,17 @@ def test_window_keeps_the_task_and_the_last_turns():
     assert _text(window_messages(game, HistoryWindow(0))) == ["rules", "task", "o2"]
     assert _text(window_messages(game, HistoryWindow(1))) == ["rules", "task", "a2", "o2"]
     assert _text(window_messages(game, HistoryWindow(2))) == [
-        "rules", "task", "a1", "o1", "a2", "o2"]  # fmt: skip
+        "rules",
+        "task",
+        "a1",
+        "o1",
+        "a2",
+        "o2",
+    ]
     assert window_messages(game, HistoryWindow(3)) == game  # reaches back to the start
     assert window_messages(game, HistoryWindow(9)) == game
     assert _text(window_messages(game, HistoryWindow(0, keep_task=False))) == ["rules", "o2"]
-    assert _text(window_messages(game, HistoryWindow(1, keep_task=False))) == [
-        "rules", "a2", "o2"]  # fmt: skip
+    assert _text(window_messages(game, HistoryWindow(1, keep_task=False))) == ["rules", "a2", "o2"]
     assert window_messages(_game(0), HistoryWindow(0, keep_task=False)) == _game(0)
 
 
@@ -91,7 +96,11 @@ async def test_episode_rows_are_the_sft_rows_and_each_turn_sees_its_window(tok, 
     assert len(calls[2]) < len(chat.prompt_ids(_upto(traj.messages, 2)))  # shorter than all
     ids, mask, p, starts = conversation_rows(tok, traj.messages, window)
     assert (ids, mask, p, starts) == (
-        traj.token_ids, traj.loss_mask, traj.prompt_length, traj.row_starts)  # fmt: skip
+        traj.token_ids,
+        traj.loss_mask,
+        traj.prompt_length,
+        traj.row_starts,
+    )
     assert [traj.token_ids[s : s + len(calls[k + 1])] for k, s in enumerate(starts)] == calls[1:]
     batch = sft_batch(tok, [{"messages": traj.messages}], window)  # SFT: the same rows
     assert batch.input_ids_bt.shape[0] == 3
@@ -113,17 +122,28 @@ async def test_history_refuses_final_observation(tok):
 def _episode() -> Episode:
     # prompt [1, 2] | row 0: sampled 3 4 | row 1: prompt 5 6, sampled 7 | row 2: prompt 8, sampled 9
     return Episode(
-        "e", [1, 2], [3, 4, 5, 6, 7, 8, 9], [-.3, -.4, 0, 0, -.7, 0, -.9], reward=1.0,
-        policy_version=3, advantage=0.5, loss_mask=[1, 1, 0, 0, 1, 0, 1],
-        token_advantages=[.1, .1, 0, 0, .2, 0, .3], ref_logprobs=[-1, -1, 0, 0, -2, 0, -3],
-        turn_rewards=[0.0, 0.0, 1.0], row_starts=[2, 5],
-    )  # fmt: skip
+        "e",
+        [1, 2],
+        [3, 4, 5, 6, 7, 8, 9],
+        [-0.3, -0.4, 0, 0, -0.7, 0, -0.9],
+        reward=1.0,
+        policy_version=3,
+        advantage=0.5,
+        loss_mask=[1, 1, 0, 0, 1, 0, 1],
+        token_advantages=[0.1, 0.1, 0, 0, 0.2, 0, 0.3],
+        ref_logprobs=[-1, -1, 0, 0, -2, 0, -3],
+        turn_rewards=[0.0, 0.0, 1.0],
+        row_starts=[2, 5],
+    )
 
 
 def test_split_rows_cuts_every_per_token_field():
     rows = split_rows(_episode())
     assert [(r.prompt_ids, r.response_ids) for r in rows] == [
-        ([1, 2], [3, 4]), ([5, 6], [7]), ([8], [9])]  # fmt: skip
+        ([1, 2], [3, 4]),
+        ([5, 6], [7]),
+        ([8], [9]),
+    ]
     assert [r.behavior_logprobs for r in rows] == [[-0.3, -0.4], [-0.7], [-0.9]]
     assert [r.token_advantages for r in rows] == [[0.1, 0.1], [0.2], [0.3]]
     assert [r.ref_logprobs for r in rows] == [[-1, -1], [-2], [-3]]
@@ -157,9 +177,14 @@ def test_gae_over_turns_runs_across_an_episodes_rows():
     values_bt = torch.zeros(4, 4)
     values_bt[0, 2], values_bt[1, 2], values_bt[2, 1], values_bt[3, 1] = 0.2, 0.5, 0.7, 0.1
     adv_bt, ret_bt = turn_gae_advantages(
-        batch.turn_rewards, values_bt, batch.response_mask_bt, 0.9, 0.8,
-        batch.bootstrap_at_b, batch.row_episode_b,
-    )  # fmt: skip
+        batch.turn_rewards,
+        values_bt,
+        batch.response_mask_bt,
+        0.9,
+        0.8,
+        batch.bootstrap_at_b,
+        batch.row_episode_b,
+    )
     a2 = 1 - 0.7
     a1 = 0.9 * 0.7 - 0.5 + 0.72 * a2
     a0 = 0.9 * 0.5 - 0.2 + 0.72 * a1

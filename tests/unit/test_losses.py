@@ -371,8 +371,12 @@ def test_entropy_bonus_gradient_is_minus_the_entropy_gradient_over_the_sampling(
     lp_bt = logp[moves].unsqueeze(-1)  # [4 rows, 1 token]
     mask = torch.ones_like(lp_bt)
     cfg = LossConfig(type="grpo", entropy_coef=0.5)
-    loss, metrics = build_loss(cfg)(logprobs_bt=lp_bt, generator_logprobs_bt=lp_bt.detach(),
-                                    advantages_b=torch.zeros(4), mask_bt=mask)  # fmt: skip
+    loss, metrics = build_loss(cfg)(
+        logprobs_bt=lp_bt,
+        generator_logprobs_bt=lp_bt.detach(),
+        advantages_b=torch.zeros(4),
+        mask_bt=mask,
+    )
     (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
     p = logp.exp()
     entropy = -(p * logp).sum()
@@ -381,9 +385,12 @@ def test_entropy_bonus_gradient_is_minus_the_entropy_gradient_over_the_sampling(
     assert abs(loss.item()) < 1e-7  # the term adds no value, only its gradient
     assert metrics["entropy_sampled"] == pytest.approx(float(-(logp[moves]).mean()))
     # off by default; a negative coefficient is refused
-    loss0, _ = build_loss(LossConfig(type="grpo"))(logprobs_bt=lp_bt, generator_logprobs_bt=
-                                                   lp_bt.detach(), advantages_b=torch.zeros(4),
-                                                   mask_bt=mask)  # fmt: skip
+    loss0, _ = build_loss(LossConfig(type="grpo"))(
+        logprobs_bt=lp_bt,
+        generator_logprobs_bt=lp_bt.detach(),
+        advantages_b=torch.zeros(4),
+        mask_bt=mask,
+    )
     assert torch.autograd.grad(loss0, logits, allow_unused=True)[0].abs().max() == 0
     with pytest.raises(ValueError, match="entropy_coef must be >= 0"):
         LossConfig(entropy_coef=-0.1)
@@ -395,8 +402,9 @@ def test_entropy_cap_bounds_the_push_a_rare_sampled_token_gets():
     logits = torch.tensor([6.0, 0.0], requires_grad=True)
     logp = torch.log_softmax(logits, -1)
     lp_bt = logp[1].reshape(1, 1)  # the rare token, sampled once
-    batch = dict(generator_logprobs_bt=lp_bt.detach(), advantages_b=torch.zeros(1),
-                 mask_bt=torch.ones(1, 1))  # fmt: skip
+    batch = dict(
+        generator_logprobs_bt=lp_bt.detach(), advantages_b=torch.zeros(1), mask_bt=torch.ones(1, 1)
+    )
 
     def grad_on_rare(cap):
         cfg = LossConfig(type="grpo", entropy_coef=1.0, entropy_cap=cap)

@@ -21,7 +21,10 @@ def test_a_row_holds_the_means_of_what_was_added_since_the_last(tmp_path):
     log.add("train/x", [3.0])
     row = log.step(1, {"a": 1.0})
     assert {k: v for k, v in row.items() if k != M.ELAPSED_S} == {
-        "a": 1.0, M.REWARD: 0.5, "train/x": 3.0}  # fmt: skip
+        "a": 1.0,
+        M.REWARD: 0.5,
+        "train/x": 3.0,
+    }
     assert M.REWARD not in log.step(2, {})
 
 

@@ -15,8 +15,15 @@ from forge.run.rl_config import RLConfig
 
 
 def _check(p: PlacementConfig, **over) -> None:
-    args = dict(generator_gpu=True, trainer_gpu=True, generators=1, trainer_procs=1,
-                max_policy_age=0, stream=False, visible=1)  # fmt: skip
+    args = dict(
+        generator_gpu=True,
+        trainer_gpu=True,
+        generators=1,
+        trainer_procs=1,
+        max_policy_age=0,
+        stream=False,
+        visible=1,
+    )
     check_placement(p, **{**args, **over})
 
 
@@ -75,8 +82,13 @@ def test_colocation_knobs_without_colocation_are_errors():
 
 
 def _rl(**over) -> dict:
-    base = {"app": "x", "policy": {"model": "/m"}, "data": "jsonl", "rewards": ["exact_match"],
-            "max_policy_age": 0}  # fmt: skip
+    base = {
+        "app": "x",
+        "policy": {"model": "/m"},
+        "data": "jsonl",
+        "rewards": ["exact_match"],
+        "max_policy_age": 0,
+    }
     return {**base, **over}
 
 
@@ -113,8 +125,9 @@ def test_vllm_colocation_turns_on_sleep_mode_and_a_share_is_its_utilization():
             RLConfig,
             _rl(placement={"generator_memory": 0.3}, generator=vllm, trainer={"device": "cuda"}),
         )
-    cfg = config_from_dict(RLConfig, _rl(placement={"colocate": True},
-                                         generator={"backend": "vllm"}))  # fmt: skip
+    cfg = config_from_dict(
+        RLConfig, _rl(placement={"colocate": True}, generator={"backend": "vllm"})
+    )
     assert cfg.generator.engine_kwargs["enable_sleep_mode"] is True
 
 
@@ -149,12 +162,21 @@ def test_forge_top_shows_each_roles_memory_per_phase():
     from tests.unit.test_status_top import _text, status_snapshot
 
     st = StepStatus("grpo", steps_total=4)
-    st.step(1, {"memory/generator/generate/rss_mb": 900.0, "memory/generator/asleep/rss_mb": 300.0,
-                "memory/trainer/train/rss_mb": 700.0, "memory/trainer/train/gpu_allocated_mb": 50.0,
-                "memory/x/y": 1.0})  # fmt: skip
+    st.step(
+        1,
+        {
+            "memory/generator/generate/rss_mb": 900.0,
+            "memory/generator/asleep/rss_mb": 300.0,
+            "memory/trainer/train/rss_mb": 700.0,
+            "memory/trainer/train/gpu_allocated_mb": 50.0,
+            "memory/x/y": 1.0,
+        },
+    )
     # The GPU figure where a process has one, else host RSS.
-    assert st.fields["memory"] == {"generator": {"generate": 900.0, "asleep": 300.0},
-                                   "trainer": {"train": 50.0}}  # fmt: skip
+    assert st.fields["memory"] == {
+        "generator": {"generate": 900.0, "asleep": 300.0},
+        "trainer": {"train": 50.0},
+    }
     snap = status_snapshot()
     snap["extra"]["rl"]["memory"] = st.fields["memory"]
     text = _text(render(snap, "runs/demo/status.json"))

@@ -35,8 +35,9 @@ def native(request, monkeypatch) -> bool:
 
 
 def test_auto_resolves_on_the_device(native):
-    t = TrainerConfig(model="m", device="cpu", autocast="auto", autocast_head=True,
-                      weights={"dtype": "auto"})  # fmt: skip
+    t = TrainerConfig(
+        model="m", device="cpu", autocast="auto", autocast_head=True, weights={"dtype": "auto"}
+    )
     g = GeneratorConfig(model="m", dtype="auto")
     if native:
         assert (t.autocast, t.autocast_head, t.weights.dtype) == ("bfloat16", True, "bfloat16")

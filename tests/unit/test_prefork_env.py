@@ -7,12 +7,21 @@ MINE = {"HOME": "/root", "PATH": "/bin", "PYTHONPATH": "/repo"}
 
 
 def test_the_actor_variables_are_applied_after_the_fork():
-    child = {**MINE, "PYTHONPATH": "/forge:/repo", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-             "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+    child = {
+        **MINE,
+        "PYTHONPATH": "/forge:/repo",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
     assert _applied(child, MINE) == {
-        "PYTHONPATH": "/forge:/repo", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-        "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    }  # fmt: skip
+        "PYTHONPATH": "/forge:/repo",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
     assert _applied(dict(MINE), MINE) == {}
 
 
@@ -23,9 +32,13 @@ def test_a_name_read_at_start_up_that_cannot_be_applied_refuses():
 
 
 def test_values_the_copy_could_not_reproduce_refuse():
-    for name, value in (("OMP_NUM_THREADS", "0"), ("OMP_NUM_THREADS", "two"),
-                        ("TRANSFORMERS_VERBOSITY", "loud"), ("PYTHONUNBUFFERED", ""),
-                        ("HF_HUB_DISABLE_PROGRESS_BARS", "0")):  # fmt: skip
+    for name, value in (
+        ("OMP_NUM_THREADS", "0"),
+        ("OMP_NUM_THREADS", "two"),
+        ("TRANSFORMERS_VERBOSITY", "loud"),
+        ("PYTHONUNBUFFERED", ""),
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "0"),
+    ):
         assert _applied({**MINE, name: value}, MINE) is None, (name, value)
     # set in the controller, absent for the child: a fresh interpreter would not have it
     assert _applied(dict(MINE), {**MINE, "OMP_NUM_THREADS": "4"}) is None

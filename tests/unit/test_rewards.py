@@ -43,9 +43,16 @@ def test_extract_final_answer(response, expected):
 
 @pytest.mark.parametrize(
     "target, answer, expected",
-    [("42", "42", 1.0), ("0.5", "1/2", 1.0), ("\\frac{1}{2}", "0.5", 1.0), ("1+x^2", "x^2+1", 1.0),
-     ("x^2+1", "x^2+2", 0.0), ("3000", "3000", 1.0), ("42", "}{$$", 0.0)],
-)  # fmt: skip
+    [
+        ("42", "42", 1.0),
+        ("0.5", "1/2", 1.0),
+        ("\\frac{1}{2}", "0.5", 1.0),
+        ("1+x^2", "x^2+1", 1.0),
+        ("x^2+1", "x^2+2", 0.0),
+        ("3000", "3000", 1.0),
+        ("42", "}{$$", 0.0),
+    ],
+)
 def test_score_pair(target, answer, expected):
     assert score_pair([target, answer, 2]) == expected
 

@@ -77,10 +77,15 @@ def _tiny_granite():
 
     torch.manual_seed(0)
     cfg = GraniteConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
         logits_scaling=8.0,
-    )  # fmt: skip
+    )
     return GraniteForCausalLM(cfg).eval()
 
 
@@ -110,9 +115,15 @@ def test_split_head_is_checked_at_load_and_kept_for_plain_heads(tmp_path):
 
     _tiny_granite().save_pretrained(tmp_path / "granite")
     llama = LlamaForCausalLM(
-        LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                    num_attention_heads=4, num_key_value_heads=2)
-    )  # fmt: skip
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     llama.save_pretrained(tmp_path / "llama")
     granite = load_model(tmp_path / "granite")
     assert granite._forge_split_head_ok is False and _split_head(granite) is None
@@ -152,8 +163,11 @@ def test_overlong_penalty_is_added_after_aggregation_so_min_keeps_correctness():
     from forge.rollout.scoring import RolloutConfig, score_totals
 
     cfg = RolloutConfig(max_tokens=100, overlong_buffer=20, reward_aggregator="min")
-    comps = [{"correct": 1.0, "format": 1.0}, {"correct": 0.0, "format": 1.0},
-             {"correct": 1.0, "format": 1.0}]  # fmt: skip
+    comps = [
+        {"correct": 1.0, "format": 1.0},
+        {"correct": 0.0, "format": 1.0},
+        {"correct": 1.0, "format": 1.0},
+    ]
     totals = score_totals(minimum(), comps, [10, 10, 90], cfg)
     assert totals == [1.0, 0.0, 0.5]  # right, wrong, right but 10 tokens into the buffer
     assert [c["overlong"] for c in comps] == [0.0, 0.0, -0.5]  # still logged

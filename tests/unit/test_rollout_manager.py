@@ -128,8 +128,14 @@ async def test_groups_born_too_old_give_their_credit_back_and_a_starved_run_is_u
     async def consume(g):
         kept.append(g[0].policy_version)
 
-    m = RolloutManager(produce, consume, groups_per_step=2, max_policy_age=1, concurrency=2,
-                       record=lambda k, v: record.setdefault(k, []).extend(v))  # fmt: skip
+    m = RolloutManager(
+        produce,
+        consume,
+        groups_per_step=2,
+        max_policy_age=1,
+        concurrency=2,
+        record=lambda k, v: record.setdefault(k, []).extend(v),
+    )
     m.version = 5
     m.start()
     await settle()
@@ -146,8 +152,9 @@ async def test_groups_born_too_old_give_their_credit_back_and_a_starved_run_is_u
 async def test_unstick_does_nothing_while_a_group_is_being_made():
     gate = asyncio.Event()
     src = Source(itertools.repeat([0.0, 1.0]), gate=gate)
-    m = RolloutManager(src.produce, lambda g: asyncio.sleep(0), groups_per_step=1,
-                       max_policy_age=0, concurrency=2)  # fmt: skip
+    m = RolloutManager(
+        src.produce, lambda g: asyncio.sleep(0), groups_per_step=1, max_policy_age=0, concurrency=2
+    )
     m.start()
     await settle()
     assert src.started == 1  # one credit: one loop generates, the other waits
@@ -213,8 +220,7 @@ async def test_a_weight_load_that_fails_in_the_background_fails_the_batch_wait_a
     handle = SimpleNamespace(transport="shm", nbytes=10)
     trainer = SimpleNamespace(push_weights=_Call(lambda v: _Item(handle)))
     generator = SimpleNamespace(update_weights=_Call(broken))
-    manager = RolloutManager(Source([[1.0]]).produce, lambda g: asyncio.sleep(0),
-                             groups_per_step=1)  # fmt: skip
+    manager = RolloutManager(Source([[1.0]]).produce, lambda g: asyncio.sleep(0), groups_per_step=1)
     sync = WeightSync(trainer, generator, on_served=manager.advance, on_failed=manager.fail)
     manager.check()
     await sync.push(1)

@@ -61,10 +61,23 @@ def test_reinforce_config_lists_exactly_what_the_app_reads():
 
     assert not issubclass(Config, RLConfig)
     assert _field_names(Config) == {
-        "app", "policy", "trainer", "data", "steps", "metrics", "threads_per_actor", "seed",
-        "deterministic", "generator", "rewards", "replicas", "weights", "rollout", "eval",
+        "app",
+        "policy",
+        "trainer",
+        "data",
+        "steps",
+        "metrics",
+        "threads_per_actor",
+        "seed",
+        "deterministic",
+        "generator",
+        "rewards",
+        "replicas",
+        "weights",
+        "rollout",
+        "eval",
         "baseline_decay",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -106,10 +119,16 @@ def test_loading_a_config_changes_none_of_the_objects_it_is_built_from(capsys):
     reference = ReferenceConfig(model="/m")
     rollout = RolloutConfig(tasks=8)
     cfg = RLConfig(
-        app="x", policy=PolicyConfig(model="/m"), generator=GeneratorConfig(model="/m"),
-        trainer=TrainerConfig(model="/m"), data="jsonl", rewards=["exact_match"],
-        reference=reference, rollout=rollout, deterministic=True,
-    )  # fmt: skip
+        app="x",
+        policy=PolicyConfig(model="/m"),
+        generator=GeneratorConfig(model="/m"),
+        trainer=TrainerConfig(model="/m"),
+        data="jsonl",
+        rewards=["exact_match"],
+        reference=reference,
+        rollout=rollout,
+        deterministic=True,
+    )
     # The resolved values live in the config ...
     assert cfg.reference.mode == "separate" and cfg.rollout.tasks == 1
     assert "rollout.tasks: 8 -> 1" in capsys.readouterr().out

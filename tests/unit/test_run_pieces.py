@@ -127,9 +127,15 @@ def test_deterministic_says_what_it_changes(capsys):
 
     cfg = config_from_dict(
         RLConfig,
-        {"app": "x", "policy": {"model": "/m"}, "data": "jsonl", "rewards": ["exact_match"],
-         "rollout": {"tasks": 8}, "deterministic": True},
-    )  # fmt: skip
+        {
+            "app": "x",
+            "policy": {"model": "/m"},
+            "data": "jsonl",
+            "rewards": ["exact_match"],
+            "rollout": {"tasks": 8},
+            "deterministic": True,
+        },
+    )
     assert (cfg.threads_per_actor, cfg.max_policy_age, cfg.rollout.tasks) == (1, 0, 1)
     out = capsys.readouterr().out
     assert "max_policy_age: 1 -> 0" in out and "rollout.tasks: 8 -> 1" in out

@@ -35,9 +35,12 @@ def _request(data, loss_fn="importance_sampling", config=None) -> bytes:
 def test_a_forward_backward_request_decodes_to_datums():
     d = types.Datum(
         model_input=types.ModelInput.from_ints([1, 2, 3]),
-        loss_fn_inputs={"target_tokens": [2, 3, 4], "logprobs": [0.0, -1.5, -2.0],
-                        "advantages": [0.0, 1.0, 1.0]},
-    )  # fmt: skip
+        loss_fn_inputs={
+            "target_tokens": [2, 3, 4],
+            "logprobs": [0.0, -1.5, -2.0],
+            "advantages": [0.0, 1.0, 1.0],
+        },
+    )
     call = wire.decode_forward_backward(_request([d, d], "ppo", {"clip_low_threshold": 0.7}))
     assert (call.model_id, call.seq_id, call.loss_fn, call.forward_only) == (
         "model-1",
@@ -80,5 +83,12 @@ def test_what_the_server_cannot_serve_is_named():
     with pytest.raises(UserError, match="stop=\\[\\]"):
         sampling_kwargs({"stop": []}, 1, 16)
     kw = sampling_kwargs({"max_tokens": None, "top_k": -1, "temperature": 0.5, "stop": "\n"}, 3, 16)
-    assert kw == {"n": 3, "max_tokens": 16, "temperature": 0.5, "top_p": 1.0, "top_k": 0,
-                  "seed": None, "stop": ["\n"]}  # fmt: skip
+    assert kw == {
+        "n": 3,
+        "max_tokens": 16,
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": None,
+        "stop": ["\n"],
+    }

@@ -107,9 +107,14 @@ def _with_repeats(eps: list[Episode], copies: dict[int, int]) -> list[Episode]:
     out = list(eps)
     for j, i in copies.items():
         src = eps[i]
-        out[j] = Episode(**{**eps[j].__dict__, "response_ids": src.response_ids,
-                            "behavior_logprobs": src.behavior_logprobs,
-                            "loss_mask": src.loss_mask})  # fmt: skip
+        out[j] = Episode(
+            **{
+                **eps[j].__dict__,
+                "response_ids": src.response_ids,
+                "behavior_logprobs": src.behavior_logprobs,
+                "loss_mask": src.loss_mask,
+            }
+        )
     return out
 
 

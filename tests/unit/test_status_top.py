@@ -154,27 +154,52 @@ def status_snapshot(**over) -> dict:
                 "actor": "Generator",
                 "max_concurrent": 10,
                 "replicas": [
-                    {"index": 0, "state": "healthy", "pids": [201], "in_flight": 4, "queued": 2,
-                     "restarts": 0, "last_error": None, "requests_total": 17,
-                     "requests_failed": 0, "latency_p50_ms": 12.5, "latency_p99_ms": 40.0},
-                    {"index": 1, "state": "recovering", "pids": [202], "in_flight": 0,
-                     "queued": 0, "restarts": 1, "last_error": "process died: SIGKILL",
-                     "requests_total": 9, "requests_failed": 1, "latency_p50_ms": None,
-                     "latency_p99_ms": None},
+                    {
+                        "index": 0,
+                        "state": "healthy",
+                        "pids": [201],
+                        "in_flight": 4,
+                        "queued": 2,
+                        "restarts": 0,
+                        "last_error": None,
+                        "requests_total": 17,
+                        "requests_failed": 0,
+                        "latency_p50_ms": 12.5,
+                        "latency_p99_ms": 40.0,
+                    },
+                    {
+                        "index": 1,
+                        "state": "recovering",
+                        "pids": [202],
+                        "in_flight": 0,
+                        "queued": 0,
+                        "restarts": 1,
+                        "last_error": "process died: SIGKILL",
+                        "requests_total": 9,
+                        "requests_failed": 1,
+                        "latency_p50_ms": None,
+                        "latency_p99_ms": None,
+                    },
                 ],
             }
         ],
         "extra": {
             "rl": {
-                "stage": "grpo", "step": 45, "steps_total": 500, "steps_per_s": 0.5,
-                "trainer_version": 45, "generator_versions": {"0": 45, "1": 43},
-                "rewards": {"rollout/reward": 0.531}, "reward_history": [0.1, 0.3, 0.531],
-                "busy": {"trainer": 0.41}, "buffer": {"size": 96.0},
+                "stage": "grpo",
+                "step": 45,
+                "steps_total": 500,
+                "steps_per_s": 0.5,
+                "trainer_version": 45,
+                "generator_versions": {"0": 45, "1": 43},
+                "rewards": {"rollout/reward": 0.531},
+                "reward_history": [0.1, 0.3, 0.531],
+                "busy": {"trainer": 0.41},
+                "buffer": {"size": 96.0},
                 "train": {"train/loss": 0.0123},
                 "eval": {"step": 0, "eval/heldout_accuracy": 0.375},
             }
         },
-    }  # fmt: skip
+    }
     snap.update(over)
     return snap
 
@@ -182,20 +207,40 @@ def status_snapshot(**over) -> dict:
 def test_frame_shows_progress_versions_services_and_meshes():
     text = _text(render(status_snapshot(), "runs/demo/status.json"))
     for want in (
-        "apps.sumdigits.main", "RUNNING", "up 2m05s", "step 45/500", "9%", "0.50 steps/s",
-        "ETA 15m10s", "trainer v45", "generator r1 v43 (2 behind)", "mean 0.531",
-        "heldout_accuracy 0.375", "size 96", "trainer", "41%", "Generator", "recovering",
-        "process died: SIGKILL", "Trainer-3", "1/2 (rank 1: killed by SIGKILL)",
-    ):  # fmt: skip
+        "apps.sumdigits.main",
+        "RUNNING",
+        "up 2m05s",
+        "step 45/500",
+        "9%",
+        "0.50 steps/s",
+        "ETA 15m10s",
+        "trainer v45",
+        "generator r1 v43 (2 behind)",
+        "mean 0.531",
+        "heldout_accuracy 0.375",
+        "size 96",
+        "trainer",
+        "41%",
+        "Generator",
+        "recovering",
+        "process died: SIGKILL",
+        "Trainer-3",
+        "1/2 (rank 1: killed by SIGKILL)",
+    ):
         assert want in text, (want, text)
 
 
 def test_frame_shows_the_headline_of_named_eval_sets():
     snap = status_snapshot()
     snap["extra"]["rl"]["eval"].update(
-        {"eval/chain/pass@1": 0.25, "eval/chain/pass@4": 0.5, "eval/chain/reward": 0.3,
-         "eval/chain/tasks": 64.0, "eval/chain/finish/stop": 1.0}
-    )  # fmt: skip
+        {
+            "eval/chain/pass@1": 0.25,
+            "eval/chain/pass@4": 0.5,
+            "eval/chain/reward": 0.3,
+            "eval/chain/tasks": 64.0,
+            "eval/chain/finish/stop": 1.0,
+        }
+    )
     text = _text(render(snap, "r/status.json"))
     assert "chain/pass@1 0.250" in text and "chain/pass@4 0.500" in text, text
     assert "chain/reward 0.300" in text and "chain/tasks" not in text and "finish" not in text

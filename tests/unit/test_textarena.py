@@ -51,8 +51,9 @@ async def test_a_lost_game_and_a_loss_by_invalid_moves(tok):
 
     env = TextArenaEnv("TicTacToe-v0", opponent=LOWEST)
     policy = ScriptedPolicy(tok, ["hello", "[9]", "x"])
-    traj = await run_episode(env, {}, policy, tok, max_turns=3, sampling=SAMPLING,
-                             max_context_tokens=8192)  # fmt: skip
+    traj = await run_episode(
+        env, {}, policy, tok, max_turns=3, sampling=SAMPLING, max_context_tokens=8192
+    )
     # textarena's rule: one retry after an invalid move, the second in a row loses.
     assert traj.finish_reason == "done" and traj.num_turns == 2
     assert traj.reward_components == {"success": 0.0, "invalid": -1.0, "outcome": 0.0}
@@ -105,8 +106,9 @@ async def test_random_needs_moves_where_the_game_lists_none(tok):
     moves = [f"[{p} {q}]" for p in range(3) for q in range(1, 6)]
     for seed in range(4):
         env = TextArenaEnv("Nim-v0", moves=moves)
-        traj = await _play(tok, env, ["[2 5]", "[1 4]", "[0 3]", "[0 1]", "[1 1]", "[2 1]"],
-                           task={"seed": seed})  # fmt: skip
+        traj = await _play(
+            tok, env, ["[2 5]", "[1 4]", "[0 3]", "[0 1]", "[1 1]", "[2 1]"], task={"seed": seed}
+        )
         assert traj.finish_reason in ("done", "max_turns"), traj.info.get("error")
         if traj.finish_reason == "done":
             assert sum(traj.reward_components.values()) in (1.0, -1.0)

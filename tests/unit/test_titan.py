@@ -64,8 +64,10 @@ def test_titan_weights_leave_with_hf_names(llama_model):
     titan.train_step(batch)
     hf_model = load_model(llama_model)
     hf_model.load_state_dict(titan.hf_state_dict())  # strict: every HF name present
-    assert not torch.equal(hf_model.state_dict()["model.layers.0.self_attn.q_proj.weight"],
-                           original["model.layers.0.self_attn.q_proj.weight"])  # fmt: skip
+    assert not torch.equal(
+        hf_model.state_dict()["model.layers.0.self_attn.q_proj.weight"],
+        original["model.layers.0.self_attn.q_proj.weight"],
+    )
     from forge.models import token_logprobs
 
     with torch.no_grad():

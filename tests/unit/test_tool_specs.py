@@ -36,11 +36,15 @@ def test_every_tool_form_from_yaml_data_runs():
             "tests.unit.test_tool_specs:add",
             "tests.unit.test_tool_specs:ADD",
             {"fn": "tests.unit.test_tool_specs:make_add", "kwargs": {"offset": 10}},
-            {"name": "lookup", "fn": "tests.unit.test_tool_specs:lookup_raw",
-             "schema": SCHEMA, "description": "Look a key up."},
+            {
+                "name": "lookup",
+                "fn": "tests.unit.test_tool_specs:lookup_raw",
+                "schema": SCHEMA,
+                "description": "Look a key up.",
+            },
             "python",
         ],
-    }  # fmt: skip
+    }
     cfg = config_from_dict(EnvConfig, data)
     tools = build_tools(cfg.tools)
     assert sorted(tools.by_name) == ["add", "lookup", "plus", "python", "shift"]

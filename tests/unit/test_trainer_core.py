@@ -292,8 +292,10 @@ def test_identical_rows_are_computed_once_with_the_same_update(tiny_model, monke
     from forge.models import shared_prefix
 
     eps = make_episodes(tiny_model, n=8)
-    eps = [dataclasses.replace(e, advantage=a)
-           for e, a in zip(eps, [1.0, -1.0, 0.5, -0.5, 0.25, 2.0, -0.75, 1.5])]  # fmt: skip
+    eps = [
+        dataclasses.replace(e, advantage=a)
+        for e, a in zip(eps, [1.0, -1.0, 0.5, -0.5, 0.25, 2.0, -0.75, 1.5])
+    ]
     batch = collate_episodes(eps)
     out, grads = {}, {}
     for once in (True, False):

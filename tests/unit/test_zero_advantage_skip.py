@@ -58,8 +58,9 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny_model):
     assert out_s["tokens"] == out_f["tokens"]  # counts the whole batch
     # Diagnostics average over the rows that trained: the same as a batch of only those rows.
     eps = make_episodes(tiny_model, n=6)
-    kept = collate_episodes([dataclasses.replace(eps[i], advantage=a)
-                             for i, a in ((0, 1.0), (2, -0.5), (5, 2.0))])  # fmt: skip
+    kept = collate_episodes(
+        [dataclasses.replace(eps[i], advantage=a) for i, a in ((0, 1.0), (2, -0.5), (5, 2.0))]
+    )
     out_k = _cores(tiny_model)[1].train_step(kept)
     for key in ("mismatch_kl", "logprob_gap", "entropy_sampled", "ratio_mean"):
         assert out_s[key] == pytest.approx(out_k[key], rel=1e-5), key
@@ -171,8 +172,10 @@ def test_streamed_parts_skip_zero_rows_and_give_the_same_update(tiny_model):
     """Trajectory streaming skips as train_step does: accumulate over parts (one of them all
     zero) + apply_accumulated == train_step on the whole batch, weights and metrics."""
     advantages = [1.0, 0.0, 0.0, 0.0, -0.5, 0.0, 2.0, 0.0]
-    eps = [dataclasses.replace(e, advantage=a)
-           for e, a in zip(make_episodes(tiny_model, n=8), advantages)]  # fmt: skip
+    eps = [
+        dataclasses.replace(e, advantage=a)
+        for e, a in zip(make_episodes(tiny_model, n=8), advantages)
+    ]
     streamed, whole = _cores(tiny_model, micro_batch_size=2)
     for lo, hi in ((0, 2), (2, 4), (4, 8)):  # the second part has advantage 0 throughout
         streamed.accumulate(collate_episodes(eps[lo:hi]))

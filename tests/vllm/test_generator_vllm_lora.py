@@ -123,12 +123,22 @@ def test_grpo_with_lora_on_a_vllm_generator(tmp_path):
     engine = "{kv_cache_memory_bytes: 268435456, max_model_len: 512, max_num_batched_tokens: 16384}"
     run = tmp_path / "run"
     out = forge_run(
-        ["--config", str(REPO / "apps/sumdigits/cpu.yaml"), "--run-dir", str(run),
-         "preset=small", "sft.steps=30", "rl.steps=6", "rl.eval.every=0",
-         "rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
-         f"rl.generator.engine_kwargs={engine}"],
-        timeout=560, env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
-    )  # fmt: skip
+        [
+            "--config",
+            str(REPO / "apps/sumdigits/cpu.yaml"),
+            "--run-dir",
+            str(run),
+            "preset=small",
+            "sft.steps=30",
+            "rl.steps=6",
+            "rl.eval.every=0",
+            "rl.trainer.lora.rank=8",
+            "rl.generator.backend=vllm",
+            f"rl.generator.engine_kwargs={engine}",
+        ],
+        timeout=560,
+        env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1].startswith("heldout_accuracy=")
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]

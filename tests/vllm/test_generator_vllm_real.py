@@ -48,11 +48,14 @@ async def test_vllm_serves_the_real_model_and_updates_it_in_flight():
     model_dir = resolve_model("smollm2-135m-instruct")
     gen = await spawn_vllm(model_dir)
     # Greedy chat answers (the chat template is the model's own).
-    questions = {"What is 2 + 3? Answer with just the number.": "5",
-                 "What is the capital of France?": "Paris"}  # fmt: skip
+    questions = {
+        "What is 2 + 3? Answer with just the number.": "5",
+        "What is the capital of France?": "Paris",
+    }
     for q, want in questions.items():
-        [c] = await gen.generate.call_one([{"role": "user", "content": q}], max_tokens=16,
-                                          temperature=0.0)  # fmt: skip
+        [c] = await gen.generate.call_one(
+            [{"role": "user", "content": q}], max_tokens=16, temperature=0.0
+        )
         print(f"vllm SmolLM2: {q!r} -> {c.text!r}")
         assert want in c.text and c.generator_version == 0
     model = load_model(model_dir)

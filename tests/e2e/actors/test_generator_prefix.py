@@ -36,9 +36,13 @@ async def test_sessions_reuse_prefixes_until_a_weight_update(tiny_model_dir):
         async def episode(i: int):
             async with svc.session():
                 return await run_episode(
-                    EchoEnv(), f"task {i}", svc.generate.route, tok, max_turns=3,
+                    EchoEnv(),
+                    f"task {i}",
+                    svc.generate.route,
+                    tok,
+                    max_turns=3,
                     sampling={"max_tokens": 6, "temperature": 1.0, "seed": i},
-                )  # fmt: skip
+                )
 
         trajs = await asyncio.gather(*(episode(i) for i in range(4)))
         stats = await svc.stats.fanout()

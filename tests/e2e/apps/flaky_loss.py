@@ -8,11 +8,20 @@ import os
 from forge.losses import grpo_loss
 
 
-def fail_when_marked(*, logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt,
-                     old_logprobs_bt=None, marker: str, **_):  # fmt: skip
+def fail_when_marked(
+    *,
+    logprobs_bt,
+    generator_logprobs_bt,
+    advantages_b,
+    mask_bt,
+    old_logprobs_bt=None,
+    marker: str,
+    **_,
+):
     """GRPO's loss, except that a call that finds ``marker`` removes it and raises."""
     if os.path.exists(marker):
         os.remove(marker)
         raise RuntimeError("injected trainer failure (tests/e2e/apps/flaky_loss.py)")
-    return grpo_loss(logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt,
-                     old_logprobs_bt=old_logprobs_bt)  # fmt: skip
+    return grpo_loss(
+        logprobs_bt, generator_logprobs_bt, advantages_b, mask_bt, old_logprobs_bt=old_logprobs_bt
+    )

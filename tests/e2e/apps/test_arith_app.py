@@ -32,14 +32,21 @@ def arith_run(tmp_path_factory):
     """Three on-policy GRPO steps of the main job's config: the run directory and output."""
     run = tmp_path_factory.mktemp("arith") / "run"
     out = forge_run(
-        ["--config", "apps/arith/smollm2.yaml", "--run-dir", str(run), "rl.steps=3",
-         "rl.max_policy_age=0", f"rl.data.kwargs.heldout_size={HELDOUT}",
-         "rl.rollout.prompts_per_step=4",
-         # every row computed: the mismatch gate below reads each step's (a step whose
-         # groups all have equal rewards would otherwise train no row and report none)
-         "rl.trainer.skip_zero_advantage=false"],
+        [
+            "--config",
+            "apps/arith/smollm2.yaml",
+            "--run-dir",
+            str(run),
+            "rl.steps=3",
+            "rl.max_policy_age=0",
+            f"rl.data.kwargs.heldout_size={HELDOUT}",
+            "rl.rollout.prompts_per_step=4",
+            # every row computed: the mismatch gate below reads each step's (a step whose
+            # groups all have equal rewards would otherwise train no row and report none)
+            "rl.trainer.skip_zero_advantage=false",
+        ],
         timeout=600,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run, out
 
@@ -73,10 +80,22 @@ def test_forge_eval_scores_a_real_model_run_as_the_run_did(arith_run):
     final = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     final = [r for r in final if "eval/heldout_accuracy" in r][-1]
     shown = subprocess.run(
-        [sys.executable, "-m", "forge.cli", "eval", "--config", str(run / "config.yaml"),
-         "--checkpoint", str(run)],
-        capture_output=True, text=True, cwd=REPO, env=script_env(), timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "eval",
+            "--config",
+            str(run / "config.yaml"),
+            "--checkpoint",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=script_env(),
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
     assert f"greedy answers to {HELDOUT} held-out items" in shown.stdout
     assert "scored by: heldout, strict, contains" in shown.stdout

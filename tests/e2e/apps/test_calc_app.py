@@ -42,11 +42,23 @@ def test_calc_demo_learns_to_use_the_tool(tmp_path):
     without the tool."""
     run = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "forge.cli", "run", "--config", CONFIG, "--run-dir", str(run),
-         "rl.eval.every=0"],
-        capture_output=True, text=True, cwd=REPO, timeout=1800,
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "run",
+            "--config",
+            CONFIG,
+            "--run-dir",
+            str(run),
+            "rl.eval.every=0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=1800,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("success_rate="), last

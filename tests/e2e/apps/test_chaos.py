@@ -62,14 +62,27 @@ def test_cpu_demo_learns_under_replica_kills(tmp_path):
     steps = 150
     run = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", "--every", "5", "--sft-steps", "250",
-         "--grpo-steps", str(steps), "--eval-every", "0", "--run-dir", str(run)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.chaos",
+            "--every",
+            "5",
+            "--sft-steps",
+            "250",
+            "--grpo-steps",
+            str(steps),
+            "--eval-every",
+            "0",
+            "--run-dir",
+            str(run),
+        ],
         capture_output=True,
         text=True,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
         cwd=REPO,
         timeout=1150,
-    )  # fmt: skip
+    )
     tail = out.stdout[-4000:] + out.stderr[-4000:]
     assert out.returncode == 0, tail
     last = out.stdout.strip().splitlines()[-1]

@@ -35,8 +35,10 @@ def _check_rows(rows: list[dict]) -> None:
 def test_colocated_run_fails_while_asleep_and_resumes(tmp_path):
     marker = tmp_path / "fail-now"
     loss = f"{{type: 'tests.e2e.apps.flaky_loss:fail_when_marked', kwargs: {{marker: '{marker}'}}}}"
-    extra = (f"max_policy_age: 0\nplacement: {{colocate: true}}\ncheckpoint_every: 2\n"
-             f"trainer: {{optimizer: {{lr: 1.0e-4}}, loss: {loss}}}")  # fmt: skip
+    extra = (
+        f"max_policy_age: 0\nplacement: {{colocate: true}}\ncheckpoint_every: 2\n"
+        f"trainer: {{optimizer: {{lr: 1.0e-4}}, loss: {loss}}}"
+    )
     config = (
         tiny_grpo_config(tmp_path, STEPS, "")
         .read_text()
@@ -47,8 +49,12 @@ def test_colocated_run_fails_while_asleep_and_resumes(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "forge.cli", "run", "--config", str(path), "--run-dir", str(run)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(), cwd=REPO,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=script_env(),
+        cwd=REPO,
+    )
     try:
         deadline = time.monotonic() + 200
         while len(_steps(run)) < 2:  # a checkpoint exists: fail the next trainer step

@@ -10,8 +10,13 @@ import pytest
 
 from tests.helpers import REPO, forge_run, script_env
 
-SHORT = ["sft.steps=20", "rl.steps=4", "rl.eval.every=0", "rl.eval.at_start=false",
-         "rl.rollout.prompts_per_step=4"]  # fmt: skip
+SHORT = [
+    "sft.steps=20",
+    "rl.steps=4",
+    "rl.eval.every=0",
+    "rl.eval.at_start=false",
+    "rl.rollout.prompts_per_step=4",
+]
 
 
 def _steps(run) -> list[dict]:
@@ -48,11 +53,17 @@ def _steps(run) -> list[dict]:
 def test_credit_methods_run(tmp_path, method, overrides):
     run = tmp_path / "run"
     out = forge_run(
-        ["--config", str(REPO / "benchmarks/credit/subtraction.yaml"), "--run-dir", str(run),
-         *SHORT, *overrides],
+        [
+            "--config",
+            str(REPO / "benchmarks/credit/subtraction.yaml"),
+            "--run-dir",
+            str(run),
+            *SHORT,
+            *overrides,
+        ],
         timeout=280,
         env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "success_rate=" in out.stdout
     steps = _steps(run)

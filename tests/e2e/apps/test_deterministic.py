@@ -37,10 +37,16 @@ def test_two_deterministic_runs_give_the_same_numbers(tmp_path):
     runs = []
     for name in ("a", "b"):
         out = forge_run(
-            ["--config", str(REPO / "apps/sumdigits/cpu.yaml"), "--run-dir", str(tmp_path / name),
-             f"base_model={tmp_path / 'base'}", *STEPS],
+            [
+                "--config",
+                str(REPO / "apps/sumdigits/cpu.yaml"),
+                "--run-dir",
+                str(tmp_path / name),
+                f"base_model={tmp_path / 'base'}",
+                *STEPS,
+            ],
             timeout=400,
-        )  # fmt: skip
+        )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert "[forge] deterministic: threads_per_actor: 0 -> 1" in out.stdout
         runs.append(_metrics(tmp_path / name))

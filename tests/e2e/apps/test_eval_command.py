@@ -21,10 +21,20 @@ def test_eval_sets_during_a_run_and_forge_eval_after(tmp_path):
     run = tmp_path / "run"
     env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"))
     out = forge_run(
-        ["--config", str(REPO / "apps/guess/cpu.yaml"), "--run-dir", str(run), "sft.steps=20",
-         "rl.steps=4", "rl.eval.every=2", "rl.eval.at_start=false", SETS],
-        timeout=280, env=env,
-    )  # fmt: skip
+        [
+            "--config",
+            str(REPO / "apps/guess/cpu.yaml"),
+            "--run-dir",
+            str(run),
+            "sft.steps=20",
+            "rl.steps=4",
+            "rl.eval.every=2",
+            "rl.eval.at_start=false",
+            SETS,
+        ],
+        timeout=280,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/sampled/pass@2" in r]
@@ -34,10 +44,24 @@ def test_eval_sets_during_a_run_and_forge_eval_after(tmp_path):
         assert 0 <= r["eval/sampled/pass@1"] <= r["eval/sampled/pass@2"] <= 1
         assert "eval/sampled/turns" in r and "eval/digits/reward/sumdigits_reward" in r
     shown = subprocess.run(
-        [sys.executable, "-m", "forge.cli", "eval", "--config", str(run / "config.yaml"),
-         "--checkpoint", str(run), "--sets", "heldout,digits"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "eval",
+            "--config",
+            str(run / "config.yaml"),
+            "--checkpoint",
+            str(run),
+            "--sets",
+            "heldout,digits",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=240,
+    )
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
     assert "pass@1" in shown.stdout and "digits" in shown.stdout
     result = json.loads((run / "eval.json").read_text())

@@ -46,8 +46,9 @@ def test_guess_demo_learns(tmp_path):
     sampled = [r["rollout/reward/success"] for r in steps if "rollout/reward/success" in r]
 
     def success(part: list[dict]) -> float:
-        return statistics.mean(r["rollout/reward/success"] for r in part
-                               if "rollout/reward/success" in r)  # fmt: skip
+        return statistics.mean(
+            r["rollout/reward/success"] for r in part if "rollout/reward/success" in r
+        )
 
     first, last = success(steps[:30]), success(steps[60:])
     assert last >= first + 0.02, (first, last)

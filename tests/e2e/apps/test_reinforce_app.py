@@ -14,11 +14,16 @@ def test_reinforce_app_trains_and_evaluates(tmp_path):
     model = make_tiny_model(tmp_path / "model", preset="tiny")
     out = forge_run(
         [
-            "--config", str(REPO / "apps/reinforce/cpu.yaml"), "--run-dir", str(tmp_path / "r"),
-            f"policy.model={model}", "steps=3", "rollout.prompts_per_step=4",
+            "--config",
+            str(REPO / "apps/reinforce/cpu.yaml"),
+            "--run-dir",
+            str(tmp_path / "r"),
+            f"policy.model={model}",
+            "steps=3",
+            "rollout.prompts_per_step=4",
         ],
         timeout=240,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "[reinforce] done: version 3" in out.stdout
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
@@ -32,9 +37,14 @@ def test_reinforce_app_trains_and_evaluates(tmp_path):
 
 def test_reinforce_config_mistakes_fail_before_spawning(tmp_path):
     out = forge_run(
-        ["--config", str(REPO / "apps/reinforce/cpu.yaml"), "--run-dir", str(tmp_path / "r"),
-         "rollout.group_size=4"],
+        [
+            "--config",
+            str(REPO / "apps/reinforce/cpu.yaml"),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "rollout.group_size=4",
+        ],
         timeout=120,
-    )  # fmt: skip
+    )
     assert out.returncode == 2
     assert "rollout.group_size=1" in out.stderr

@@ -65,10 +65,22 @@ def test_finished_and_crashed_runs_say_so(tmp_path):
 def _start_hanging(tmp_path, run) -> subprocess.Popen:
     """``forge run`` of the app that hangs after its replica restarted; returns once there."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "forge.cli", "run", "--config", _cfg(tmp_path, "hang"),
-         "--run-dir", str(run)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=script_env(), cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "run",
+            "--config",
+            _cfg(tmp_path, "hang"),
+            "--run-dir",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=script_env(),
+        cwd=REPO,
+    )
     line, deadline = "", time.monotonic() + 120
     while not line.startswith("KILLED"):
         if time.monotonic() > deadline or proc.poll() is not None:

@@ -49,10 +49,14 @@ def _files(tmp_path):
     (pkg / "game.py").write_text(textwrap.dedent(GAME))
     codes = {"red": "17", "blue": "42", "green": "8"}
     sft = [
-        {"messages": [{"role": "user", "content": f"What is the code of {k}? Answer with "
-                       "the number."}, {"role": "assistant", "content": v}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"What is the code of {k}? Answer with the number."},
+                {"role": "assistant", "content": v},
+            ]
+        }
         for k, v in codes.items()
-    ]  # fmt: skip
+    ]
     (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft * 4))
     tasks = [{"prompt": k, "key": k, "split": "test" if k == "green" else "train"} for k in codes]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tasks))
@@ -108,6 +112,10 @@ def test_a_users_package_trains_through_the_generic_pipeline(tmp_path):
     assert all("green" not in e["messages"][0]["content"] for e in episodes)  # held out
     shown = subprocess.run(
         [sys.executable, "-m", "forge.cli", "episodes", str(run), "--worst", "-n", "2"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+    )
     assert shown.returncode == 0 and "What is the code of" in shown.stdout, shown.stderr

@@ -28,8 +28,9 @@ KILL_AT = 4
 
 @pytest.mark.timeout(600)
 def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_group(tmp_path):
-    extra = ("replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}\n"
-             "checkpoint_every: 30")  # fmt: skip
+    extra = (
+        "replicas: {generator: 2}\nweights: {type: broadcast, backend: gloo}\ncheckpoint_every: 30"
+    )
     config, run = tiny_grpo_config(tmp_path, STEPS, extra), tmp_path / "run"
     r = run_killing_a_generator(config, run, KILL_AT)
     out, err = r["out"], r["err"]
@@ -49,8 +50,12 @@ def test_broadcast_weights_reach_every_replica_and_a_restarted_one_joins_a_new_g
     # version through a broadcast too
     more = subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--resume", str(run), f"steps={STEPS + 20}"],
-        capture_output=True, text=True, env=script_env(), cwd=REPO, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=script_env(),
+        cwd=REPO,
+        timeout=300,
+    )
     assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-4000:]
     status = json.loads((run / "status.json").read_text())
     assert min(status["extra"]["rl"]["generator_versions"].values()) >= STEPS + 19

@@ -23,8 +23,11 @@ def test_sft_then_grpo_trains_on_tictactoe_episodes(tmp_path):
     config = tmp_path / "tictactoe.yaml"
     config.write_text(PIPELINE.format(model=model, sft_steps=20, rl_steps=4))
     run = tmp_path / "run"
-    out = forge_run(["--config", str(config), "--run-dir", str(run)], timeout=280,
-                    env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")))  # fmt: skip
+    out = forge_run(
+        ["--config", str(config), "--run-dir", str(run)],
+        timeout=280,
+        env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]

@@ -29,8 +29,11 @@ trainer: {{optimizer: {{lr: 1.0e-4}}}}
 eval: {{at_start: false, at_end: false}}
 metrics: [jsonl]
 """)
-    out = forge_run(["--config", str(config), "--run-dir", str(tmp_path / "run")], timeout=170,
-                    env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")))  # fmt: skip
+    out = forge_run(
+        ["--config", str(config), "--run-dir", str(tmp_path / "run")],
+        timeout=170,
+        env=script_env(FORGE_CACHE_DIR=str(tmp_path / "cache")),
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum("train/loss" in r for r in rows) == 3

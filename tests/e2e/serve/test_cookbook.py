@@ -46,13 +46,27 @@ def test_the_math_rl_recipe_runs_unchanged_and_its_reward_rises(tmp_path):
     )
     with serve_process(tmp_path, config, KEY) as url:
         out = subprocess.run(
-            [PYTHON, "-m", "tinker_cookbook.recipes.math_rl.train", "env=arithmetic",
-             f"model_name={model}", "renderer_name=qwen3_instruct", f"base_url={url}",
-             "lora_rank=8", "groups_per_batch=8", "max_steps=5", "learning_rate=1e-3",
-             f"log_path={tmp_path / 'run'}", "behavior_if_log_dir_exists=delete"],
-            cwd=str(tmp_path), env=script_env(TINKER_API_KEY=KEY), capture_output=True,
-            text=True, timeout=420,
-        )  # fmt: skip
+            [
+                PYTHON,
+                "-m",
+                "tinker_cookbook.recipes.math_rl.train",
+                "env=arithmetic",
+                f"model_name={model}",
+                "renderer_name=qwen3_instruct",
+                f"base_url={url}",
+                "lora_rank=8",
+                "groups_per_batch=8",
+                "max_steps=5",
+                "learning_rate=1e-3",
+                f"log_path={tmp_path / 'run'}",
+                "behavior_if_log_dir_exists=delete",
+            ],
+            cwd=str(tmp_path),
+            env=script_env(TINKER_API_KEY=KEY),
+            capture_output=True,
+            text=True,
+            timeout=420,
+        )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "Training completed successfully" in out.stdout + out.stderr
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]

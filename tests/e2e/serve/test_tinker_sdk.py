@@ -38,9 +38,12 @@ def _run_app(module: str, url: str, *args: str) -> str:
     # methods, ``ServiceClient.get_server_capabilities``, ``load_state*``): the apps use none.
     out = subprocess.run(
         [sys.executable, "-W", "error:DEPRECATED", "-m", module, "--base-url", url, *args],
-        cwd=str(REPO), env=script_env(TINKER_API_KEY=KEY), capture_output=True, text=True,
+        cwd=str(REPO),
+        env=script_env(TINKER_API_KEY=KEY),
+        capture_output=True,
+        text=True,
         timeout=240,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -137,8 +140,9 @@ def test_sampling_returns_tokens_with_the_trainers_logprobs(training):
     _, tc = training
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = [5, 9, 13]
-    out = sampler.sample(types.ModelInput.from_ints(prompt), 3,
-                         types.SamplingParams(max_tokens=6, seed=1)).result()  # fmt: skip
+    out = sampler.sample(
+        types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=6, seed=1)
+    ).result()
     assert len(out.sequences) == 3
     seq = out.sequences[0]
     assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
@@ -170,8 +174,9 @@ def test_the_sdks_non_deprecated_forms_are_served(server):
         await tc.optim_step(types.AdamParams(learning_rate=1e-2))
         path = (await tc.save_state("async-state")).path
         sampler = await tc.save_weights_and_get_sampling_client()
-        out = await sampler.sample(types.ModelInput.from_ints([5, 9]), 2,
-                                   types.SamplingParams(max_tokens=3, seed=0))  # fmt: skip
+        out = await sampler.sample(
+            types.ModelInput.from_ints([5, 9]), 2, types.SamplingParams(max_tokens=3, seed=0)
+        )
         assert len(out.sequences) == 2
         lp = await sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 13]))
         assert lp[0] is None and len(lp) == 3
@@ -194,9 +199,13 @@ def test_unsupported_calls_are_named(training, server):
         tc.forward_backward([d], "importance_sampling").result()
     sampler = tc.save_weights_and_get_sampling_client().result()
     with pytest.raises(tinker.BadRequestError, match="top-k prompt logprobs"):
-        sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 1,
-                       types.SamplingParams(max_tokens=2), include_prompt_logprobs=True,
-                       topk_prompt_logprobs=2).result()  # fmt: skip
+        sampler.sample(
+            types.ModelInput.from_ints([5, 9, 13]),
+            1,
+            types.SamplingParams(max_tokens=2),
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=2,
+        ).result()
     with pytest.raises(tinker.RequestFailedError, match="not served here.*forge/tiny"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B").result()
     r = httpx.post(f"{server}/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})

@@ -19,8 +19,13 @@ async def test_two_rank_ddp_lora_matches_one_rank(tiny_model):
 
     opt = OptimizerConfig(lr=0.1, eps=1.0, max_grad_norm=None)  # compares like gradients
     eps0, eps1 = make_episodes(tiny_model, n=3), make_episodes(tiny_model, n=2, offset=3)
-    cfg = TrainerConfig(model=tiny_model, optimizer=opt, lora=LoraConfig(rank=4),
-                        loss=LossConfig(type="grpo"), micro_batch_size=2)  # fmt: skip
+    cfg = TrainerConfig(
+        model=tiny_model,
+        optimizer=opt,
+        lora=LoraConfig(rank=4),
+        loss=LossConfig(type="grpo"),
+        micro_batch_size=2,
+    )
     single = await Trainer.as_actor(cfg)
     m_single = await single.train_step.call_one(collate_episodes(eps0 + eps1))
     _, want = unpack_adapter(pull_handle(await single.push_weights.call_one(1)))

@@ -18,8 +18,14 @@ pytest.importorskip("peft")
 
 def _forge(args: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:
     env = script_env(FORGE_CACHE_DIR=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-m", "forge.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "forge.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def test_cpu_demo_with_lora_pushes_adapters_and_exports_a_merged_model(tmp_path):
@@ -28,12 +34,25 @@ def test_cpu_demo_with_lora_pushes_adapters_and_exports_a_merged_model(tmp_path)
 
     run = tmp_path / "run"
     out = _forge(
-        ["run", "--config", str(REPO / "apps/sumdigits/cpu.yaml"), "--run-dir", str(run),
-         "sft.steps=20", "rl.steps=4", "rl.eval.at_start=false", "rl.eval.every=0",
-         "sft.trainer.lora.rank=8", "rl.trainer.lora.rank=8", "rl.checkpoint_every=2",
-         "rl.trainer.loss.kl_coef=0.01", "rl.reference.update.type=none"],
-        tmp_path, timeout=300,
-    )  # fmt: skip
+        [
+            "run",
+            "--config",
+            str(REPO / "apps/sumdigits/cpu.yaml"),
+            "--run-dir",
+            str(run),
+            "sft.steps=20",
+            "rl.steps=4",
+            "rl.eval.at_start=false",
+            "rl.eval.every=0",
+            "sft.trainer.lora.rank=8",
+            "rl.trainer.lora.rank=8",
+            "rl.checkpoint_every=2",
+            "rl.trainer.loss.kl_coef=0.01",
+            "rl.reference.update.type=none",
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = json.loads((run / "status.json").read_text())
     services = {s["actor"] for s in status["services"]}

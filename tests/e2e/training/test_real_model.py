@@ -30,8 +30,10 @@ pytestmark = [
     ),
 ]
 NAME = "smollm2-135m-instruct"
-QUESTIONS = [[{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}]
-             for a, b in ((13, 90), (47, 38), (25, 61), (72, 19))]  # fmt: skip
+QUESTIONS = [
+    [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}]
+    for a, b in ((13, 90), (47, 38), (25, 61), (72, 19))
+]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def _episodes(completions) -> list[Episode]:
             reward=0.0,
             policy_version=0,
             advantage=1.0 if i % 2 else -1.0,
-        )  # fmt: skip
+        )
         for i, c in enumerate(completions)
     ]
 

@@ -33,8 +33,12 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 def _trained_core(model: str) -> TrainerCore:
-    cfg = TrainerConfig(model=model, loss=LossConfig(type="reinforce"),
-                        optimizer=OptimizerConfig(lr=2e-2), lora=LoraConfig(rank=4))  # fmt: skip
+    cfg = TrainerConfig(
+        model=model,
+        loss=LossConfig(type="reinforce"),
+        optimizer=OptimizerConfig(lr=2e-2),
+        lora=LoraConfig(rank=4),
+    )
     core = TrainerCore(cfg)
     for k in range(3):
         core.train_step(make_batch(model, offset=k))
@@ -99,8 +103,12 @@ async def test_in_flight_adapter_update_keeps_running_requests_on_their_version(
 
 async def test_actors_push_adapter_bytes_and_generator_pulls_by_handle_or_number(tiny_model):
     prefix = f"lora{os.getpid()}"
-    cfg = TrainerConfig(model=tiny_model, optimizer=OptimizerConfig(lr=2e-2),
-                        loss=LossConfig(type="reinforce"), lora=LoraConfig(rank=4))  # fmt: skip
+    cfg = TrainerConfig(
+        model=tiny_model,
+        optimizer=OptimizerConfig(lr=2e-2),
+        loss=LossConfig(type="reinforce"),
+        lora=LoraConfig(rank=4),
+    )
     cfg.weights.prefix = prefix
     trainer = await Trainer.as_actor(cfg)
     gen = await Generator.options(procs=1).as_actor(
@@ -127,8 +135,14 @@ async def test_actors_push_adapter_bytes_and_generator_pulls_by_handle_or_number
         from forge.replay import collate_episodes
         from forge.types import Episode
 
-        ep = Episode(episode_id="e", prompt_ids=c.prompt_ids, response_ids=c.token_ids,
-                     behavior_logprobs=c.logprobs, reward=0.0, policy_version=2)  # fmt: skip
+        ep = Episode(
+            episode_id="e",
+            prompt_ids=c.prompt_ids,
+            response_ids=c.token_ids,
+            behavior_logprobs=c.logprobs,
+            reward=0.0,
+            policy_version=2,
+        )
         lp = await trainer.logprobs.call_one(collate_episodes([ep]))
         want = lp[0, len(c.prompt_ids) : batch_ids.shape[1]]
         torch.testing.assert_close(torch.tensor(c.logprobs), want, rtol=0, atol=2e-4)

@@ -21,8 +21,9 @@ def _receive(url: str, handle, out) -> None:
         import dataclasses
 
         h = dataclasses.replace(handle, location=url)
-        into = {n: torch.zeros(m.shape, dtype=getattr(torch, m.dtype)) for n, m in
-                h.manifest.items()}  # fmt: skip
+        into = {
+            n: torch.zeros(m.shape, dtype=getattr(torch, m.dtype)) for n, m in h.manifest.items()
+        }
         got = read_broadcast(h, into)
         out.put(pickle.dumps(got))  # plain bytes: no shared memory left behind the process
     except BaseException as e:  # noqa: BLE001 - reported to the test

@@ -43,8 +43,14 @@ REUSE = textwrap.dedent(
 
 
 def _faults(env: dict[str, str]) -> list[int]:
-    out = subprocess.run([sys.executable, "-c", REUSE], env=env, capture_output=True,
-                         text=True, timeout=60, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", REUSE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -70,8 +76,14 @@ def test_a_command_starts_itself_again_with_the_settings():
     )
     env = {k: v for k, v in os.environ.items() if k != NAME}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60, check=True).stdout.splitlines()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
     assert len(out) == 2, out  # the second line is the same process after the exec
     (pid1, before), (pid2, after) = (line.split(" ", 1) for line in out)
     assert pid1 == pid2 and before == ""

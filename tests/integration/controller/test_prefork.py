@@ -64,9 +64,11 @@ asyncio.run(main())
 def _start(tmp_path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(write_script(tmp_path, CONTROLLER)), *args],
-        stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
         env=tuned_env(script_env(FORGE_PREFORK="1")),  # started as `forge run` is (malloc)
-    )  # fmt: skip
+    )
 
 
 def _facts(proc: subprocess.Popen) -> tuple[dict, list[str]]:
@@ -129,20 +131,36 @@ def test_a_process_with_another_thread_running_is_not_forked(monkeypatch):
 def test_a_secret_in_the_environment_zygotes_off_or_another_backend_mean_no_fork(tmp_path):
     code = "from controller._prefork import prefork\nprint(prefork({'FORGE_PRELOAD': 'json'}))\n"
     path = write_script(tmp_path, code)
-    for extra, want in (({}, "True"), ({"FORGE_SESSION_KEY": "ab" * 32}, "False"),
-                        ({"FORGE_ZYGOTE": "0"}, "False"), ({"FORGE_PREFORK": "0"}, "False"),
-                        ({"FORGE_BACKEND": "ray"}, "False")):  # fmt: skip
+    for extra, want in (
+        ({}, "True"),
+        ({"FORGE_SESSION_KEY": "ab" * 32}, "False"),
+        ({"FORGE_ZYGOTE": "0"}, "False"),
+        ({"FORGE_PREFORK": "0"}, "False"),
+        ({"FORGE_BACKEND": "ray"}, "False"),
+    ):
         env = tuned_env(script_env(**extra))  # as `forge run` starts (controller.malloc)
         if not extra:
             env.pop("FORGE_PREFORK", None)  # the default forks
-        out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                             cwd=str(REPO), env=env, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            cwd=str(REPO),
+            env=env,
+            timeout=60,
+        )
         assert out.stdout.strip() == want, (extra, out.stdout, out.stderr)
     # Started without the actors' malloc settings (glibc reads them only at a process's
     # start): a fork would lack them, so a fresh zygote starts with them instead.
     env = script_env()
     env.pop("FORGE_PREFORK", None)
     env.pop("GLIBC_TUNABLES", None)
-    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                         cwd=str(REPO), env=env, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        env=env,
+        timeout=60,
+    )
     assert out.stdout.strip() == "False", (out.stdout, out.stderr)

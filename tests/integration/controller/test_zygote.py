@@ -174,9 +174,13 @@ asyncio.run(main())
 
 
 def test_no_orphans_when_the_controller_is_killed(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(write_script(tmp_path, CONTROLLER))],
-                            stdout=subprocess.PIPE, text=True, cwd=str(REPO),
-                            env=script_env())  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(write_script(tmp_path, CONTROLLER))],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+        env=script_env(),
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("PIDS"), line

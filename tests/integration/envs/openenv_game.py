@@ -52,5 +52,6 @@ class GuessEnvironment(Environment):
         return self._state
 
 
-app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess",
-                 max_concurrent_envs=16)  # fmt: skip
+app = create_app(
+    GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=16
+)

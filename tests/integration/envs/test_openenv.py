@@ -39,10 +39,21 @@ def server():
     """``uvicorn`` serving the game in its own process; yields its URL."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning"],
-        cwd=REPO, env=script_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            APP,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env=script_env(),
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -65,13 +76,19 @@ async def test_episodes_on_a_real_server(server, tok):
     # Secret 6: "3" -> higher, "no idea" -> a number please, "7" -> lower, "6" -> correct.
     policy = ScriptedPolicy(tok, ["3", "no idea", "7", "6"])
     env = OpenEnvClient(server, action_field="message", observation_field="feedback")
-    traj = await run_episode(env, {"secret": 6, "prompt": "x"}, policy, tok,
-                             max_turns=6, sampling=SAMPLING)  # fmt: skip
+    traj = await run_episode(
+        env, {"secret": 6, "prompt": "x"}, policy, tok, max_turns=6, sampling=SAMPLING
+    )
     assert (traj.finish_reason, traj.num_turns) == ("done", 4)
     assert traj.turn_rewards == [0.0, 0.0, 0.0, 1.0] and traj.reward == 1.0
     users = [m["content"] for m in traj.messages if m["role"] == "user"]
-    assert users == ["Guess my number from 1 to 8.", "higher", "a number, please", "lower",
-                     "correct"]  # fmt: skip
+    assert users == [
+        "Guess my number from 1 to 8.",
+        "higher",
+        "a number, please",
+        "lower",
+        "correct",
+    ]
     assert env.client is None  # run_episode closed the session
 
     # Concurrent episodes are separate server sessions; a seed picks the secret.
@@ -123,8 +140,7 @@ async def test_server_errors_are_named(server):
 
 
 async def test_forge_starts_and_stops_the_server(tok):
-    envs = [OpenEnvClient(server=APP, observation_field="feedback", timeout_s=60)
-            for _ in range(3)]  # fmt: skip
+    envs = [OpenEnvClient(server=APP, observation_field="feedback", timeout_s=60) for _ in range(3)]
     try:
         firsts = await asyncio.gather(*(env.reset({"secret": 2}) for env in envs))
         assert firsts == ["Guess my number from 1 to 8."] * 3
@@ -161,8 +177,9 @@ async def test_through_the_env_service_and_the_slot(server, tok):
     )
     try:
         policy = ScriptedPolicy(tok, ["5", "1"])
-        traj = await run_episode(RemoteEnv(svc), {"secret": 1}, policy, tok, max_turns=3,
-                                 sampling=SAMPLING)  # fmt: skip
+        traj = await run_episode(
+            RemoteEnv(svc), {"secret": 1}, policy, tok, max_turns=3, sampling=SAMPLING
+        )
         assert traj.finish_reason == "done" and traj.turn_rewards == [0.0, 1.0]
         assert [m["content"] for m in traj.messages if m["role"] == "user"][1] == "lower"
     finally:

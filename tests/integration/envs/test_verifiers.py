@@ -25,15 +25,17 @@ def tok(tmp_path_factory):
 
 
 async def _play(env, task, tok, texts, **kw):
-    return await run_episode(env, task, ScriptedPolicy(tok, texts), tok,
-                             sampling={"max_tokens": 200}, **kw)  # fmt: skip
+    return await run_episode(
+        env, task, ScriptedPolicy(tok, texts), tok, sampling={"max_tokens": 200}, **kw
+    )
 
 
 @pytest.mark.parametrize("reply,correct,brief", [("7", 1.0, 1.0), ("it is 8", 0.0, 0.0)])
 async def test_single_turn_rewards_are_the_rubric(tok, reply, correct, brief):
     source = VerifiersSource(SUM)
-    task = next(t for t in source.heldout() + [source.sample() for _ in range(12)]
-                if t["target"] == 7)  # fmt: skip
+    task = next(
+        t for t in source.heldout() + [source.sample() for _ in range(12)] if t["target"] == 7
+    )
     env = VerifiersEnv(SUM)
     traj = await _play(env, task, tok, [reply])
     assert (traj.finish_reason, traj.num_turns) == ("done", 1)
@@ -96,8 +98,9 @@ async def test_tool_env_runs_the_toolset(tok):
     assert trace.tool_messages[0].tool_call_id == asked.tool_calls[0].id
     # A malformed call is answered as an error the model sees; the episode goes on.
     env = VerifiersEnv(TOOLS)
-    traj = await _play(env, task, tok, ['<tool_call>{"name": "multiply", "arguments": {"a": 1}}'
-                                        "</tool_call>", "12"])  # fmt: skip
+    traj = await _play(
+        env, task, tok, ['<tool_call>{"name": "multiply", "arguments": {"a": 1}}</tool_call>', "12"]
+    )
     assert "missing required argument" in traj.messages[3]["content"]
     assert traj.reward_components == {"correct": 0.0, "used_tool": 0.0}
 

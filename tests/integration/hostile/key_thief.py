@@ -82,14 +82,23 @@ class Thief:
         self.needles = (key_hex.encode(), bytes.fromhex(key_hex))
         self.procs: dict[int, dict] = {}
         self.last_mem: dict[int, float] = {}
-        self.counts = {"fd_opened": 0, "fd_denied": 0, "pipe_bytes": 0, "mem_read": 0,
-                       "mem_denied": 0, "mem_late": 0}  # fmt: skip
+        self.counts = {
+            "fd_opened": 0,
+            "fd_denied": 0,
+            "pipe_bytes": 0,
+            "mem_read": 0,
+            "mem_denied": 0,
+            "mem_late": 0,
+        }
         self.found: list[str] = []
 
     def look(self, pid: int) -> None:
         if pid not in self.procs:
-            self.procs[pid] = {"ppid": _ppid(pid), "first_seen": time.monotonic(),
-                               "last_open": None}  # fmt: skip
+            self.procs[pid] = {
+                "ppid": _ppid(pid),
+                "first_seen": time.monotonic(),
+                "last_open": None,
+            }
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:

@@ -47,15 +47,25 @@ def _run_dir(root, marker) -> object:
 
 
 def _digest(run) -> dict:
-    return {str(p): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None,
-                     p.stat().st_mode, p.stat().st_uid) for p in sorted(run.rglob("*"))}  # fmt: skip
+    return {
+        str(p): (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None,
+            p.stat().st_mode,
+            p.stat().st_uid,
+        )
+        for p in sorted(run.rglob("*"))
+    }
 
 
 def _resume(run) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "forge.cli", "run", "--resume", str(run)],
-        cwd=str(REPO), env=script_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=str(REPO),
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_run_directory_others_can_write_is_refused_unread(tmp_path):

@@ -121,8 +121,7 @@ def _hang(prompt, response, target):
 async def test_a_reward_service_that_hangs_stops_the_run_with_a_named_error(tmp_path, stop_actors):
     pid_file = tmp_path / "pid"
     env_vars = {"HOSTILE_TEST_PID_FILE": str(pid_file)}
-    svc = await RewardActor.options(num_replicas=1, env_vars=env_vars
-                                    ).as_service([_hang])  # fmt: skip
+    svc = await RewardActor.options(num_replicas=1, env_vars=env_vars).as_service([_hang])
     scorer = GroupScorer(RolloutConfig(reward_timeout_s=1.0), 1.0, None, None, svc, log=None)
     t0 = time.monotonic()
     with pytest.raises(RewardTimeoutError, match="reward_timeout_s=1.0"):
@@ -144,8 +143,9 @@ async def test_math_bombs_through_the_reward_service(tmp_path, stop_actors):
 
     pid_file = tmp_path / "pid"
     env_vars = {"HOSTILE_TEST_PID_FILE": str(pid_file)}
-    svc = await RewardActor.options(num_replicas=1, env_vars=env_vars
-                                    ).as_service([MathReward(timeout_s=3.0), _pid])  # fmt: skip
+    svc = await RewardActor.options(num_replicas=1, env_vars=env_vars).as_service(
+        [MathReward(timeout_s=3.0), _pid]
+    )
     scorer = GroupScorer(RolloutConfig(reward_timeout_s=120.0), 1.0, None, None, svc, log=None)
     items = [("p", "\\boxed{4}", "4"), ("p", BOMBS[0], "4"), ("p", "\\boxed{5}", "4")]
     results = await scorer.score(svc, items)

@@ -156,8 +156,19 @@ def _ping(address: str) -> int:
 
 
 # Every kind but EXIT (a peer with the key may legitimately stop the process).
-KINDS = [0, _wire.CALL, _wire.SPAWN, _wire.STOP_ACTOR, _wire.CANCEL, _wire.PING, _wire.READ,
-         _wire.OK, _wire.ERR, 99, 255]  # fmt: skip
+KINDS = [
+    0,
+    _wire.CALL,
+    _wire.SPAWN,
+    _wire.STOP_ACTOR,
+    _wire.CANCEL,
+    _wire.PING,
+    _wire.READ,
+    _wire.OK,
+    _wire.ERR,
+    99,
+    255,
+]
 bad_frames = st.lists(
     st.tuples(st.sampled_from(KINDS), st.integers(0, 2**64 - 1), st.binary(max_size=64)),
     min_size=1,

@@ -21,22 +21,79 @@ from forge.serve.serve_config import ServeConfig  # noqa: E402
 from forge.serve.state import ServerState  # noqa: E402
 
 KEY = "tml-fuzz-key-0123456789abcdefgh"
-FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=True)  # fmt: skip
-ROUTES = ["create_session", "session_heartbeat", "create_model", "get_info", "forward_backward",
-          "optim_step", "save_weights_for_sampler", "save_weights", "load_weights",
-          "create_sampling_session", "asample", "retrieve_future", "telemetry"]  # fmt: skip
-FIELDS = ["session_id", "model_id", "model_seq_id", "base_model", "lora_config", "path",
-          "optimizer", "overwrite", "seq_id", "adam_params", "optimizer_config", "prompt",
-          "num_samples", "sampling_params", "sampling_session_id", "model_path", "request_id",
-          "sampling_session_seq_id", "prompt_logprobs", "max_tokens", "stop", "temperature",
-          "top_p", "top_k", "seed", "chunks", "tokens", "type", "learning_rate", "rank"]  # fmt: skip
+FUZZ = settings(
+    max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+ROUTES = [
+    "create_session",
+    "session_heartbeat",
+    "create_model",
+    "get_info",
+    "forward_backward",
+    "optim_step",
+    "save_weights_for_sampler",
+    "save_weights",
+    "load_weights",
+    "create_sampling_session",
+    "asample",
+    "retrieve_future",
+    "telemetry",
+]
+FIELDS = [
+    "session_id",
+    "model_id",
+    "model_seq_id",
+    "base_model",
+    "lora_config",
+    "path",
+    "optimizer",
+    "overwrite",
+    "seq_id",
+    "adam_params",
+    "optimizer_config",
+    "prompt",
+    "num_samples",
+    "sampling_params",
+    "sampling_session_id",
+    "model_path",
+    "request_id",
+    "sampling_session_seq_id",
+    "prompt_logprobs",
+    "max_tokens",
+    "stop",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "chunks",
+    "tokens",
+    "type",
+    "learning_rate",
+    "rank",
+]
 OK = {200, 400, 404, 413}
 
-scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
-           | st.text(max_size=40) | st.sampled_from(["tinker://../weights/x", "forge/tiny/../..",
-             "0/../../../../tmp/x", "tinker://a/weights/../../x", "session-0", "", "..",
-             "\x00", "forge/tiny", "tinker://x:train:0/sampler_weights/s"]))  # fmt: skip
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=40)
+    | st.sampled_from(
+        [
+            "tinker://../weights/x",
+            "forge/tiny/../..",
+            "0/../../../../tmp/x",
+            "tinker://a/weights/../../x",
+            "session-0",
+            "",
+            "..",
+            "\x00",
+            "forge/tiny",
+            "tinker://x:train:0/sampler_weights/s",
+        ]
+    )
+)
 values = st.recursive(
     scalars,
     lambda inner: (
@@ -50,8 +107,11 @@ bodies = st.dictionaries(st.sampled_from(FIELDS), values, max_size=8)
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    cfg = ServeConfig(dir=str(tmp_path_factory.mktemp("serve")), max_body_bytes=1 << 16,
-                      max_decompressed_bytes=1 << 18)  # fmt: skip
+    cfg = ServeConfig(
+        dir=str(tmp_path_factory.mktemp("serve")),
+        max_body_bytes=1 << 16,
+        max_decompressed_bytes=1 << 18,
+    )
     state = ServerState(cfg)
     with TestClient(build_app(state, KEY)) as client:
         # One real session: fuzzed bodies can name it (and still must spawn nothing they
@@ -63,8 +123,7 @@ def served(tmp_path_factory):
 
 def _post(client, route: str, content: bytes, **headers) -> int:
     t0 = time.monotonic()
-    r = client.post(f"/api/v1/{route}", content=content,
-                    headers={"X-API-Key": KEY, **headers})  # fmt: skip
+    r = client.post(f"/api/v1/{route}", content=content, headers={"X-API-Key": KEY, **headers})
     assert time.monotonic() - t0 < 5, f"{route} took {time.monotonic() - t0:.1f} s"
     assert r.status_code in OK, (route, content[:200], r.status_code, r.text[:300])
     if r.status_code in (400, 413):
@@ -96,8 +155,9 @@ def test_forward_backward_protobufs_never_give_500(served, data):
     from tinker.proto import tinker_public_pb2 as pb
 
     client, _, _ = served
-    msg = pb.ForwardBackwardRequest(model_id=data.draw(st.text(max_size=20)),
-                                    seq_id=data.draw(st.integers(0, 2**31)))  # fmt: skip
+    msg = pb.ForwardBackwardRequest(
+        model_id=data.draw(st.text(max_size=20)), seq_id=data.draw(st.integers(0, 2**31))
+    )
     for _ in range(data.draw(st.integers(0, 3))):
         d = msg.data.add()
         chunk = d.model_input.add()

@@ -31,8 +31,10 @@ H = {"X-API-Key": KEY}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("serve")
-    cfg = (f"dir: {work / 'ckpt'}\nmax_body_bytes: 1048576\n"
-           "max_decompressed_bytes: 4194304\nmax_samples: 8\n")  # fmt: skip
+    cfg = (
+        f"dir: {work / 'ckpt'}\nmax_body_bytes: 1048576\n"
+        "max_decompressed_bytes: 4194304\nmax_samples: 8\n"
+    )
     with serve_process(work, cfg, KEY) as url:
         yield url, work
     log = (work / "server.log").read_text()
@@ -55,32 +57,57 @@ def test_malformed_bodies_get_400_naming_the_field(server, tmp_path):
     cases = [
         ("session_heartbeat", {}, "field 'session_id' is required"),
         ("session_heartbeat", {"session_id": 5}, "field 'session_id' must be a string"),
-        ("create_model", {"session_id": sid, "base_model": "forge/tiny",
-                          "model_seq_id": "0/../../../../" + str(tmp_path / "x")},
-         "field 'model_seq_id' must be an integer"),
-        ("create_model", {"session_id": sid, "base_model": ["forge/tiny"], "model_seq_id": 0},
-         "field 'base_model' must be a string"),
+        (
+            "create_model",
+            {
+                "session_id": sid,
+                "base_model": "forge/tiny",
+                "model_seq_id": "0/../../../../" + str(tmp_path / "x"),
+            },
+            "field 'model_seq_id' must be an integer",
+        ),
+        (
+            "create_model",
+            {"session_id": sid, "base_model": ["forge/tiny"], "model_seq_id": 0},
+            "field 'base_model' must be a string",
+        ),
         ("optim_step", {"model_id": "../x"}, "field 'model_id' must be a plain name"),
         ("optim_step", {"model_id": "m", "adam_params": {"learning_rate": "fast"}}, "unknown"),
         ("asample", {**tiny, "num_samples": 9}, "field 'num_samples' must be an integer in 1..8"),
         ("asample", {**tiny, "num_samples": 10**12}, "'num_samples'"),
-        ("asample", {**tiny, "sampling_params": {"max_tokens": 10**9}},
-         "field 'sampling_params.max_tokens' must be an integer in 1..2046"),
-        ("asample", {**tiny, "sampling_params": {"stop": ["x"] * 100}},
-         "'sampling_params.stop' must hold at most 16"),
-        ("asample", {**tiny, "sampling_params": {"temperature": "hot"}}, "'sampling_params.temperature'"),
+        (
+            "asample",
+            {**tiny, "sampling_params": {"max_tokens": 10**9}},
+            "field 'sampling_params.max_tokens' must be an integer in 1..2046",
+        ),
+        (
+            "asample",
+            {**tiny, "sampling_params": {"stop": ["x"] * 100}},
+            "'sampling_params.stop' must hold at most 16",
+        ),
+        (
+            "asample",
+            {**tiny, "sampling_params": {"temperature": "hot"}},
+            "'sampling_params.temperature'",
+        ),
         ("asample", {**tiny, "prompt": {"chunks": [{"tokens": [-1]}]}}, "token ids"),
-        ("asample", {**tiny, "prompt": {"chunks": [{"tokens": list(range(3000))}]}},
-         "over the base model's max_context_length of 2048"),
+        (
+            "asample",
+            {**tiny, "prompt": {"chunks": [{"tokens": list(range(3000))}]}},
+            "over the base model's max_context_length of 2048",
+        ),
         ("asample", {"base_model": "gpt-5", "prompt": tiny["prompt"]}, "not served here"),
         ("retrieve_future", {"request_id": {"$gt": ""}}, "field 'request_id' must be a string"),
-    ]  # fmt: skip
+    ]
     for route, body, expect in cases:
         r = httpx.post(f"{url}/api/v1/{route}", json=body, headers=H)
         assert r.status_code == 400, (route, body, r.status_code, r.text)
         assert expect in r.json()["detail"], (route, r.json()["detail"])
-    for raw, expect in [(b"{not json", "the body is not JSON"), (b"[1, 2]", "a JSON object"),
-                        (b"\xff\xfe", "the body is not JSON")]:  # fmt: skip
+    for raw, expect in [
+        (b"{not json", "the body is not JSON"),
+        (b"[1, 2]", "a JSON object"),
+        (b"\xff\xfe", "the body is not JSON"),
+    ]:
         r = httpx.post(f"{url}/api/v1/create_session", content=raw, headers=H)
         assert r.status_code == 400 and expect in r.json()["detail"], r.text
     r = httpx.post(f"{url}/api/v1/forward_backward", content=b"\x0a\xff", headers=H)
@@ -110,13 +137,17 @@ def test_oversized_bodies_and_zstd_bombs_get_413(server):
     assert len(bomb) < (1 << 20)
     rss = psutil.Process(url.pid).memory_info().rss
     t0 = time.monotonic()
-    r = httpx.post(f"{url}/api/v1/forward_backward", content=bomb,
-                   headers={**H, "Content-Encoding": "zstd"})  # fmt: skip
+    r = httpx.post(
+        f"{url}/api/v1/forward_backward", content=bomb, headers={**H, "Content-Encoding": "zstd"}
+    )
     assert r.status_code == 413 and "serve.max_decompressed_bytes" in r.json()["detail"]
     assert time.monotonic() - t0 < 10
     assert psutil.Process(url.pid).memory_info().rss < rss + (256 << 20)
-    r = httpx.post(f"{url}/api/v1/forward_backward", content=b"not zstd",
-                   headers={**H, "Content-Encoding": "zstd"})  # fmt: skip
+    r = httpx.post(
+        f"{url}/api/v1/forward_backward",
+        content=b"not zstd",
+        headers={**H, "Content-Encoding": "zstd"},
+    )
     assert r.status_code == 400 and "not valid zstd" in r.json()["detail"]
     assert httpx.get(f"{url}/api/v1/healthz", headers=H).status_code == 200
 
@@ -129,8 +160,9 @@ def test_checkpoint_paths_stay_in_the_server_directory(server, tmp_path):
     # A checkpoint-looking directory outside, and a link to it inside the server's directory.
     outside = tmp_path / "outside" / "c"
     outside.mkdir(parents=True)
-    (outside / "forge_serve.json").write_text(json.dumps({"base_model": "forge/tiny",
-                                                          "lora_config": {}}))  # fmt: skip
+    (outside / "forge_serve.json").write_text(
+        json.dumps({"base_model": "forge/tiny", "lora_config": {}})
+    )
     os.symlink(tmp_path / "outside", ckpt / "linked:train:0")
     (work / "weights" / "x").mkdir(parents=True)  # what tinker://../weights/x used to reach
     (work / "weights" / "x" / "forge_serve.json").write_text("{}")
@@ -145,8 +177,9 @@ def test_checkpoint_paths_stay_in_the_server_directory(server, tmp_path):
         body = {"path": path, "session_id": sid, "model_seq_id": 1, "optimizer": True}
         r = httpx.post(f"{url}/api/v1/load_weights", json=body, headers=H)
         assert r.status_code == 400 and expect in r.json()["detail"], (path, r.text)
-    r = httpx.post(f"{url}/api/v1/save_weights", json={"model_id": "../../x", "path": "p"},
-                   headers=H)  # fmt: skip
+    r = httpx.post(
+        f"{url}/api/v1/save_weights", json={"model_id": "../../x", "path": "p"}, headers=H
+    )
     assert r.status_code == 400
     assert sorted(p.name for p in ckpt.iterdir()) == ["linked:train:0"]  # nothing written
 
@@ -172,8 +205,10 @@ def test_a_planted_optimizer_state_is_refused_and_the_client_goes_on(server, tmp
     service = tinker.ServiceClient(base_url=url, api_key=KEY)
     try:  # closed at the end: its heartbeat thread would outlive the server otherwise
         tc = service.create_lora_training_client(base_model="forge/tiny", rank=4).result()
-        d = types.Datum(model_input=types.ModelInput.from_ints([5, 9, 13]),
-                        loss_fn_inputs={"target_tokens": [9, 13, 21], "weights": [1.0] * 3})  # fmt: skip
+        d = types.Datum(
+            model_input=types.ModelInput.from_ints([5, 9, 13]),
+            loss_fn_inputs={"target_tokens": [9, 13, 21], "weights": [1.0] * 3},
+        )
         tc.forward_backward([d], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         good = tc.save_state("good").result().path
@@ -192,23 +227,46 @@ def test_a_planted_optimizer_state_is_refused_and_the_client_goes_on(server, tmp
 
 
 def test_a_weak_key_is_refused_and_says_what_is_weak(tmp_path):
-    for key, expect in [("tml-short", "has 5 characters"),
-                        ("tml-" + "ab" * 20, "2 distinct"), ("secret", "must start with 'tml-'")]:  # fmt: skip
+    for key, expect in [
+        ("tml-short", "has 5 characters"),
+        ("tml-" + "ab" * 20, "2 distinct"),
+        ("secret", "must start with 'tml-'"),
+    ]:
         out = subprocess.run(
             [sys.executable, "-m", "forge.cli", "serve", "--port", "0", "--api-key", key],
-            cwd=str(REPO), env=script_env(), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=str(REPO),
+            env=script_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 2 and expect in out.stderr, (key, out.stderr)
 
 
 def test_binding_off_loopback_warns(tmp_path):
     (tmp_path / "serve.yaml").write_text(f"dir: {tmp_path / 'ckpt'}\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "forge.cli", "serve", "--host", "0.0.0.0", "--port", "0",
-         "--api-key", KEY, "--config", str(tmp_path / "serve.yaml")],
-        cwd=str(REPO), env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--api-key",
+            KEY,
+            "--config",
+            str(tmp_path / "serve.yaml"),
+        ],
+        cwd=str(REPO),
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     try:
         deadline = time.monotonic() + 120

@@ -76,9 +76,13 @@ def _without_ptrace(*argv: str, **kw) -> subprocess.Popen:
 def test_a_same_user_process_never_obtains_the_session_key(tmp_path):
     script = write_script(tmp_path, CONTROLLER.replace("ROUNDS", str(ROUNDS)))
     controller = _without_ptrace(
-        str(script), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+        str(script),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
         env=tuned_env(script_env(FORGE_PREFORK="1")),  # as `forge run` starts (malloc)
-    )  # fmt: skip
+    )
     thief = None
     try:
         _, key, forked = controller.stdout.readline().split()
@@ -86,9 +90,14 @@ def test_a_same_user_process_never_obtains_the_session_key(tmp_path):
         (tmp_path / "key").write_text(key)
         stop, report = tmp_path / "stop", tmp_path / "report.json"
         thief = _without_ptrace(
-            str(REPO / "tests/integration/hostile/key_thief.py"), str(controller.pid),
-            str(tmp_path / "key"), str(stop), str(report), stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            str(REPO / "tests/integration/hostile/key_thief.py"),
+            str(controller.pid),
+            str(tmp_path / "key"),
+            str(stop),
+            str(report),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert thief.stdout.readline().strip() == "watching"
         controller.stdin.write("go\n")
         controller.stdin.flush()

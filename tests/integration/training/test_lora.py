@@ -51,8 +51,11 @@ def test_sft_with_lora_trains_only_the_adapter_and_lowers_the_loss(tiny_model):
     assert losses[-1] < losses[0] - 0.1, losses
     for name, t in _base_weights(core).items():
         assert torch.equal(t, base[name]), f"base weight {name} changed"
-    changed = [n for n, p in core.model.named_parameters() if "lora_B" in n
-               and not torch.equal(p, lora_before[n])]  # fmt: skip
+    changed = [
+        n
+        for n, p in core.model.named_parameters()
+        if "lora_B" in n and not torch.equal(p, lora_before[n])
+    ]
     assert changed, "no adapter tensor moved"
 
 
@@ -108,8 +111,11 @@ def test_kl_term_uses_the_disabled_adapter_reference(tiny_model):
     assert m0["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # adapter starts at zero: policy = base
     core.train_step(make_batch(tiny_model))
     assert core.train_step(make_batch(tiny_model))["kl_ref"] > 0
-    without = TrainerCore(TrainerConfig(model=tiny_model, lora=LoraConfig(rank=4),
-                                        loss=LossConfig(type="grpo", kl_coef=0.1)))  # fmt: skip
+    without = TrainerCore(
+        TrainerConfig(
+            model=tiny_model, lora=LoraConfig(rank=4), loss=LossConfig(type="grpo", kl_coef=0.1)
+        )
+    )
     with pytest.raises(ValueError, match="needs ref_logprobs_bt"):
         without.train_step(make_batch(tiny_model))
 
@@ -153,8 +159,12 @@ async def test_export_writes_the_adapter_and_forge_export_merges_it(tiny_model, 
     from forge.actors.trainer import Trainer
     from forge.cli import main as forge_main
 
-    cfg = TrainerConfig(model=tiny_model, optimizer=OptimizerConfig(lr=1e-2),
-                        loss=LossConfig(type="reinforce"), lora=LoraConfig(rank=4))  # fmt: skip
+    cfg = TrainerConfig(
+        model=tiny_model,
+        optimizer=OptimizerConfig(lr=1e-2),
+        loss=LossConfig(type="reinforce"),
+        lora=LoraConfig(rank=4),
+    )
     trainer = await Trainer.as_actor(cfg)
     batch = make_batch(tiny_model)
     for _ in range(2):
@@ -223,17 +233,31 @@ def test_a_vllm_generator_is_set_up_for_the_adapters():
     gen = _pipeline("rl.trainer.lora.rank=12", "rl.generator.backend=vllm").rl.generator
     assert gen.engine_kwargs == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 2}
     gen = _pipeline(
-        "rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
+        "rl.trainer.lora.rank=8",
+        "rl.generator.backend=vllm",
         "rl.generator.engine_kwargs={max_loras: 4, max_num_seqs: 8}",
-    ).rl.generator  # fmt: skip
-    assert gen.engine_kwargs == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 4,
-                                 "max_num_seqs": 8}  # fmt: skip
+    ).rl.generator
+    assert gen.engine_kwargs == {
+        "enable_lora": True,
+        "max_lora_rank": 8,
+        "max_loras": 4,
+        "max_num_seqs": 8,
+    }
     with pytest.raises(ValueError, match=r"\['lm_head'\] cannot be served by .* vllm"):
-        _pipeline("rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
-                  "rl.trainer.lora.target_modules=[q_proj,lm_head]")  # fmt: skip
+        _pipeline(
+            "rl.trainer.lora.rank=8",
+            "rl.generator.backend=vllm",
+            "rl.trainer.lora.target_modules=[q_proj,lm_head]",
+        )
     with pytest.raises(ValueError, match="enable_lora is false"):
-        _pipeline("rl.trainer.lora.rank=8", "rl.generator.backend=vllm",
-                  "rl.generator.engine_kwargs={enable_lora: false}")  # fmt: skip
+        _pipeline(
+            "rl.trainer.lora.rank=8",
+            "rl.generator.backend=vllm",
+            "rl.generator.engine_kwargs={enable_lora: false}",
+        )
     with pytest.raises(ValueError, match="max_lora_rank=8 is below trainer.lora.rank=16"):
-        _pipeline("rl.trainer.lora.rank=16", "rl.generator.backend=vllm",
-                  "rl.generator.engine_kwargs={max_lora_rank: 8}")  # fmt: skip
+        _pipeline(
+            "rl.trainer.lora.rank=16",
+            "rl.generator.backend=vllm",
+            "rl.generator.engine_kwargs={max_lora_rank: 8}",
+        )

@@ -46,11 +46,15 @@ def test_rows_of_a_windowed_episode_each_see_their_own_prompt(tiny_model):
     laid back on the episode's response; collating it gives the same numbers."""
     a, b = make_episodes(tiny_model, n=2)
     joined = Episode(
-        "w", a.prompt_ids, a.response_ids + b.prompt_ids + b.response_ids,
-        a.behavior_logprobs + [0.0] * len(b.prompt_ids) + b.behavior_logprobs, 0.0, 0,
+        "w",
+        a.prompt_ids,
+        a.response_ids + b.prompt_ids + b.response_ids,
+        a.behavior_logprobs + [0.0] * len(b.prompt_ids) + b.behavior_logprobs,
+        0.0,
+        0,
         loss_mask=[1] * len(a.response_ids) + [0] * len(b.prompt_ids) + [1] * len(b.response_ids),
         row_starts=[len(a.response_ids)],
-    )  # fmt: skip
+    )
     ref = ReferenceCore(ReferenceConfig(model=tiny_model))
     lp_a, lp_b = ref.logprobs([a, b])
     (lp_joined,) = ref.logprobs([joined])
