@@ -29,7 +29,18 @@ KEY = "tml-bench-key-0123456789abcdef"
 
 def start_server() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "forge.cli", "serve", "--port", "0", "--api-key", KEY],
+        [
+            sys.executable,
+            "-m",
+            "forge.cli",
+            "serve",
+            "--preset",
+            "toy",
+            "--port",
+            "0",
+            "--api-key",
+            KEY,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -14,6 +14,10 @@ from pathlib import Path
 
 from tests.helpers import REPO, script_env, wait_dead
 
+TOY = "models: [{name: forge/tiny, path: tiny}]\n"
+"""The ``models:`` line of a serve config naming the toy model (``--preset toy``); with no
+models a server serves the real one, smollm2-135m-instruct."""
+
 
 class Served(str):
     """The server's URL, with ``pid``: its process."""

@@ -8,7 +8,7 @@
     forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
     forge export RUN_DIR --merge OUT_DIR
-    forge serve [--config serve.yaml] [--host H] [--port P] [--api-key-file FILE]
+    forge serve [--config serve.yaml] [--preset smollm2|toy] [--host H] [--port P] [--api-key-file FILE]
     forge make-tiny-model DIR [--preset tiny|small|llama] [--seed N]
 """
 
@@ -120,7 +120,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     install_signal_handlers()
     try:
-        return serve_main(args.config, args.host, args.port, args.api_key, args.api_key_file)
+        return serve_main(
+            args.config, args.host, args.port, args.api_key, args.api_key_file, args.preset
+        )
     except (ValueError, ImportError) as e:
         print(f"forge serve: error: {e}", file=sys.stderr)
         return 2
@@ -194,7 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.set_defaults(fn=_export)
     srv = sub.add_parser("serve", help="serve the Tinker API (LoRA training and sampling)")
-    srv.add_argument("--config", help="a serve config (default: the tiny CPU model)")
+    srv.add_argument(
+        "--config",
+        help="a serve config (docs/tinker.md); with neither --config nor --preset the server "
+        "serves smollm2-135m-instruct, the shipped real model (SmolLM2-135M-Instruct)",
+    )
+    srv.add_argument(
+        "--preset",
+        choices=("smollm2", "toy"),
+        help="the base models to serve: smollm2 (smollm2-135m-instruct, the default) or toy "
+        "(forge/tiny, a tiny random-weight model for tests and demos); a --config file "
+        "then sets the other knobs",
+    )
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0: any free port")
     srv.add_argument(

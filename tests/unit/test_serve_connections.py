@@ -19,7 +19,7 @@ pytest.importorskip("uvicorn")
 
 import httpx  # noqa: E402
 
-from forge.serve.serve_config import ServeConfig  # noqa: E402
+from forge.serve.serve_config import ServeConfig, toy_models  # noqa: E402
 from forge.serve.server import serve  # noqa: E402
 
 KEY = "tml-connections-key-0123456789abcdefgh"
@@ -29,7 +29,9 @@ MAX = 8
 
 @contextlib.contextmanager
 def _server(tmp_path):
-    cfg = ServeConfig(dir=str(tmp_path), max_connections=MAX, header_timeout_s=60.0)
+    cfg = ServeConfig(
+        models=toy_models(), dir=str(tmp_path), max_connections=MAX, header_timeout_s=60.0
+    )
     loop, box, started = asyncio.new_event_loop(), {}, threading.Event()
 
     def ready(url: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import forge.models
 from forge.serve.app import _stop_strings
-from forge.serve.serve_config import ServeConfig
+from forge.serve.serve_config import ServeConfig, toy_models
 from forge.serve.state import SamplingSession, ServerState
 
 
@@ -15,7 +15,7 @@ def test_token_stops_become_text_and_the_tokenizer_is_loaded_once(tmp_path, monk
     loads = []
     real = forge.models.load_tokenizer
     monkeypatch.setattr(forge.models, "load_tokenizer", lambda p: loads.append(p) or real(p))
-    state = ServerState(ServeConfig(dir=str(tmp_path)))
+    state = ServerState(ServeConfig(models=toy_models(), dir=str(tmp_path)))
     session = SamplingSession(generator=None, base="forge/tiny", model_id=None, version=0)
     tok = real(forge.serve.serve_config.resolve_path(state.cfg.base("forge/tiny")))
     some = tok.encode("a", add_special_tokens=False)[0]

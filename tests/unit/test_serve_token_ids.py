@@ -25,7 +25,7 @@ from tinker import types  # noqa: E402
 from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
 
 from forge.serve.app import build_app  # noqa: E402
-from forge.serve.serve_config import ServeConfig  # noqa: E402
+from forge.serve.serve_config import ServeConfig, toy_models  # noqa: E402
 from forge.serve.state import ServedModel, ServerState  # noqa: E402
 from forge.types import Completion  # noqa: E402
 
@@ -91,7 +91,7 @@ class FakeTrainer:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    state = ServerState(ServeConfig(dir=str(tmp_path_factory.mktemp("serve"))))
+    state = ServerState(ServeConfig(models=toy_models(), dir=str(tmp_path_factory.mktemp("serve"))))
     vocab = state.vocab_size(BASE)
     generator = BatchingGenerator(vocab)
     state.base_generators[BASE] = generator
@@ -193,7 +193,12 @@ def test_the_vocabulary_is_the_models_own(served):
     from forge.serve.serve_config import resolve_path
 
     client, _, vocab, _ = served
-    assert vocab == AutoConfig.from_pretrained(resolve_path(ServeConfig().base(BASE))).vocab_size
+    assert (
+        vocab
+        == AutoConfig.from_pretrained(
+            resolve_path(ServeConfig(models=toy_models()).base(BASE))
+        ).vocab_size
+    )
     body = {"base_model": BASE, "prompt": {"chunks": [{"tokens": [vocab - 1, vocab]}]}}
     r = client.post("/api/v1/asample", json=body, headers=H)
     assert r.status_code == 400 and f"ids 0..{vocab - 1}" in r.json()["detail"], r.text

@@ -20,7 +20,7 @@ import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 from tests.helpers import REPO, script_env  # noqa: E402
-from tests.serve_process import serve_process  # noqa: E402
+from tests.serve_process import TOY, serve_process  # noqa: E402
 
 KEY = "tml-forge-test-key-0123456789ab"
 
@@ -29,7 +29,7 @@ KEY = "tml-forge-test-key-0123456789ab"
 def server(tmp_path_factory):
     """A ``forge serve`` process on a free port; its URL (stopped and checked after)."""
     work = tmp_path_factory.mktemp("serve")
-    with serve_process(work, f"dir: {work / 'ckpt'}\nmax_models: 8\n", KEY) as url:
+    with serve_process(work, TOY + f"dir: {work / 'ckpt'}\nmax_models: 8\n", KEY) as url:
         yield url
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("tinker")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from forge.serve.app import build_app  # noqa: E402
-from forge.serve.serve_config import ServeConfig  # noqa: E402
+from forge.serve.serve_config import ServeConfig, toy_models  # noqa: E402
 from forge.serve.state import ServerState  # noqa: E402
 
 KEY = "tml-fuzz-key-0123456789abcdefgh"
@@ -108,6 +108,7 @@ bodies = st.dictionaries(st.sampled_from(FIELDS), values, max_size=8)
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     cfg = ServeConfig(
+        models=toy_models(),
         dir=str(tmp_path_factory.mktemp("serve")),
         max_body_bytes=1 << 16,
         max_decompressed_bytes=1 << 18,

@@ -22,7 +22,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from tests.helpers import REPO, script_env, wait_dead  # noqa: E402
-from tests.serve_process import serve_process, stop_server  # noqa: E402
+from tests.serve_process import TOY, serve_process, stop_server  # noqa: E402
 
 KEY = "tml-hostile-key-0123456789abcdefgh"
 H = {"X-API-Key": KEY}
@@ -31,7 +31,7 @@ H = {"X-API-Key": KEY}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("serve")
-    cfg = (
+    cfg = TOY + (
         f"dir: {work / 'ckpt'}\nmax_body_bytes: 1048576\n"
         "max_decompressed_bytes: 4194304\nmax_samples: 8\n"
     )
@@ -244,7 +244,7 @@ def test_a_weak_key_is_refused_and_says_what_is_weak(tmp_path):
 
 
 def test_binding_off_loopback_warns(tmp_path):
-    (tmp_path / "serve.yaml").write_text(f"dir: {tmp_path / 'ckpt'}\n")
+    (tmp_path / "serve.yaml").write_text(TOY + f"dir: {tmp_path / 'ckpt'}\n")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -287,7 +287,7 @@ def test_binding_off_loopback_warns(tmp_path):
 def test_silent_and_slow_connections_are_dropped_and_bounded(tmp_path):
     import socket
 
-    cfg = f"dir: {tmp_path / 'ckpt'}\nheader_timeout_s: 1.0\nmax_connections: 4\n"
+    cfg = TOY + f"dir: {tmp_path / 'ckpt'}\nheader_timeout_s: 1.0\nmax_connections: 4\n"
     with serve_process(tmp_path, cfg, KEY) as url:
         host, port = url.removeprefix("http://").split(":")
         silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]

@@ -274,11 +274,11 @@ def test_a_serve_checkpoint_replaced_on_a_full_disk_stays_loadable(small_disk):
     from fastapi.testclient import TestClient
 
     from forge.serve.app import CHECKPOINT_META, build_app, checkpoint_meta
-    from forge.serve.serve_config import ServeConfig
+    from forge.serve.serve_config import ServeConfig, toy_models
     from forge.serve.state import ServedModel, ServerState
 
     key, model_id = "tml-serve-ckpt-key-0123456789abcdefgh", "session-0:train:0"
-    state = ServerState(ServeConfig(dir=str(small_disk / "serve")))
+    state = ServerState(ServeConfig(models=toy_models(), dir=str(small_disk / "serve")))
     trainer = FakeTrainer()
     base = state.cfg.base("forge/tiny")
     state.models[model_id] = ServedModel(model_id, base, base.path, 4, trainer, None)
