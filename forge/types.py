@@ -110,6 +110,12 @@ class Episode:
     turn_rewards: list[float] | None = None
     bootstrap_at: int | None = None
     row_starts: list[int] | None = None
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation: the teacher's logprob of each response token (the episode log
+    shows where it and ``behavior_logprobs`` disagree most)."""
+    teacher_topk: TeacherTopK | None = None
+    """GKD (``teacher.signal: gkd``): the teacher's top-k per response token, the trainer's
+    distillation-loss targets."""
 
     @property
     def num_tokens(self) -> int:
@@ -143,6 +149,7 @@ class TrainBatch:
     turn_rewards: Any = None
     bootstrap_at_b: Any = None  # [B] int64: where to read a truncated row's final value, -1: none
     row_episode_b: Any = None  # [B] int64: each row's episode (history windows: a row per turn)
+    teacher_topk: Any = None  # GKD: a TopKTargets when some episode has teacher_topk
 
 
 @dataclass
@@ -157,3 +164,44 @@ class TeacherScore:
 
     logprobs: list[float]
     entropy: list[float]
+    topk_ids: list[list[int]] | None = None
+    """With ``top_k`` asked for (GKD): the teacher's ``k`` likeliest token ids at each response
+    position, likeliest first."""
+    topk_logprobs: list[list[float]] | None = None
+    """Their logprobs, of the teacher's full-vocabulary distribution at that position."""
+
+
+@dataclass
+class TeacherTopK:
+    """An episode's GKD targets (``Episode.teacher_topk``): per response token the teacher's
+    ``k`` likeliest ids and their logprobs (``TeacherScore.topk_*``), and the loss settings of
+    the teacher that scored it (``forge.losses.gkd``: ``beta``; ``coef`` weighs the term)."""
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+    beta: float
+    coef: float
+
+
+@dataclass
+class TopKTargets:
+    """A ``TrainBatch``'s GKD targets, aligned with ``input_ids_bt`` like the logprob tensors
+    (position ``t`` holds the teacher's top-k for predicting token ``t``): ``ids_btk`` int64,
+    ``logprobs_btk`` float32 (``-inf`` where a row has no targets or fewer than ``K``),
+    ``beta_b`` and ``coef_b`` float32 ``[B]`` (``coef`` 0 on rows without targets)."""
+
+    ids_btk: Any
+    logprobs_btk: Any
+    beta_b: Any
+    coef_b: Any
+
+    def to(self, device) -> TopKTargets:
+        """These targets on ``device``."""
+        return TopKTargets(*(t.to(device) for t in self._tensors()))
+
+    def select(self, rows) -> TopKTargets:
+        """The targets of rows ``rows`` (an index tensor)."""
+        return TopKTargets(*(t[rows] for t in self._tensors()))
+
+    def _tensors(self) -> tuple:
+        return (self.ids_btk, self.logprobs_btk, self.beta_b, self.coef_b)

@@ -52,13 +52,14 @@ from forge import (
     Roles,
     RolloutManager,
     Supervisor,
-    Teacher,
+    Teachers,
     Trainer,
     WeightSync,
     actor_env_vars,
     check_parity,
     load_tokenizer,
     progress,
+    spawn_teachers,
     step_row,
     train_batch,
 )
@@ -82,7 +83,7 @@ class Handles:
     reward_model: RewardModel | None
     reference: ReferenceModel | None
     critic: Critic | None
-    teacher: Teacher | None
+    teacher: Teachers | None
 
 
 async def spawn(cfg: Config, roles: Roles) -> Handles:
@@ -128,10 +129,7 @@ async def spawn(cfg: Config, roles: Roles) -> Handles:
             lambda: ReferenceModel.options(env_vars=env_vars).as_service(ref),
         ),
         maybe(cfg.critic, lambda: Critic.options(env_vars=env_vars).as_actor(cfg.critic)),
-        maybe(
-            teacher := cfg.teacher_service,
-            lambda: Teacher.options(num_replicas=n.teacher, env_vars=env_vars).as_service(teacher),
-        ),
+        maybe(cfg.teacher, lambda: spawn_teachers(cfg, env_vars)),
     )
     h = Handles(*parts)
     for role, handle in (("trainer", h.trainer), ("buffer", h.buffer), ("data", h.data)):
@@ -152,7 +150,7 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
         s.trainer,
         s.generator,
         s.reference,
-        teacher=s.teacher,
+        teacher=s.teacher.follower if s.teacher else None,
         log=log,
         on_served=manager.advance,
         on_failed=manager.fail,

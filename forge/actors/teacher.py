@@ -13,9 +13,10 @@ Endpoints, besides the ``ReferenceModel``'s (``forward``, ``update_weights``, ``
 
 ``setup()``
     Run by the runtime at spawn: loads the model (a ``ReferenceConfig``).
-``score(episodes, prompts=None) -> list[TeacherScore]``
+``score(episodes, prompts=None, top_k=0) -> list[TeacherScore]``
     For each ``Episode``: the teacher's logprob of each response token and the entropy of its
-    distribution there, after the episode's own prompt ids or, with ``prompts`` (one per
+    distribution there (with ``top_k``, GKD: also its ``top_k`` likeliest ids and their
+    logprobs at each position), after the episode's own prompt ids or, with ``prompts`` (one per
     episode: text or chat messages), after that privileged prompt, encoded as the generator
     encodes prompts. A replica that dies during a call is restarted by the service and the
     call re-sent to a healthy replica (``max_retries``), as for every service.
@@ -46,7 +47,10 @@ class Teacher(ReferenceModel):
 
     @endpoint
     def score(
-        self, episodes: Sequence[Episode], prompts: Sequence[Prompt] | None = None
+        self,
+        episodes: Sequence[Episode],
+        prompts: Sequence[Prompt] | None = None,
+        top_k: int = 0,
     ) -> list[TeacherScore]:
         with threads.compute():  # this process's share of the host's cores
-            return self.core.score(episodes, prompts)
+            return self.core.score(episodes, prompts, top_k)

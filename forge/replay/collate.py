@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
-from forge.types import Episode, TrainBatch
+from forge.types import Episode, TopKTargets, TrainBatch
 
-__all__ = ["collate_episodes", "join_rows", "split_rows"]
+__all__ = ["collate_episodes", "join_rows", "split_rows", "topk_targets"]
 
 
 def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch:
@@ -89,7 +89,37 @@ def collate_episodes(episodes: Sequence[Episode], pad_id: int = 0) -> TrainBatch
             else None
         ),
         row_episode_b=torch.tensor(owner, dtype=torch.long) if windowed else None,
+        teacher_topk=topk_targets(episodes, seq),
     )
+
+
+def topk_targets(episodes: Sequence[Episode], seq: int) -> TopKTargets | None:
+    """The GKD targets of ``episodes`` (rows of one batch, width ``seq``), laid out as
+    ``TopKTargets`` says; ``None`` when no episode has ``teacher_topk``."""
+    if all(ep.teacher_topk is None for ep in episodes):
+        return None
+    k = max(
+        (len(row) for ep in episodes if ep.teacher_topk for row in ep.teacher_topk.ids), default=1
+    )
+    ids_btk = torch.zeros((len(episodes), seq, k), dtype=torch.long)
+    logprobs_btk = torch.full((len(episodes), seq, k), float("-inf"), dtype=torch.float32)
+    beta_b = torch.zeros(len(episodes), dtype=torch.float32)
+    coef_b = torch.zeros(len(episodes), dtype=torch.float32)
+    for b, ep in enumerate(episodes):
+        top = ep.teacher_topk
+        if top is None:
+            continue
+        r, p = len(ep.response_ids), len(ep.prompt_ids)
+        if len(top.ids) != r or len(top.logprobs) != r:
+            raise ValueError(
+                f"episode {ep.episode_id!r} has {r} response tokens but teacher top-k for "
+                f"{len(top.ids)} ids / {len(top.logprobs)} logprobs rows; one per token"
+            )
+        for t, (ids, lps) in enumerate(zip(top.ids, top.logprobs)):
+            ids_btk[b, p + t, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logprobs_btk[b, p + t, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+        beta_b[b], coef_b[b] = top.beta, top.coef
+    return TopKTargets(ids_btk, logprobs_btk, beta_b, coef_b)
 
 
 def split_rows(ep: Episode) -> list[Episode]:

@@ -4,8 +4,10 @@
 this run: a teacher whose tokenizer differs from the student's (``check_tokenizers``: the
 teacher scores the student's token ids, so every id must mean the same text), a privileged
 prompt that reads a field the data's items lack (``check_prompt_fields``), and settings
-whose advantages cannot take a per-token term. ``teacher_reference(cfg)`` is the
-``ReferenceConfig`` the ``Teacher`` service loads.
+whose advantages cannot take a per-token term; for GKD (``signal: gkd``) a ``top_k`` over
+the vocabulary and a trainer backend it cannot run on; with several teachers, each of them,
+and the routing field ``key`` must be in the data's items. ``teacher_reference(cfg, t)`` is
+the ``ReferenceConfig`` a ``Teacher`` service loads.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ def check_tokenizers(student: str, teacher: str) -> None:
         )
 
 
+def _sample_item(data: Spec) -> dict:
+    from forge.slots import DATA_SOURCE
+
+    return DATA_SOURCE.resolve(data, key="data")().sample()
+
+
 def check_prompt_fields(template: str, data: Spec, rewarded: bool, group_size: int) -> None:
     """``ValueError`` naming a field the privileged-prompt ``template`` reads that a data item
     (one sampled from a fresh copy of the data source) lacks, or ``{best_response}`` where
@@ -73,9 +81,7 @@ def check_prompt_fields(template: str, data: Spec, rewarded: bool, group_size: i
         )
     if not [f for f in fields if f not in GROUP_FIELDS]:
         return
-    from forge.slots import DATA_SOURCE
-
-    item = DATA_SOURCE.resolve(data, key="data")().sample()
+    item = _sample_item(data)
     for name in fields:
         if name not in item and name not in GROUP_FIELDS:
             raise ValueError(
@@ -131,14 +137,46 @@ def check_teacher(cfg: Any) -> None:
             "pure distillation (a teacher, no rewards): held-out evaluation needs a reward to "
             "score answers; set eval.reward, or eval.at_start: false, eval.at_end: false"
         )
-    if t.update.type != "none":
-        _check_moving(cfg)
-    if not t.self_distill:
-        t.model = resolve_model(t.model)
-        if cfg.policy.model != "from-run":  # a pipeline stage's policy is known only later
-            check_tokenizers(cfg.policy.model, t.model)
-    if t.prompt is not None:
-        check_prompt_fields(t.prompt, cfg.data, rewarded, cfg.rollout.group_size)
+    if t.key is not None:
+        item = _sample_item(cfg.data)
+        if t.key not in item:
+            raise ValueError(
+                f"teacher.key={t.key!r} picks each episode's teacher by that data field, which "
+                f"the data's items lack (a sampled item has {sorted(item)}); name one of them"
+            )
+    for name, one in t.teachers().items():
+        where = f"teacher.models.{name}" if name else "teacher"
+        if one.update.type != "none":
+            _check_moving(cfg)
+        if not one.self_distill:
+            one.model = resolve_model(one.model)
+            if cfg.policy.model != "from-run":  # a pipeline stage's policy is known only later
+                check_tokenizers(cfg.policy.model, one.model)
+        if one.prompt is not None:
+            check_prompt_fields(one.prompt, cfg.data, rewarded, cfg.rollout.group_size)
+        if one.signal == "gkd":
+            _check_gkd(cfg, one, where)
+
+
+def _check_gkd(cfg: Any, t: Any, where: str) -> None:
+    """GKD's loss term runs in the HF trainer, over at most the teacher's vocabulary."""
+    from forge.models import load_tokenizer
+    from forge.training.lora import tokenizer_source
+
+    if cfg.trainer.backend != "hf":
+        raise ValueError(
+            f"{where}.signal: gkd adds a loss term that the {cfg.trainer.backend!r} trainer "
+            "backend does not compute; use trainer.backend: hf or teacher.signal: reverse_kl"
+        )
+    model = cfg.policy.model if t.self_distill else t.model
+    if model == "from-run":
+        return
+    vocab = len(load_tokenizer(tokenizer_source(model)))
+    if t.top_k > vocab:
+        raise ValueError(
+            f"{where}.top_k={t.top_k} exceeds the teacher's vocabulary of {vocab} tokens; "
+            f"set {where}.top_k to at most {vocab}"
+        )
 
 
 def _check_moving(cfg: Any) -> None:
@@ -162,15 +200,22 @@ def _check_moving(cfg: Any) -> None:
         )
 
 
-def teacher_reference(cfg: Any) -> ReferenceConfig | None:
-    """The ``ReferenceConfig`` the ``Teacher`` service loads for ``cfg`` (an ``RLConfig``):
-    the teacher's model (``policy``: the policy's), dtype, device and update rule, at the
-    policy's temperature; ``None`` without a teacher."""
+def teacher_reference(cfg: Any, t: Any = None) -> ReferenceConfig | None:
+    """The ``ReferenceConfig`` the ``Teacher`` service of ``t`` (default: the run's one
+    teacher) loads for ``cfg`` (an ``RLConfig``): the teacher's model (``policy``: the
+    policy's), dtype, device and update rule, at the policy's temperature; ``None`` without a
+    teacher."""
     from forge.models.precision import resolve_auto
 
-    t = cfg.teacher
     if t is None:
-        return None
+        t = cfg.teacher
+        if t is None:
+            return None
+        if t.models:
+            raise ValueError(
+                f"several teachers ({sorted(t.models)}): ask for one teacher's reference, "
+                "teacher_reference(cfg, cfg.teacher.models[name])"
+            )
     model = cfg.policy.model if t.self_distill else t.model
     return ReferenceConfig(
         model=model,

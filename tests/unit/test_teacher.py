@@ -170,7 +170,7 @@ class _FakeTeacherService:
         self.gap, self.seen = gap, []
         self.score = self
 
-    async def route(self, episodes, prompts=None):
+    async def route(self, episodes, prompts=None, top_k=0):
         self.seen.append(prompts)
         return [
             TeacherScore([x - self.gap for x in e.behavior_logprobs], [1.0] * len(e.response_ids))
