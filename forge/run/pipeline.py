@@ -94,6 +94,13 @@ class PipelineConfig:
                 )
         return data
 
+    @classmethod
+    def __config_derived__(cls) -> dict[str, str]:
+        """Each stage's ``seed`` and ``deterministic`` follow the pipeline's
+        (``with_stage_defaults``; ``forge config show`` marks them)."""
+        stages = [f.name for f in dataclasses.fields(cls) if "Stage" in str(f.type)]
+        return {f"{stage}.{key}": key for stage in stages for key in ("seed", "deterministic")}
+
 
 def with_stage_defaults(
     data: dict[str, Any], stage_apps: Mapping[str, str] | None = None

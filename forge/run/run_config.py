@@ -24,7 +24,13 @@ from forge.evaluation.sets import EvalSet
 from forge.generation.backend import GeneratorConfig
 from forge.plugins import Spec
 from forge.rollout.scoring import RolloutConfig
-from forge.run.policy import PolicyConfig, check_policy, policy_defaults, resolve_lora
+from forge.run.policy import (
+    SAME_TEMPERATURE,
+    PolicyConfig,
+    check_policy,
+    policy_defaults,
+    resolve_lora,
+)
 from forge.slots import DATA_SOURCE, REWARD
 from forge.training.trainer_config import TrainerConfig
 from forge.weights.transport_config import WeightTransportConfig
@@ -199,6 +205,22 @@ class RunConfig:
                 for k, v in data.items()
             }
         return data
+
+    @classmethod
+    def __config_derived__(cls) -> dict[str, str]:
+        """The keys ``__config_prepare__`` copies from another key, ``{key: the key it
+        follows}`` (``forge config show`` marks them; ``forge.config.describe``)."""
+        fields = cls.__dataclass_fields__
+        derived: dict[str, str] = {}
+        for role in (r for r in cls.policy_roles if r in fields):
+            derived[f"{role}.model"] = "policy.model"
+            if role in SAME_TEMPERATURE:
+                derived[f"{role}.temperature"] = "policy.temperature"
+            if role in SEEDED_ROLES:
+                derived[f"{role}.seed"] = "seed"
+            if "weights" in fields and role in ("generator", "trainer", "reference"):
+                derived[f"{role}.weights"] = "weights"
+        return derived
 
     def __post_init__(self) -> None:
         if self.deterministic:

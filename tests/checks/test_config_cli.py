@@ -67,5 +67,6 @@ def test_config_show_on_the_main_job_shows_the_seed_reaching_every_role():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "seed: 3  # default: 0; " in out.stdout
-    for indent in ("  ", "    "):  # the rl stage's seed, its trainer's and generator's
-        assert any(line.startswith(f"{indent}seed: 3  # default: 0") for line in lines), indent
+    # the rl stage's seed, its trainer's and generator's: copies, marked with the key they follow
+    for indent in ("  ", "    "):
+        assert f"{indent}seed: 3  # = seed" in lines, indent
