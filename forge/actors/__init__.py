@@ -7,7 +7,7 @@ actor is used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "Critic": "forge.actors.critic",
@@ -42,3 +42,29 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# Every lazy name, for type checkers and editors (PEP 562's ``__getattr__`` is opaque to
+# them): ``trainer.train_step`` in an app resolves to the endpoint, and "go to definition"
+# works. tests/unit/test_public_api.py checks this block names exactly ``_EXPORTS``.
+if TYPE_CHECKING:  # pragma: no cover - never runs
+    from forge.actors.critic import Critic
+    from forge.actors.dataset import DatasetActor
+    from forge.actors.env_actor import EnvActor
+    from forge.actors.generator import Generator
+    from forge.actors.reference_model import ReferenceModel
+    from forge.actors.replay_buffer import (
+        ReplayBuffer,
+        ReplayBufferConfig,
+    )
+    from forge.actors.reward import RewardActor
+    from forge.actors.reward_model import RewardModel
+    from forge.actors.teacher import Teacher
+    from forge.actors.trainer import Trainer
+    from forge.generation.backend import GeneratorConfig
+    from forge.models.reward_classifier import RewardModelConfig
+    from forge.training.trainer_config import (
+        ReferenceConfig,
+        TrainerConfig,
+    )
+    from forge.training.value_model import CriticConfig

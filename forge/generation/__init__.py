@@ -6,6 +6,7 @@ without the backends' config, which pulls in the weight transports and the actor
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "GeneratorBackend": "forge.generation.backend",
@@ -30,3 +31,19 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# Every lazy name, for type checkers and editors (PEP 562's ``__getattr__`` is opaque to
+# them). tests/unit/test_public_api.py checks this block names exactly ``_EXPORTS``.
+if TYPE_CHECKING:  # pragma: no cover - never runs
+    from forge.generation.backend import (
+        GeneratorBackend,
+        GeneratorConfig,
+    )
+    from forge.generation.factory import build_generator_backend
+    from forge.generation.hf_engine import HFEngine
+    from forge.generation.sampling import (
+        counter_uniform,
+        sample_next,
+        top_k_top_p_mask,
+    )
