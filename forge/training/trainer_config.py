@@ -264,16 +264,16 @@ class TrainerConfig:
     autocast: AutocastDtype | Literal["auto"] | None = None
     """Mixed precision: matmuls run in this type while parameters, gradients and optimizer
     state stay in ``dtype`` (float32); the LM head and the logprobs stay float32 (see
-    ``autocast_head``). On this project's CPU (AMX) a real-model step is 1.4x faster
-    (docs/performance.md). ``None``: all in ``dtype``. ``auto``: ``bfloat16`` where the
-    device multiplies bf16 natively (``forge.models.precision``), else ``None``; a CPU
-    without it runs bf16 matmuls ~100x slower than float32."""
+    ``autocast_head``). ``None``: all in ``dtype``. ``auto``: ``bfloat16`` where the device
+    multiplies bf16 natively (``forge.models.precision``), else ``None``, since a CPU
+    without native bf16 emulates it far slower than float32 (figures:
+    docs/benchmarks.md)."""
     autocast_head: bool = False
     """With ``autocast``: run the LM head in the lower precision too (bf16 logits, upcast for
     the log-softmax, as TRL and verl do under mixed precision). The head is the step's
-    largest product at long completions: the gen-heavy trainer step 12-17% faster on this
-    project's CPU, for a trainer/generator ``mismatch_kl`` of 1.9e-3 instead of 1.4e-3
-    (docs/performance.md). ``False``: the head runs in float32."""
+    largest product at long completions, so this shortens the step, and the
+    trainer/generator ``mismatch_kl`` grows by the bf16 rounding of the logits (figures:
+    docs/performance.md). ``False``: the head runs in float32."""
     skip_zero_advantage: bool | None = None
     """Skip the forward and backward of rows whose advantage is exactly 0 (every row of a
     group whose samples all got the same reward). Under the policy losses (``grpo``, ``gspo``,
