@@ -1,5 +1,6 @@
 """The OPD ``Teacher`` service in real processes: it scores responses like its core does, with
-and without a privileged prompt, and a replica that dies is restarted and scores again."""
+and without a privileged prompt, and a replica that dies (between calls, or during one) is
+restarted and scores again (the call in flight retried)."""
 
 from __future__ import annotations
 
@@ -37,4 +38,21 @@ async def test_a_teacher_replica_that_dies_is_restarted_and_scores_again(tiny_mo
     os.kill(pid, signal.SIGKILL)
     again = await teacher.score.route(_episodes())  # waits for the restarted replica
     assert _flat(again) == pytest.approx(_flat(first), abs=1e-5)
+    assert teacher.metrics()[0]["pids"] != [pid]
+
+
+async def test_a_teacher_that_dies_during_a_call_is_restarted_and_the_call_retried(
+    tiny_model, tmp_path
+):
+    from tests.integration.actors.teacher_actors import DiesOnceTeacher
+
+    cfg = ReferenceConfig(model=tiny_model, device="cpu")
+    want = TeacherCore(cfg).score(_episodes(), top_k=2)
+    marker = tmp_path / "died"
+    teacher = await DiesOnceTeacher.options(num_replicas=1).as_service(cfg, str(marker))
+    (pid,) = teacher.metrics()[0]["pids"]
+    got = await teacher.score.route(_episodes(), None, 2)  # dies in it; retried after restart
+    assert marker.read_text() == str(pid)  # the first attempt ran, and died, in that replica
+    assert _flat(got) == pytest.approx(_flat(want), abs=1e-5)
+    assert got[0].topk_ids == want[0].topk_ids
     assert teacher.metrics()[0]["pids"] != [pid]
