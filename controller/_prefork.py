@@ -1,8 +1,8 @@
 """The actors' zygote forked from the controller itself (``prefork``), for ``forge run``.
 
 A zygote (``controller._zygote``) is a fresh interpreter that imports torch and transformers
-before it forks actor processes: 6-7 CPU-s on this project's 2-core machine, while the first
-actors wait. A ``forge run`` controller has imported them already (its app's config and loop
+before it forks actor processes: seconds of CPU while the first actors wait
+(docs/benchmarks.md, "Actor process start-up"). A ``forge run`` controller has imported them already (its app's config and loop
 need them) by the time it is about to spawn. ``prefork(env_vars)`` forks the zygote from the
 controller at that point, so the run pays the imports once instead of twice and its first
 actors do not wait for a second interpreter.

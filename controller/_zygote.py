@@ -1,10 +1,9 @@
 """A zygote: one process that imports torch and transformers once, then forks actor processes
 that start with them already imported.
 
-A fresh actor process spends 4-7 s of CPU importing torch and transformers before it runs a
-line of Forge (measured on this project's 2-core machine: ``import torch`` 1.9 s,
-``from transformers import AutoModelForCausalLM`` 7.3 s). A run that starts nine processes at
-once pays that nine times over on the same cores. ``LocalProc`` asks a zygote instead (the
+A fresh actor process spends seconds of CPU importing torch and transformers before it runs
+a line of Forge (docs/performance.md, "Actor process start-up"). A run that starts nine
+processes at once pays that nine times over on the same cores. ``LocalProc`` asks a zygote instead (the
 local backend; ``FORGE_ZYGOTE=0`` turns it off): the fork takes milliseconds and the child
 shares the imported modules' pages with the zygote until it writes to them.
 

@@ -5,8 +5,8 @@ A training step on CPU allocates and frees gigabytes of activations, gradients a
 glibc's defaults serve every allocation above 32 MB (and, in a thread other than the main
 one, above 64 MB) with a fresh ``mmap`` and give it back with ``munmap`` when freed, and trim
 the heap's free top back to the OS. Every step then touches its memory for the first time
-again: on this project's 2-core VM the SmolLM2 trainer took ~1M minor page faults and 4-9 s of
-kernel time per gen-heavy step (one third of its CPU), the generator ~0.5M per batch.
+again: a real model's trainer then spends a large share of its CPU in the kernel, faulting
+pages in (docs/performance.md, "Page faults").
 
 These settings make an actor process's heap keep what it frees, so the next step reuses it
 without a fault:

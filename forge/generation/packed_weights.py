@@ -4,10 +4,10 @@ A decode step multiplies a few dozen rows by every weight of the model. MKL's ``
 (what ``F.linear`` calls) re-lays-out each weight for its kernel on every call; at 32 rows
 that copy is a large part of the product. oneDNN can take a weight already in its kernel's
 layout (``torch.ops.mkldnn._reorder_linear_weight``), so the layout is paid once per weight
-version instead of once per step. On a 2-core AMD EPYC (Zen 3, float32) a decode step of
-the real model got 9-23% faster at 8-64 rows; laying out its body's 430 MB took ~0.44 s
-(2026-11-29, docs/performance.md). That pays only when a weight version decodes many steps:
-a 128-token generation, not the main job's 16.
+version instead of once per step. Laying the weights out costs about one pass over them,
+so it pays only when a weight version decodes many steps: a 128-token generation, not the
+main job's 16 (the measurements: docs/performance.md, "Long decodes on weights laid out once
+per version").
 
 ``DecodePacker(model)`` prepares a float32 CPU model (its large ``nn.Linear`` layers, the
 head excepted: ``forge/models/cpu_head.py`` runs that one); ``with packer.active(rows):``

@@ -47,9 +47,9 @@ def inverse_cdf(probs_bv: torch.Tensor, uniforms_b: torch.Tensor) -> torch.Tenso
     """Per row, the first token whose cumulative probability (float64) exceeds ``u * total``:
     zero-probability tokens (a flat CDF) never win; the result is clamped to the vocabulary.
 
-    Two levels instead of a float64 cumsum over the whole vocabulary, which took ~9 ms per
-    decode step at 32 rows x 49,152 tokens (8% of a bf16 decode's CPU): block sums, their
-    cumsum, a search for the block, then a cumsum inside that one block only. The CDF's
+    Two levels instead of a float64 cumsum over the whole vocabulary, a visible share of a
+    bf16 decode step at a large vocabulary (docs/performance.md): block sums, their cumsum,
+    a search for the block, then a cumsum inside that one block only. The CDF's
     values differ from a flat cumsum's only in float64 rounding (~1e-16).
     """
     b, v = probs_bv.shape

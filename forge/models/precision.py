@@ -2,9 +2,9 @@
 
 bf16 pays only where the hardware multiplies bf16 natively: a CUDA GPU that supports it, or an
 x86 CPU with AMX-BF16 or AVX512-BF16 (an Arm CPU with the ``bf16`` feature). Elsewhere torch
-falls back to slow paths: on a 2-core AMD EPYC (Zen 3, AVX2 only) a bf16 matmul at the real
-model's shapes ran at ~1 GFLOP/s against ~110 in float32 (2026-11-29), and a run configured
-for bf16 took ~10x longer. So the main job's configs say ``auto``:
+falls back to emulated paths, much slower than float32 (a CPU with AVX2 only: the figures
+are in docs/benchmarks.md), and a run configured for bf16 there takes many times longer. So
+the main job's configs say ``auto``:
 
 - ``generator.dtype: auto``: ``bfloat16`` where the generator's device has native bf16, else
   ``float32``;

@@ -75,8 +75,8 @@ def tensor_view(file_u8: torch.Tensor, meta: TensorMeta, dtype: torch.dtype) -> 
 def copy_tensor(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` (same dtype and shape); one single-threaded ``memmove`` when both are
     contiguous CPU tensors. A copy is memory-bound, so intra-op threads add little, and on a
-    busy host oversubscribed OpenMP threads made ``copy_`` 3x slower than one thread (see the
-    weight sync runs moved from docs/benchmarks.md to docs/devlog.md)."""
+    busy host oversubscribed OpenMP threads make ``copy_`` slower than one thread (the weight
+    sync runs in docs/devlog.md)."""
     cpu = dst.device.type == "cpu" and src.device.type == "cpu"
     if cpu and dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype:
         if src.numel():
