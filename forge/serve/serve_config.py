@@ -96,8 +96,9 @@ class ServeConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     """Where trainers and generators run."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    """The generators' weights. On a CPU with AMX, ``bfloat16`` samples several times faster;
-    sampled logprobs then differ from the trainer's float32 ones by bf16 rounding. ``auto``:
+    """The generators' weights. ``bfloat16`` samples faster where the device multiplies bf16
+    natively (docs/benchmarks.md); sampled logprobs then differ from the trainer's float32 ones
+    by bf16 rounding. ``auto``:
     ``bfloat16`` where ``device`` multiplies bf16 natively, else ``float32`` (decided when the
     config loads; see ``forge.models.precision``)."""
     autocast: Literal["bfloat16", "float16", "auto"] | None = None
