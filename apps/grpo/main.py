@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from forge import (
     ActorMetrics,
@@ -64,6 +66,8 @@ from forge import (
     train_batch,
 )
 
+T = TypeVar("T")
+
 
 @dataclass
 class Config(RLConfig):
@@ -87,70 +91,103 @@ class Handles:
 
 
 async def spawn(cfg: Config, roles: Roles) -> Handles:
-    """Start the run's actors and services, in parallel."""
-    env_vars, n = actor_env_vars(cfg.threads_per_actor, cfg.deterministic), cfg.replicas
-    buffer_cfg = ReplayBufferConfig(
+    """Start the run's actors and services in parallel, one task named after each role; a
+    role the config leaves out starts nothing and its handle is ``None``."""
+    env_vars = actor_env_vars(cfg.threads_per_actor, cfg.deterministic)
+    replicas = cfg.replicas
+    buffer_config = ReplayBufferConfig(
         batch_size=cfg.rollout.episodes_per_step // cfg.trainer_procs,
         dp_size=cfg.trainer_procs,
         max_policy_age=cfg.max_policy_age,
         seed=cfg.seed,
     )
-
-    def maybe(needed, make):
-        return make() if needed else asyncio.sleep(0)
-
-    parts: list = await asyncio.gather(  # in the order of Handles' fields
-        DatasetActor.options(env_vars=env_vars).as_actor(cfg.data),
+    data = start("data", DatasetActor.options(env_vars=env_vars).as_actor(cfg.data))
+    generator = start(
+        "generator",
         Generator.options(
-            num_replicas=n.generator, env_vars=env_vars, **cfg.gpu_options("generator")
+            num_replicas=replicas.generator, env_vars=env_vars, **cfg.gpu_options("generator")
         ).as_service(cfg.generator),
-        maybe(
-            cfg.rewards,
-            lambda: RewardActor.options(num_replicas=n.rewards, env_vars=env_vars).as_service(
-                cfg.reward_fns()
-            ),
-        ),
-        ReplayBuffer.options(env_vars=env_vars).as_actor(buffer_cfg),
+    )
+    buffer = start("buffer", ReplayBuffer.options(env_vars=env_vars).as_actor(buffer_config))
+    trainer = start(
+        "trainer",
         Trainer.options(
             procs=cfg.trainer_procs, env_vars=env_vars, **cfg.gpu_options("trainer")
         ).as_actor(cfg.trainer),
-        maybe(
-            n.env,
-            lambda: EnvActor.options(num_replicas=n.env, env_vars=env_vars).as_service(cfg.env.fn),
-        ),
-        maybe(
-            cfg.reward_model,
-            lambda: RewardModel.options(num_replicas=n.reward_model, env_vars=env_vars).as_service(
+    )
+    rewards = envs = reward_model = reference = critic = teacher = None
+    if cfg.rewards:
+        rewards = start(
+            "rewards",
+            RewardActor.options(num_replicas=replicas.rewards, env_vars=env_vars).as_service(
+                cfg.reward_fns()
+            ),
+        )
+    if cfg.env is not None and replicas.env:  # 0 replicas: episodes step in this process
+        envs = start(
+            "envs",
+            EnvActor.options(num_replicas=replicas.env, env_vars=env_vars).as_service(cfg.env.fn),
+        )
+    if cfg.reward_model is not None:
+        reward_model = start(
+            "reward_model",
+            RewardModel.options(num_replicas=replicas.reward_model, env_vars=env_vars).as_service(
                 cfg.reward_model
             ),
-        ),
-        maybe(
-            ref := cfg.reference_service,
-            lambda: ReferenceModel.options(env_vars=env_vars).as_service(ref),
-        ),
-        maybe(cfg.critic, lambda: Critic.options(env_vars=env_vars).as_actor(cfg.critic)),
-        maybe(cfg.teacher, lambda: spawn_teachers(cfg, env_vars)),
+        )
+    if (reference_config := cfg.reference_service) is not None:
+        reference = start(
+            "reference", ReferenceModel.options(env_vars=env_vars).as_service(reference_config)
+        )
+    if cfg.critic is not None:
+        critic = start("critic", Critic.options(env_vars=env_vars).as_actor(cfg.critic))
+    if cfg.teacher is not None:
+        teacher = start("teacher", spawn_teachers(cfg, env_vars))
+    optional = (rewards, envs, reward_model, reference, critic, teacher)
+    await asyncio.gather(data, generator, buffer, trainer, *(t for t in optional if t))
+    handles = Handles(
+        data=data.result(),
+        generator=generator.result(),
+        rewards=rewards and rewards.result(),
+        buffer=buffer.result(),
+        trainer=trainer.result(),
+        envs=envs and envs.result(),
+        reward_model=reward_model and reward_model.result(),
+        reference=reference and reference.result(),
+        critic=critic and critic.result(),
+        teacher=teacher and teacher.result(),
     )
-    h = Handles(*parts)
-    for role, handle in (("trainer", h.trainer), ("buffer", h.buffer), ("data", h.data)):
-        roles.watch(handle, role)  # what a checkpoint restores
-    return h
+    roles.watch(handles.trainer, "trainer")  # what a checkpoint restores
+    roles.watch(handles.buffer, "buffer")
+    roles.watch(handles.data, "data")
+    return handles
 
 
-async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:
+def start(role: str, handle: Awaitable[T]) -> asyncio.Task[T]:
+    """A task named ``spawn <role>`` that waits for ``handle`` (an error names the role)."""
+
+    async def ready() -> T:
+        return await handle
+
+    return asyncio.create_task(ready(), name=f"spawn {role}")
+
+
+async def train(
+    cfg: Config, run_dir: Path, resume: bool = False, roles: Roles | None = None
+) -> dict:
     """Run GRPO; returns ``{"history": [...], "eval": {step: score}, "version": v, "model":
     <run_dir>/model}`` (the final policy, an HF directory)."""
-    s = await spawn(cfg, roles or Roles())
+    handles = await spawn(cfg, roles or Roles())
     log = MetricLog(run_dir, cfg.metrics, cfg.steps)
-    ckpt = Checkpointer(run_dir, cfg.checkpoint_every, cfg.checkpoint_keep_last)
-    state = (s.trainer, s.buffer, s.data)
-    version = await ckpt.restore(*state) if resume else 0
-    scorer, manager = rollouts(cfg, s, log)
+    checkpoints = Checkpointer(run_dir, cfg.checkpoint_every, cfg.checkpoint_keep_last)
+    state = (handles.trainer, handles.buffer, handles.data)
+    version = await checkpoints.restore(*state) if resume else 0
+    scorer, manager = rollouts(cfg, handles, log)
     sync = WeightSync(
-        s.trainer,
-        s.generator,
-        s.reference,
-        teacher=s.teacher.follower if s.teacher else None,
+        handles.trainer,
+        handles.generator,
+        handles.reference,
+        teacher=handles.teacher.follower if handles.teacher else None,
         log=log,
         on_served=manager.advance,
         on_failed=manager.fail,
@@ -158,58 +195,59 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     )
     if version:
         await sync.resume(version)
-    flush = ActorMetrics(log, s.trainer, s.generator, s.buffer)
-    critic = GAECritic(s.critic, cfg.critic, cfg.whiten_advantages) if cfg.critic else None
-    evaluate = Evaluator.of_run(
-        cfg, scorer, s.generator, await s.data.heldout.call_one(), log, before=sync.wait
-    )
-    if cfg.parity.check_at_start and not resume:
-        await check_parity(cfg, s.data, s.generator, s.trainer)  # before any update
+    actor_metrics = ActorMetrics(log, handles.trainer, handles.generator, handles.buffer)
+    critic = None
+    if handles.critic is not None and cfg.critic is not None:
+        critic = GAECritic(handles.critic, cfg.critic, cfg.whiten_advantages)
+    heldout = await handles.data.heldout.call_one()
+    evaluate = Evaluator.of_run(cfg, scorer, handles.generator, heldout, log, before=sync.wait)
+    if cfg.parity.check_at_start and not resume:  # before any update
+        await check_parity(cfg, handles.data, handles.generator, handles.trainer)
     parity = ParityWatch(cfg)
     if cfg.eval.at_start and not resume:
         await evaluate(version)
-    phases, start = PhaseTracker(cfg.phases, cfg.trainer.loss), version
-    colo = Colocation.of(cfg.placement, s.trainer, s.generator, log)  # None: not colocated
-    if colo is not None:
-        await colo.start()  # the optimizer state to host while the first rollouts run
+    phases, first_step = PhaseTracker(cfg.phases, cfg.trainer.loss), version
+    colocation = Colocation.of(cfg.placement, handles.trainer, handles.generator, log)
+    if colocation is not None:  # None: generator and trainer on devices of their own
+        await colocation.start()  # the optimizer state to host while the first rollouts run
     manager.version = version
     manager.start()
     bar = progress(range(version, cfg.steps), "grpo")
     try:
         for _ in bar:
-            phase = phases.current(version) if version == start else phases.changes(version)
+            phase = phases.current(version) if version == first_step else phases.changes(version)
             if phase is not None:  # a scheduled switch of loss / KL / rollout settings
                 bar.write(f"[grpo] step {version}: {phase.describe()}")
-                await s.trainer.set_loss.call(phase.loss)
+                await handles.trainer.set_loss.call(phase.loss)
                 scorer.switch(phase.rollout, manager)
                 log.add(M.PHASE, [float(phase.index)])
-            m, waited, took = await train_batch(
-                cfg, s.buffer, s.trainer, version, manager, critic, colo
+            metrics, waited, took = await train_batch(
+                cfg, handles.buffer, handles.trainer, version, manager, critic, colocation
             )
-            parity.observe(version, m)
-            t, version = time.perf_counter(), version + 1
+            parity.observe(version, metrics)
+            push_start, version = time.perf_counter(), version + 1
             log.cut("rollout/")  # this step's rollouts end here: the push starts the next's
             await sync.push(version)  # off the trainer's path when rollouts may be a version old
-            if colo is not None:
-                await colo.to_generate()  # the generator (asleep) has the new weights: wake it
-            row = step_row(m, waited, took, time.perf_counter() - t)
-            row = log.step(version, {**row, **await flush.step_fields()})
-            bar.set_postfix(reward=f"{row.get(M.REWARD, 0):.3f}", loss=f"{m['loss']:.4f}")
+            if colocation is not None:
+                await colocation.to_generate()  # the generator (asleep) has the new weights
+            row = step_row(metrics, waited, took, time.perf_counter() - push_start)
+            row = log.step(version, {**row, **await actor_metrics.step_fields()})
+            bar.set_postfix(reward=f"{row.get(M.REWARD, 0):.3f}", loss=f"{metrics['loss']:.4f}")
             if cfg.eval.every and version % cfg.eval.every == 0:
                 await evaluate(version)
-            await ckpt.maybe_save(version, *state)
+            await checkpoints.maybe_save(version, *state)
     except BaseException:
         sync.cancel()  # failing: the error matters, not these
-        flush.cancel()
+        actor_metrics.cancel()
         raise
     finally:
         bar.close()
         await manager.stop()
     await sync.wait()
-    await flush.finish(version)
+    await actor_metrics.finish(version)
     if cfg.eval.at_end and version not in evaluate.scores:
         await evaluate(version)
-    await s.trainer.export_hf.call(str(run_dir / "model"))  # the final policy, every run
+    await handles.trainer.export_hf.call(str(run_dir / "model"))  # the final policy, every run
     log.close()
     return {
         "history": log.history,
@@ -219,27 +257,36 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
     }
 
 
-def rollouts(cfg: Config, s: Handles, log: MetricLog) -> tuple:
+def rollouts(
+    cfg: Config, handles: Handles, log: MetricLog
+) -> tuple[GroupScorer | EpisodeScorer, RolloutManager]:
     """The group producer (scored completions, or episodes) and its rollout manager."""
-    distill = Distiller(cfg.teacher, s.teacher, log) if cfg.teacher is not None else None
+    distill = None
+    if cfg.teacher is not None:
+        distill = Distiller(cfg.teacher, handles.teacher, log)
     scorer = GroupScorer(
         cfg.rollout,
         cfg.policy.temperature,
-        s.data,
-        s.generator,
-        s.rewards,
+        handles.data,
+        handles.generator,
+        handles.rewards,
         log=log,
-        reference=s.reference,
-        reward_model=s.reward_model,
+        reference=handles.reference,
+        reward_model=handles.reward_model,
         distill=distill,
     )
-    if cfg.env is not None:
+    if cfg.env is None:
+        producer = scorer
+    else:
         bootstrap = cfg.critic is not None and cfg.critic.bootstrap_truncated
-        scorer = EpisodeScorer(scorer, cfg.env, s.envs, load_tokenizer(cfg.policy.model), bootstrap)
+        tokenizer = load_tokenizer(cfg.policy.model)
+        producer = EpisodeScorer(scorer, cfg.env, handles.envs, tokenizer, bootstrap)
     manager = RolloutManager(
-        scorer.produce, s.buffer.add.call_one, **scorer.manager_kwargs(cfg.max_policy_age)
+        producer.produce,
+        handles.buffer.add.call_one,
+        **producer.manager_kwargs(cfg.max_policy_age),
     )
-    return scorer, manager
+    return producer, manager
 
 
 async def stage(cfg: Config, run_dir: Path, resume: bool) -> dict:
@@ -249,5 +296,8 @@ async def stage(cfg: Config, run_dir: Path, resume: bool) -> dict:
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    r = await stage(cfg, run_dir, resume)
-    print(f"[grpo] done: version {r['version']}, held-out {r['eval']}, policy in {r['model']}")
+    result = await stage(cfg, run_dir, resume)
+    print(
+        f"[grpo] done: version {result['version']}, held-out {result['eval']}, "
+        f"policy in {result['model']}"
+    )
