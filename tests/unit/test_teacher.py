@@ -124,11 +124,115 @@ def test_a_teacher_may_follow_the_students_current_weights(models):
         ({"teacher": {"model": "policy", "coef": 0.0}}, "teacher.coef must be > 0"),
         ({"teacher": {"model": "policy", "discount": 1.5}}, r"discount must be in \[0, 1\]"),
         ({"replicas": {"teacher": 0}}, "replicas.teacher must be >= 1"),
+        ({"teacher": {"model": "policy", "signal": "gkd"}}, "gkd needs teacher.top_k >= 1"),
+        ({"teacher": {"model": "policy", "top_k": 4}}, "teacher.top_k is a setting of .*gkd"),
+        ({"teacher": {"model": "policy", "beta": 0.5}}, "teacher.beta is a setting of .*gkd"),
+        (
+            {"teacher": {"model": "policy", "signal": "gkd", "top_k": 4, "beta": 1.5}},
+            r"teacher.beta must be in \[0, 1\]",
+        ),
+        (
+            {"teacher": {"model": "policy", "signal": "gkd", "top_k": 4, "discount": 0.5}},
+            "which teacher.signal: gkd does not use",
+        ),
+        (
+            {"teacher": {"model": "policy", "signal": "gkd", "top_k": 10**6}},
+            r"teacher.top_k=1000000 exceeds the teacher's vocabulary of \d+ tokens",
+        ),
+        (
+            {
+                "teacher": {"model": "policy", "signal": "gkd", "top_k": 4},
+                "trainer": {"backend": "titan"},
+            },
+            "does not compute; use trainer.backend: hf",
+        ),
+        ({"teacher": {"model": "policy", "signal": "kl"}}, "signal"),
+        ({"teacher": {"key": "source", "models": {}}}, "need both teacher.key"),
+        ({"teacher": {"models": {"a": {"model": "policy"}}}}, "need both teacher.key"),
+        (
+            {"teacher": {"key": "prompt", "coef": 2.0, "models": {"a": {"model": "policy"}}}},
+            r"teacher.coef is set per teacher .* teacher.models.<name>.coef",
+        ),
+        (
+            {"teacher": {"key": "prompt", "default": "b", "models": {"a": {"model": "policy"}}}},
+            r"teacher.default='b' is not one of teacher.models \['a'\]",
+        ),
+        (
+            {"teacher": {"key": "source", "models": {"a": {"model": "policy"}}}},
+            r"teacher.key='source' .* the data's items lack \(a sampled item has \[",
+        ),
+        (
+            {"teacher": {"key": "prompt", "models": {"a": {"model": "policy", "bogus": 1}}}},
+            "models.a.bogus: unknown key 'bogus'",
+        ),
     ],
 )
 def test_settings_a_teacher_cannot_work_with_are_refused(models, over, message):
     with pytest.raises(ValueError, match=message):
         _cfg(models, **over)
+
+
+def test_several_teachers_each_checked_and_a_reference_each(models):
+    two = {
+        "key": "target",
+        "models": {
+            "a": {"model": models["teacher"], "replicas": 2},
+            "b": {"model": "policy", "signal": "gkd", "top_k": 4, "beta": 0.0},
+        },
+    }
+    cfg = _cfg(models, teacher=two)
+    from forge.run.teacher_checks import teacher_reference
+
+    refs = {n: teacher_reference(cfg, t) for n, t in cfg.teacher.teachers().items()}
+    assert refs["a"].model == models["teacher"] and refs["b"].model == models["student"]
+    assert cfg.teacher.models["b"].beta == 0.0 and cfg.teacher.models["a"].replicas == 2
+    with pytest.raises(ValueError, match="several teachers"):
+        cfg.teacher_service  # noqa: B018 (one reference for several teachers: refused)
+    other = {"key": "target", "models": {"a": {"model": models["other"]}}}
+    with pytest.raises(ValueError, match="have different tokenizers"):  # each is checked
+        _cfg(models, teacher=other)
+
+
+def test_a_value_without_a_teacher_names_the_value_and_the_teachers():
+    two = TeacherConfig(
+        key="source", models={"math": TeacherConfig("policy"), "code": TeacherConfig("policy")}
+    )
+    assert two.route({"source": "code"}) == "code"
+    with pytest.raises(ValueError, match=r"value 'poetry' has no teacher in .*\['code', 'math'\]"):
+        two.route({"source": "poetry"})
+    with pytest.raises(ValueError, match="a data item has no such field"):
+        two.route({"prompt": "q"})
+    fallback = TeacherConfig(key="source", models=dict(two.models), default="math")
+    assert fallback.route({"source": "poetry"}) == "math"
+    assert TeacherConfig("policy").route({"source": "anything"}) == ""
+
+
+def test_groups_go_to_their_teacher_with_its_own_signal_and_metrics():
+    from forge.rollout.distiller import Teachers
+
+    cfg = TeacherConfig(
+        key="source",
+        models={
+            "math": TeacherConfig("policy", coef=2.0),
+            "code": TeacherConfig("policy", signal="gkd", top_k=2, beta=0.25, coef=0.5),
+        },
+    )
+    math_t, code_t = _FakeTeacherService(gap=0.5), _FakeTeacherService(gap=0.25)
+    log = _Log()
+    distill = Distiller(cfg, Teachers({"math": math_t, "code": code_t}), log)
+    first, second = [_episode([-1.0, -1.0])], [_episode([-1.0])]
+    asyncio.run(distill(first, {"prompt": "q", "source": "math"}, ["x"], [0.0]))
+    asyncio.run(distill(second, {"prompt": "q", "source": "code"}, ["x"], [0.0]))
+    assert (math_t.calls, code_t.calls) == ([0], [2])  # top_k asked of the gkd teacher only
+    assert first[0].token_advantages == [-1.0, -1.0]  # coef 2 * -(k = 0.5)
+    assert first[0].teacher_topk is None and first[0].teacher_logprobs == [-1.5, -1.5]
+    assert second[0].token_advantages is None  # gkd: a loss term, no advantage
+    top = second[0].teacher_topk
+    assert (top.ids, top.beta, top.coef) == ([[1, 2]], 0.25, 0.5)
+    assert log.values[f"{M.TEACHER_KL}/math"] == [0.5]
+    assert log.values[f"{M.TEACHER_KL}/code"] == [0.25]
+    assert log.values[M.TEACHER_KL] == [0.5, 0.25]
+    assert log.values[M.DISTILL_SHARE] == [1.0]  # the reverse-KL teacher's group only
 
 
 def test_template_fields_and_privileged_prompts():
@@ -167,15 +271,21 @@ class _FakeTeacherService:
     """``teacher.score.route`` in process: the student's own logprobs, shifted by ``gap``."""
 
     def __init__(self, gap: float) -> None:
-        self.gap, self.seen = gap, []
+        self.gap, self.seen, self.calls = gap, [], []
         self.score = self
 
     async def route(self, episodes, prompts=None, top_k=0):
         self.seen.append(prompts)
-        return [
-            TeacherScore([x - self.gap for x in e.behavior_logprobs], [1.0] * len(e.response_ids))
-            for e in episodes
-        ]
+        self.calls.append(top_k)
+        out = []
+        for e in episodes:
+            n = len(e.response_ids)
+            s = TeacherScore([x - self.gap for x in e.behavior_logprobs], [1.0] * n)
+            if top_k:
+                s.topk_ids = [list(range(1, top_k + 1))] * n
+                s.topk_logprobs = [[-0.1 * (j + 1) for j in range(top_k)]] * n
+            out.append(s)
+        return out
 
 
 class _Log:
