@@ -5,7 +5,7 @@
     forge run --resume runs/sumdigits-20261122-101500 [a.b=c ...]
     forge config show apps/sumdigits/cpu.yaml [a.b=c ...]
     forge top [RUN_DIR] [--once]
-    forge episodes RUN_DIR [--step N] [--best | --worst] [-n K]
+    forge episodes RUN_DIR [--step N] [--best | --worst] [-n K] [--disagree N]
     forge eval --config X.yaml [--checkpoint RUN_DIR|MODEL_DIR] [--sets a,b] [a.b=c ...]
     forge export RUN_DIR --merge OUT_DIR
     forge serve [--config serve.yaml] [--preset smollm2|toy] [--host H] [--port P] [--api-key-file FILE]
@@ -80,7 +80,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _episodes(args: argparse.Namespace) -> int:
-    from forge.observability.episode_log import read_episodes, select, show_episodes
+    from forge.observability.episode_log import (
+        read_episodes,
+        run_decoder,
+        select,
+        show_episodes,
+    )
 
     try:
         records = read_episodes(args.run_dir)
@@ -98,7 +103,10 @@ def _episodes(args: argparse.Namespace) -> int:
         )
         return 2
     order = "best" if args.best else "worst" if args.worst else None
-    show_episodes(select(records, args.step, order, args.n))
+    chosen = select(records, args.step, order, args.n)
+    distilled = args.disagree > 0 and any("distill" in r for r in chosen)
+    decode = run_decoder(args.run_dir) if distilled else None
+    show_episodes(chosen, disagree=args.disagree, decode=decode)
     return 0
 
 
@@ -185,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--best", action="store_true", help="highest rewards first (all steps)")
     which.add_argument("--worst", action="store_true", help="lowest rewards first (all steps)")
     eps.add_argument("-n", type=int, default=4, help="how many episodes (default 4)")
+    eps.add_argument(
+        "--disagree",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with a distillation teacher: the N tokens where student and teacher logprobs "
+        "differ most, per episode (default 5; 0: none)",
+    )
     eps.set_defaults(fn=_episodes)
     exp = sub.add_parser("export", help="write a run's final policy as a plain HF model")
     exp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or a model directory)")

@@ -10,7 +10,12 @@ Each line is one episode::
 ``step`` is the training step the episode was logged with, ``version`` the (oldest) policy
 version that sampled it. The run keeps ``log_episodes`` per step (whole groups, so a step
 shows members of one prompt side by side); ``forge episodes RUN_DIR [--step N] [--best |
---worst] [-n K]`` prints them as conversations.
+--worst] [-n K] [--disagree N]`` prints them as conversations.
+
+An episode a distillation teacher scored also has ``"distill": {"response_ids": [...],
+"student": [...], "teacher": [...]}`` (each response token's logprob under the generator and
+the teacher); ``forge episodes`` then lists the tokens where the two disagree most
+(``disagreements``), decoded with the run's tokenizer.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from typing import Any
 
 from forge.observability.backends import read_jsonl
 
-__all__ = ["EpisodeSamples", "episode_record", "read_episodes", "show_episodes"]
+__all__ = [
+    "EpisodeSamples",
+    "disagreements",
+    "episode_record",
+    "read_episodes",
+    "run_decoder",
+    "show_episodes",
+]
 
 FILE = "episodes.jsonl"
 PROMPT_HEAD = 8  # the prompt's first token ids kept per record: a missing BOS shows there
@@ -34,7 +46,7 @@ def episode_record(episode, messages: list[dict], num_turns: int = 1) -> dict[st
         json.dumps(target)
     except (TypeError, ValueError):
         target = repr(target)
-    return {
+    record = {
         "version": int(episode.policy_version),
         "task_id": episode.group_id,
         "reward": float(episode.reward),
@@ -47,6 +59,48 @@ def episode_record(episode, messages: list[dict], num_turns: int = 1) -> dict[st
         "target": target,
         "prompt_head_ids": [int(t) for t in episode.prompt_ids[:PROMPT_HEAD]],
     }
+    teacher = getattr(episode, "teacher_logprobs", None)
+    if teacher is not None:
+        record["distill"] = {
+            "response_ids": [int(t) for t in episode.response_ids],
+            "student": [float(x) for x in episode.behavior_logprobs],
+            "teacher": [float(x) for x in teacher],
+        }
+    return record
+
+
+def disagreements(record: dict, n: int) -> list[tuple[int, int, float, float]]:
+    """The ``n`` response tokens of ``record`` where the student's and the teacher's logprobs
+    differ most in magnitude, largest first: ``(position, token id, student, teacher)``;
+    ``[]`` for a record without teacher logprobs."""
+    d = record.get("distill")
+    if not d or n <= 0:
+        return []
+    rows = list(zip(range(len(d["teacher"])), d["response_ids"], d["student"], d["teacher"]))
+    rows.sort(key=lambda r: abs(r[2] - r[3]), reverse=True)
+    return rows[:n]
+
+
+def run_decoder(run_dir: str | Path):
+    """``decode(token_id) -> str`` with the tokenizer of the run's policy (from the
+    ``config.yaml`` beside its episodes), or ``None`` when it cannot be loaded."""
+    import yaml
+
+    root = Path(run_dir)
+    for path in (root / "config.yaml", root / "rl" / "config.yaml"):
+        if path.is_file():
+            model = (yaml.safe_load(path.read_text()) or {}).get("policy", {}).get("model")
+            break
+    else:
+        return None
+    try:
+        from forge.models import load_tokenizer
+        from forge.training.lora import tokenizer_source
+
+        tok = load_tokenizer(tokenizer_source(model))
+    except (OSError, ValueError, TypeError):
+        return None
+    return lambda token_id: tok.decode([token_id])
 
 
 def _plain(values: list) -> list:
@@ -110,9 +164,11 @@ def select(records: list[dict], step: int | None, order: str | None, n: int) -> 
     return chosen[:n]
 
 
-def show_episodes(records: list[dict], console=None) -> None:
+def show_episodes(records: list[dict], console=None, disagree: int = 0, decode=None) -> None:
     """Print episodes as conversations (rich): a header (step, version, reward, components,
-    finish reason) and each message, with the turn's reward after an assistant message."""
+    finish reason) and each message, with the turn's reward after an assistant message; with
+    ``disagree``, under an episode with teacher logprobs, its ``disagree`` tokens of largest
+    ``|student - teacher|`` (text by ``decode(token_id)``, else the id)."""
     from rich.console import Console
     from rich.panel import Panel
     from rich.text import Text
@@ -137,6 +193,21 @@ def show_episodes(records: list[dict], console=None) -> None:
         console.print(
             Panel(body, title=title, subtitle=" · ".join(x for x in (comps, target) if x))
         )
+        rows = disagreements(r, disagree)
+        if rows:
+            console.print(_disagreement_table(rows, decode))
+
+
+def _disagreement_table(rows, decode):
+    from rich.table import Table
+
+    table = Table(title="where student and teacher disagree most (logprobs)", title_justify="left")
+    for name in ("pos", "token", "student", "teacher", "student - teacher"):
+        table.add_column(name, justify="left" if name == "token" else "right")
+    for pos, token_id, s, t in rows:
+        text = repr(decode(token_id)) if decode is not None else f"id {token_id}"
+        table.add_row(str(pos), text, f"{s:.3f}", f"{t:.3f}", f"{s - t:+.3f}")
+    return table
 
 
 def _fmt(value: Any) -> str:

@@ -77,3 +77,31 @@ def test_the_command_names_what_is_missing(tmp_path, capsys):
     assert main(["episodes", str(tmp_path)]) == 0
     with pytest.raises(SystemExit):
         main(["episodes", str(tmp_path), "--best", "--worst"])
+
+
+def test_a_distilled_episode_shows_where_student_and_teacher_disagree_most(tmp_path, capsys):
+    from forge.models import make_tiny_model
+    from forge.models.loading import load_tokenizer
+    from forge.observability.episode_log import disagreements
+
+    model = make_tiny_model(tmp_path / "model", seed=0)
+    tok = load_tokenizer(str(model))
+    ids = [tok.convert_tokens_to_ids(c) for c in "abcd"]
+    e = Episode("e", [1], ids, [-1.0, -0.5, -3.0, -0.2], reward=0.0, policy_version=1)
+    e.teacher_logprobs = [-1.1, -4.5, -0.5, -0.2]  # |diff|: 0.1, 4.0, 2.5, 0.0
+    record = episode_record(e, [{"role": "assistant", "content": "abcd"}])
+    assert record["distill"]["teacher"] == e.teacher_logprobs
+    assert disagreements(record, 2) == [(1, ids[1], -0.5, -4.5), (2, ids[2], -3.0, -0.5)]
+    assert disagreements(episode_record(_episode(1.0), []), 2) == []  # no teacher: none
+    samples = EpisodeSamples(tmp_path)
+    samples.add([record])
+    samples.write(3)
+    (tmp_path / "config.yaml").write_text(f"policy: {{model: {model}}}\n")
+    assert main(["episodes", str(tmp_path), "--disagree", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "disagree most" in out
+    rows = [line for line in out.splitlines() if "'b'" in line or "'c'" in line]
+    assert len(rows) == 2 and "+4.000" in rows[0] and "-2.500" in rows[1], out
+    assert "'a'" not in out.split("disagree most")[1]  # only the 2 largest
+    assert main(["episodes", str(tmp_path), "--disagree", "0"]) == 0
+    assert "disagree most" not in capsys.readouterr().out
