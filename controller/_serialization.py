@@ -142,7 +142,7 @@ class _Pool:
 
 class _MappedCache:
     """Mappings of segments this process has sent away. A segment often comes back (two
-    processes trading tensors), and re-mapping 100 MB costs ~10 ms; the mapping is never
+    processes trading tensors), and re-mapping a large one costs page-table work; the mapping is never
     written while another process owns the segment. Bounded by ``FORGE_SHM_POOL_BYTES``."""
 
     def __init__(self):

@@ -177,8 +177,8 @@ def shared_prefix_logprobs(
             t_mask[u, : tail_len[u]] = 1
     t_ids, t_mask = t_ids.to(device), t_mask.to(device)
     src_b = torch.tensor([src[b] for b in rows_u], device=device)  # each distinct row's prefix
-    # index_select, not ``keys[src_b]``: its backward is an index_add, ~10x faster on CPU than
-    # the accumulating index_put that advanced indexing takes (60 of them a step).
+    # index_select, not ``keys[src_b]``: its backward is an index_add, much faster on CPU than
+    # the accumulating index_put that advanced indexing takes (one per layer's keys and values).
     expanded = DynamicCache(
         [
             (layer.keys.index_select(0, src_b), layer.values.index_select(0, src_b))
