@@ -20,6 +20,8 @@ Endpoints (all ``async``: they run on the actor's event loop, so concurrent call
   version that holds a LoRA adapter (``WeightHandle.is_adapter``, a trainer with ``lora``)
   is pulled (a few KB to MBs) and applied to the base the replica holds
   (``GeneratorConfig.lora_mode``, see ``forge.generation.hf_backend``).
+- ``prompt_topk_logprobs(token_ids, k, adapter=None)``: ``prompt_logprobs`` plus each
+  position's ``k`` most likely tokens and their logprobs (``forge serve``, hf backend).
 - ``load_adapter(name, handle) -> int`` (``lora_mode: multi``, hf backend): serve the pushed
   adapter version as ``name`` next to the other adapters on the one base model (per-row
   LoRA, ``forge.generation.multi_lora``); ``generate(prompt, adapter=name, ...)`` samples
@@ -238,6 +240,18 @@ class Generator(ForgeActor):
             raise NotImplementedError(f"{type(backend).__name__} has no prompt logprobs")
         with self.busy():
             return await backend.prompt_logprobs(token_ids, adapter)
+
+    @endpoint
+    async def prompt_topk_logprobs(
+        self, token_ids: list[int], k: int, adapter: str | None = None
+    ) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """``prompt_logprobs`` and, at each position after the first, the ``k`` most likely
+        tokens and their logprobs (``forge serve``'s ``topk_prompt_logprobs``); hf backend."""
+        backend = self._backend()
+        if not hasattr(backend, "prompt_topk_logprobs"):
+            raise NotImplementedError(f"{type(backend).__name__} has no top-k prompt logprobs")
+        with self.busy():
+            return await backend.prompt_topk_logprobs(token_ids, k, adapter)
 
     @endpoint
     async def load_adapter(self, name: str, handle: WeightHandle) -> int:

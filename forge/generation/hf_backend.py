@@ -280,6 +280,36 @@ class HFBackend(HFWeights, GeneratorBackend):
 
             return await asyncio.to_thread(run)
 
+    async def prompt_topk_logprobs(
+        self, token_ids: list[int], k: int, adapter: str | None = None
+    ) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """``prompt_logprobs`` plus, at each position after the first, the ``k`` most likely
+        tokens given the ones before it and their logprobs, most likely first (float32 log
+        softmax of the logits, as ``prompt_logprobs``): ``(logprobs, ids, topk_logprobs)``,
+        the last two with ``len(token_ids) - 1`` rows."""
+        if adapter is not None and adapter not in self._adapters:
+            raise ValueError(f"adapter {adapter!r} is not loaded on this generator")
+        async with self._step_lock:
+            model = self._lanes[-1].engine.model
+            slot = self._adapters[adapter][0] if adapter is not None else 0
+
+            def run() -> tuple[list[float], list[list[int]], list[list[float]]]:
+                ids = torch.tensor([token_ids], device=next(model.parameters()).device)
+                with torch.inference_mode():
+                    if self._slots is not None:
+                        self._slots.set_rows([slot])
+                    logits = model(input_ids=ids).logits[0, :-1].float()
+                    all_lp = torch.log_softmax(logits, -1)
+                    lp = all_lp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+                    top_lp, top_ids = all_lp.topk(k, dim=-1)
+                return (
+                    [float("nan"), *lp.cpu().tolist()],
+                    top_ids.cpu().tolist(),
+                    top_lp.cpu().tolist(),
+                )
+
+            return await asyncio.to_thread(run)
+
     def adapters(self) -> dict[str, int]:
         """``lora_mode: multi``: the loaded adapters and their versions."""
         return {name: version for name, (_, version) in self._adapters.items()}

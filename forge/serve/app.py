@@ -9,15 +9,21 @@ this server does not serve answers the API's error shape naming it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from forge.serve import wire
+from forge.serve.checkpoints import (
+    CHECKPOINT_META,
+    SAMPLER_DIR,
+    base_of,
+    checkpoint_meta,
+    write_checkpoint,
+    write_sampler_weights,
+)
 from forge.serve.futures import FutureTable, UserError
 from forge.serve.parse import (
     MODEL_ID_RE,
@@ -30,7 +36,9 @@ from forge.serve.parse import (
     read_json,
     sampling_kwargs,
 )
-from forge.serve.state import SamplingSession, ServedModel, ServerState, parse_path
+from forge.serve.state import SamplingSession, ServerState, parse_path
+
+__all__ = ["CHECKPOINT_META", "build_app", "checkpoint_meta", "write_checkpoint"]
 
 logger = logging.getLogger("forge.serve")
 
@@ -45,9 +53,7 @@ CLIENT_CONFIG = {
     "sample_join_sampling_session": False,
     "sample_enable_stuck_detection": False,
 }
-CHECKPOINT_META = "forge_serve.json"  # a save_state checkpoint's base model and lora_config
 UNSUPPORTED_SAMPLE_FIELDS = {
-    "topk_prompt_logprobs": "top-k prompt logprobs",
     "topk_sample_logprobs": "top-k sample logprobs",
     "target_prompt_logprobs": "target prompt logprobs",
     "prompt_alt_tokens_k": "prompt alternative tokens",
@@ -229,16 +235,23 @@ def build_app(state: ServerState, api_key: str):
         if name is None and seq is None:
             raise UserError("save_weights_for_sampler needs a name (path)")
 
+        target = state.sampler_dir(m.model_id, name) if name is not None else None
+
         async def run():
             async with state.stats.timed("save_weights_for_sampler"):
-                version = await state.push_for_sampling(m)
+                version, handle = await state.push_for_sampling(m)
+                if target is not None:  # kept on disk: sampled after the client moves on
+                    await write_sampler_weights(m, handle, target, state.cfg.lora_alpha)
             out = {"type": "save_weights_for_sampler"}
+            path = None
             if name is not None:
-                path = f"tinker://{m.model_id}/sampler_weights/{name}"
+                path = f"tinker://{m.model_id}/{SAMPLER_DIR}/{name}"
                 m.samplers[path] = version
                 out["path"] = path
             if seq is not None:
-                session = SamplingSession(m.generator, m.base.name, m.model_id, version)
+                session = SamplingSession(
+                    m.generator, m.base.name, m.model_id, version, m.model_id, path
+                )
                 out["sampling_session_id"] = state.new_sampling_session(session)
             return out
 
@@ -253,13 +266,15 @@ def build_app(state: ServerState, api_key: str):
         body = await fields(request)
         m = model_of(body)
         name = body.opt_str("path", NAME_RE) or f"step-{int(time.time())}"
+        if name == SAMPLER_DIR:
+            raise UserError(f"{SAMPLER_DIR!r} names where sampler weights go; pick another name")
         target = state.checkpoint_dir(m.model_id, name)
         if target.exists() and not body.opt_bool("overwrite"):
             raise UserError(f"checkpoint {name!r} of {m.model_id} exists; pass overwrite=True")
 
         async def run():
             async with state.stats.timed("save_weights"):
-                await write_checkpoint(m, target)
+                await write_checkpoint(m, target, state.cfg.lora_alpha)
             return {"type": "save_weights", "path": f"tinker://{m.model_id}/weights/{name}"}
 
         return futures.submit(
@@ -325,6 +340,13 @@ def build_app(state: ServerState, api_key: str):
             "sampling_session_id": state.new_sampling_session(session),
         }
 
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str):
+        session = state.sampling.get(sampler_id)
+        if session is None:
+            raise UserError(f"unknown sampling session {sampler_id[:60]!r}")
+        return {"sampler_id": sampler_id, "base_model": session.base, "model_path": session.path}
+
     @post("asample")
     async def asample(request: Request):
         body = await fields(request)
@@ -339,13 +361,11 @@ def build_app(state: ServerState, api_key: str):
             if sid not in state.sampling:
                 raise UserError(f"unknown sampling session {sid[:60]!r}")
             session = state.sampling[sid]
-        elif model_path is not None:
-            session = await state.sampling_for_path(model_path, None)  # spawns nothing
-        elif base_model is None:
+        elif base_model is None and model_path is None:
             raise UserError(
                 "a sampling request needs a sampling_session_id, model_path or base_model"
             )
-        base = session.base if session else base_model
+        base = session.base if session else base_of(state, model_path) if model_path else base_model
         try:
             context = state.cfg.base(base).max_context_length
         except KeyError as e:
@@ -366,9 +386,11 @@ def build_app(state: ServerState, api_key: str):
         stop_ids = [s for s in sampling.get("stop", ()) if not isinstance(s, str)]
         wire.check_token_ids(stop_ids, vocab, "asample: sampling_params.stop", base)
         with_prompt = body.opt_bool("prompt_logprobs")
+        topk = prompt_topk(body, state.cfg.max_prompt_topk, vocab)
         if session is None:
-            session = await state.sampling_for_path(None, base_model)
-        out = futures.submit(sample(state, session, prompt, sampling, with_prompt), kind="sample")
+            session = await state.sampling_for_path(model_path, base_model)
+        work = sample(state, session, prompt, sampling, with_prompt, topk)
+        out = futures.submit(work, kind="sample")
         out["sample_sequence_ids"] = [f"{out['request_id']}-{i}" for i in range(sampling["n"])]
         return out
 
@@ -397,41 +419,17 @@ def build_app(state: ServerState, api_key: str):
     return app
 
 
-async def write_checkpoint(m: ServedModel, target: Path) -> None:
-    """``m``'s trainer state and ``CHECKPOINT_META`` written to ``target``: in a new directory
-    beside it, flushed to disk, then renamed over it in one step (``forge.durable``), so a
-    save that fails (a full disk) or is killed leaves the previous checkpoint of that name
-    whole and loadable, and removes what it wrote."""
-    import asyncio
-    import shutil
-    import uuid
-
-    from forge.durable import publish_dir
-
-    tmp = target.with_name(f".tmp-{target.name}-{uuid.uuid4().hex[:8]}")  # no client name
-    try:
-        await m.trainer.save.call_one(str(tmp))
-        meta = {"base_model": m.base.name, "lora_config": m.lora_request}
-        (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
-        await asyncio.to_thread(publish_dir, tmp, target)
-    finally:
-        # What failed to publish, or, after a swap, the previous checkpoint of that name.
-        await asyncio.to_thread(shutil.rmtree, tmp, True)
-
-
-def checkpoint_meta(source) -> dict:
-    """A checkpoint's ``forge_serve.json`` (base model and lora_config), checked."""
-    try:
-        meta = json.loads((source / CHECKPOINT_META).read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"the checkpoint at {source.name} is unreadable ({e})") from None
-    if not (
-        isinstance(meta, dict)
-        and isinstance(meta.get("base_model"), str)
-        and isinstance(meta.get("lora_config") or {}, dict)
-    ):
-        raise UserError(f"the checkpoint at {source.name} has a malformed {CHECKPOINT_META}")
-    return meta
+def prompt_topk(body: Fields, limit: int, vocab: int) -> int:
+    """The request's ``topk_prompt_logprobs`` (0: none), at most ``limit`` and the vocabulary."""
+    k = body.body.get("topk_prompt_logprobs") or 0
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise UserError(f"topk_prompt_logprobs must be an integer >= 0, got {k!r}")
+    if k > min(limit, vocab):
+        raise UserError(
+            f"topk_prompt_logprobs={k} is over this server's limit of {min(limit, vocab)} "
+            f"(serve.max_prompt_topk={limit}, vocabulary {vocab}); ask for fewer"
+        )
+    return k
 
 
 async def sample(
@@ -440,9 +438,10 @@ async def sample(
     prompt: list[int],
     sampling: dict,
     with_prompt: bool = False,
+    topk: int = 0,
 ) -> bytes:
-    """Sample at the session's version (and score the prompt, ``with_prompt``); protobuf
-    ``SampleResponse`` bytes."""
+    """Sample at the session's version (and score the prompt, ``with_prompt``, with its
+    ``topk`` most likely tokens at each position); protobuf ``SampleResponse`` bytes."""
     stop = sampling.pop("stop", None)
     if stop is not None:
         stop = _stop_strings(state, session, stop)
@@ -451,21 +450,30 @@ async def sample(
     if session.model_id is not None:
         m = state.model(session.model_id)
         if session.version != m.version:
-            raise UserError(
-                f"this sampling client holds version {session.version} of {m.model_id}, but its "
-                f"generator moved on to version {m.version}; this server samples only the newest "
-                "weights saved for sampling (create a sampling client for them)"
-            )
-    if session.model_id is not None:
-        sampling["adapter"] = session.model_id
-    prompt_lp = None
+            if session.path is None:
+                raise UserError(
+                    f"this sampling client holds version {session.version} of {m.model_id}, "
+                    f"but its training client saved version {m.version} since; weights saved "
+                    "without a name are sampled only while they are the newest (save them "
+                    "with a name, or create a sampling client for the new ones)"
+                )
+            # a named save: its copy on disk (forge.serve.checkpoints)
+            session = await state.sampling_for_path(session.path, None)
+    if session.adapter is not None:
+        sampling["adapter"] = session.adapter
+    prompt_lp = top = None
     async with state.stats.timed("sample"):
-        if with_prompt:  # compute_logprobs: the prompt scored by the same weights
+        if topk:  # top-k prompt logprobs (the cookbook's sdft), from the same weights
+            prompt_lp, *top = await session.generator.prompt_topk_logprobs.route(
+                prompt, topk, sampling.get("adapter")
+            )
+            prompt_lp = prompt_lp if with_prompt else None
+        elif with_prompt:  # compute_logprobs: the prompt scored by the same weights
             prompt_lp = await session.generator.prompt_logprobs.route(
                 prompt, sampling.get("adapter")
             )
         completions = await session.generator.generate.route(prompt, **sampling)
-    if session.model_id is not None and any(
+    if session.adapter is not None and any(
         c.generator_version != session.version for c in completions
     ):
         raise UserError("the weights changed while sampling; sample again from a new client")
@@ -475,6 +483,8 @@ async def sample(
             for c in completions
         ],
         prompt_lp,
+        top,
+        topk,
     )
 
 

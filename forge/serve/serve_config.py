@@ -111,6 +111,9 @@ class ServeConfig:
     """The most a zstd body may decompress to (413 above it)."""
     max_samples: int = 128
     """The most samples (``num_samples``) one sampling request may ask for."""
+    max_prompt_topk: int = 64
+    """The largest ``topk_prompt_logprobs`` a sampling request may ask for (the cookbook's
+    sdft asks for 20)."""
     max_connections: int = 256
     """Open connections at once (so requests in flight, too). A new connection past it closes
     the oldest one that holds no request (silent, mid-head, or idle between keep-alive
@@ -134,6 +137,7 @@ class ServeConfig:
             "max_body_bytes",
             "max_decompressed_bytes",
             "max_samples",
+            "max_prompt_topk",
             "max_connections",
         ):
             if getattr(self, key) < 1:

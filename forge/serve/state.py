@@ -1,6 +1,7 @@
 """What ``forge serve`` holds: sessions, training clients (each a LoRA ``Trainer`` actor and a
-``Generator`` service over one base model) and sampling sessions (a generator at a weight
-version), and the operations the Tinker routes run on them."""
+``Generator`` service over one base model), sampling sessions (a generator at a weight
+version) and the checkpoints loaded for sampling (``forge.serve.checkpoints``), and the
+operations the Tinker routes run on them."""
 
 from __future__ import annotations
 
@@ -24,12 +25,17 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass
 class SamplingSession:
-    """Samples from ``generator`` at ``version`` (0: the base model)."""
+    """Samples from ``generator`` with ``adapter`` at ``version`` (``adapter`` None: the base
+    model). ``model_id``: the training client whose newest saved weights these are (None for
+    the base and for checkpoints loaded from disk); ``path``: the ``tinker://`` sampler path
+    they were saved under, if named, which samples from disk once the client saves again."""
 
     generator: Any
     base: str
-    model_id: str | None  # None: a base-model session
+    model_id: str | None
     version: int
+    adapter: str | None = None
+    path: str | None = None  # the tinker:// path sampled, if any
 
 
 @dataclass
@@ -93,6 +99,10 @@ class ServerState:
         self._spawn_lock = asyncio.Lock()
         self._creating = 0  # training clients being spawned (counted against max_models)
         self.stats = Stats()
+        self.checkpoints: dict[str, Any] = {}  # tinker path -> checkpoints.LoadedCheckpoint
+        self.checkpoint_lock = asyncio.Lock()
+        self._checkpoint_store = None
+        self._checkpoint_version = 0
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -248,13 +258,29 @@ class ServerState:
 
     # -- weights ----------------------------------------------------------------------------
 
-    async def push_for_sampling(self, m: ServedModel) -> int:
-        """Publish the trainer's adapter as a new version and load it into the generator."""
+    async def push_for_sampling(self, m: ServedModel) -> tuple[int, Any]:
+        """Publish the trainer's adapter as a new version and load it into the generator;
+        the version and its ``WeightHandle``."""
         version = m.version + 1
         handle = await m.trainer.push_weights.call_one(version)
         await m.generator.load_adapter.fanout(m.model_id, handle)
         m.version = version
-        return version
+        return version, handle
+
+    def checkpoint_store(self):
+        """The ``WeightStore`` that hands checkpoints read from disk to generators (made on
+        first use; a version is dropped once the next is pushed, after its generator
+        copied it)."""
+        if self._checkpoint_store is None:
+            from forge.weights import WeightStore, WeightTransportConfig, build_transport
+
+            transport = build_transport(WeightTransportConfig(prefix="serve-checkpoints"))
+            self._checkpoint_store = WeightStore(transport, keep_last=1)
+        return self._checkpoint_store
+
+    def next_checkpoint_version(self) -> int:
+        self._checkpoint_version += 1
+        return self._checkpoint_version
 
     def new_sampling_session(self, session: SamplingSession) -> str:
         sid = f"sampler-{uuid.uuid4().hex[:12]}"
@@ -264,16 +290,23 @@ class ServerState:
     async def sampling_for_path(
         self, model_path: str | None, base_model: str | None
     ) -> SamplingSession:
-        """A sampling session for a ``tinker://`` sampler path or a base model."""
+        """A sampling session for a ``tinker://`` path or a base model: a training client's
+        newest save for sampling is sampled where it is; any other named save, or a
+        ``save_state`` checkpoint, is loaded from disk (``forge.serve.checkpoints``)."""
+        from forge.serve.checkpoints import load_for_sampling
+
         if model_path:
             model_id = parse_path(model_path)[0]
-            m = self.model(model_id)
-            if model_path not in m.samplers:
-                raise UserError(
-                    f"{model_path!r} was not saved for sampling on this server "
-                    f"(saved: {sorted(m.samplers) or 'none'})"
+            m = self.models.get(model_id)
+            if m is not None and m.samplers.get(model_path) == m.version:
+                return SamplingSession(
+                    m.generator, m.base.name, model_id, m.version, model_id, model_path
                 )
-            return SamplingSession(m.generator, m.base.name, model_id, m.samplers[model_path])
+            ckpt = await load_for_sampling(self, model_path)
+            generator = await self.base_generator(ckpt.base)
+            return SamplingSession(
+                generator, ckpt.base, None, ckpt.version, ckpt.adapter, model_path
+            )
         if not base_model:
             raise UserError("a sampling client needs a model_path or a base_model")
         return SamplingSession(await self.base_generator(base_model), base_model, None, 0)
@@ -296,8 +329,17 @@ class ServerState:
             raise UserError(f"checkpoint {model_id}/{name} is outside this server's directory")
         return path
 
+    def sampler_dir(self, model_id: str, name: str) -> Path:
+        """``<serve.dir>/<model_id>/sampler_weights/<name>``, checked as ``checkpoint_dir``."""
+        from forge.serve.checkpoints import SAMPLER_DIR
+
+        self.checkpoint_dir(model_id, name)  # the name's checks
+        return self.checkpoint_dir(model_id, SAMPLER_DIR) / name
+
     async def close(self) -> None:
         """Drop pushed weight files (the controller's shutdown stops the processes)."""
+        if self._checkpoint_store is not None:
+            self._checkpoint_store.close()
         for m in self.models.values():
             try:
                 await asyncio.wait_for(m.trainer.close.call_one(), 10)

@@ -46,7 +46,8 @@ def _tensor_to_numpy(msg) -> np.ndarray:
     size = int(np.prod([int(d) for d in msg.shape], dtype=object)) if msg.shape else 0
     if size > MAX_TENSOR_ELEMENTS or any(int(d) < 0 for d in msg.shape):
         raise ValueError(f"shape {list(msg.shape)} is over {MAX_TENSOR_ELEMENTS} elements")
-    return _tensor_data_from_proto(msg).to_numpy(pad_value=0).reshape(-1)
+    arr = _tensor_data_from_proto(msg).to_numpy(pad_value=0)
+    return arr if arr.ndim == 2 else arr.reshape(-1)  # [N, K]: soft targets (cross_entropy)
 
 
 def _chunk_tokens(chunk, where: str) -> list[int]:
@@ -101,7 +102,8 @@ def decode_forward_backward(body: bytes, max_tokens: int | None = None) -> Forwa
 
 
 def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict) -> bytes:
-    """One ``ArrayRecord`` with a batched float32 ``logprobs`` field (per-datum offsets)."""
+    """One ``ArrayRecord`` with a batched float32 ``logprobs`` field (per-datum offsets; an
+    ``[N, K]`` output, for soft targets, also gives its ``trailing_shape`` ``[K]``)."""
     pb = _pb()
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for k, v in metrics.items():
@@ -111,26 +113,45 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     record.num_datums = len(outputs)
     names = sorted({name for o in outputs for name in o})
     for name in names:
-        arrays = [np.asarray(o[name], dtype=np.float32).reshape(-1) for o in outputs]
+        shaped = [np.asarray(o[name], dtype=np.float32) for o in outputs]
+        arrays = [a.reshape(-1) for a in shaped]
         offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
         field = record.fields[name]
+        if shaped and shaped[0].ndim == 2:
+            field.trailing_shape.append(shaped[0].shape[1])
         field.dtype = pb.DTYPE_FLOAT32
         field.data = b"".join(a.tobytes() for a in arrays)
         field.offsets = offsets.tobytes()
     return out.SerializeToString()
 
 
+TOPK_EMPTY_LOGPROB = -99999.0  # the SDK's mark of a top-k cell with nothing in it
+
+
 def encode_sample_response(
     sequences: list[tuple[list[int], list[float] | None, str]],
     prompt_logprobs: list[float] | None = None,
+    prompt_topk: tuple[list[list[int]], list[list[float]]] | None = None,
+    k: int = 0,
 ) -> bytes:
     """``sequences``: (tokens, logprobs or None, stop reason ``"stop"`` | ``"length"``);
-    ``prompt_logprobs``: one per prompt token (NaN where none), if asked for."""
+    ``prompt_logprobs``: one per prompt token (NaN where none), if asked for;
+    ``prompt_topk``: (token ids, logprobs), ``k`` of each per prompt token after the first
+    (the first has no context: sent as an empty row, which the SDK reads as ``None``)."""
     pb = _pb()
     reasons = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
     out = pb.SampleResponse()
     if prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
+    if prompt_topk is not None:
+        ids, lps = (np.asarray(a) for a in prompt_topk)
+        ids_nk = np.concatenate([np.zeros((1, k), np.int32), ids.reshape(-1, k).astype(np.int32)])
+        first = np.full((1, k), TOPK_EMPTY_LOGPROB, np.float32)
+        lps_nk = np.concatenate([first, lps.reshape(-1, k).astype(np.float32)])
+        out.topk_prompt_logprobs.length = ids_nk.shape[0]
+        out.topk_prompt_logprobs.k = k
+        out.topk_prompt_logprobs.token_ids = ids_nk.tobytes()
+        out.topk_prompt_logprobs.logprobs = lps_nk.tobytes()
     for tokens, logprobs, reason in sequences:
         seq = out.sequences.add()
         seq.stop_reason = reasons[reason]

@@ -10,14 +10,18 @@ Position ``i`` predicts ``target_tokens[i]`` from ``tokens[: i + 1]``. The losse
 tokens (no normalisation: callers scale with ``weights`` or ``advantages``), and gradients
 add up over calls until ``optim_step`` applies and clears them:
 
-- ``cross_entropy``: ``-sum(weights * logp(target))``;
+- ``cross_entropy``: ``-sum(weights * logp(target))``; ``target_tokens`` and ``weights`` may
+  also be ``[L, K]`` (soft targets: ``K`` tokens per position, each with its weight, e.g. a
+  teacher's top-K probabilities, as the cookbook's sdft sends them): the loss is
+  ``-sum_{i,k} weights[i, k] * logp(target_tokens[i, k] | tokens[: i + 1])``;
 - ``importance_sampling``: ``-sum(exp(logp - logprobs) * advantages)``, ``logprobs`` being the
   sampler's;
 - ``ppo``: ``-sum(min(r * A, clip(r, clip_low_threshold, clip_high_threshold) * A))``, the
   thresholds from ``loss_fn_config`` (default 0.8 and 1.2).
 
-Each datum's output is ``{"logprobs": float32[L]}`` (the target tokens' logprobs at the
-weights before this call's update) and the metrics are ``loss:sum`` and ``tokens:sum``.
+Each datum's output is ``{"logprobs": float32[L]}`` (``[L, K]`` for ``[L, K]`` targets: the
+target tokens' logprobs at the weights before this call's update) and the metrics are
+``loss:sum`` and ``tokens:sum``.
 
 Temperature. The hosted Tinker service scores ``forward_backward`` (and
 ``compute_logprobs``) at temperature 1: neither takes a temperature, while its sampler
@@ -73,6 +77,7 @@ def check_request(datums: list[dict], loss_fn: str, config: dict | None) -> None
         raise DatumError(f"loss_fn_config temperature must be a number > 0, got {temperature!r}")
     if not datums:
         raise DatumError("forward_backward got no data")
+    widths = set()
     for i, d in enumerate(datums):
         n = len(d["tokens"])
         if n == 0:
@@ -81,36 +86,79 @@ def check_request(datums: list[dict], loss_fn: str, config: dict | None) -> None
             if key not in d["inputs"]:
                 raise DatumError(f"datum {i}: loss {loss_fn!r} needs loss_fn_inputs[{key!r}]")
         for key, arr in d["inputs"].items():
+            shape = np.shape(arr)
+            if len(shape) == 2 and loss_fn == "cross_entropy" and key in SOFT_KEYS:
+                if shape[0] != n:
+                    raise DatumError(
+                        f"datum {i}: loss_fn_inputs[{key!r}] has shape {list(shape)} for a "
+                        f"model_input of {n} tokens; soft targets are [{n}, K]"
+                    )
+                continue
+            if len(shape) > 1:
+                raise DatumError(
+                    f"datum {i}: loss_fn_inputs[{key!r}] has shape {list(shape)}; only "
+                    f"cross_entropy's {' and '.join(SOFT_KEYS)} may be [N, K] (soft targets), "
+                    "every other input is one value per token"
+                )
             if np.asarray(arr).reshape(-1).shape[0] != n:
                 raise DatumError(
                     f"datum {i}: loss_fn_inputs[{key!r}] has {np.asarray(arr).size} values "
                     f"for a model_input of {n} tokens; they must be the same length"
                 )
+        if loss_fn == "cross_entropy":
+            shapes = {k: np.shape(d["inputs"][k]) for k in SOFT_KEYS if k in d["inputs"]}
+            if len(set(shapes.values())) > 1:
+                raise DatumError(
+                    f"datum {i}: target_tokens and weights must have the same shape, got "
+                    + ", ".join(f"{k} {list(s)}" for k, s in shapes.items())
+                )
+            widths.add(_width(d))
+    if len(widths) > 1:
+        raise DatumError(
+            "forward_backward: every datum of a call has the same kind of targets: one token "
+            f"per position or K per position with one K; got K = {sorted(widths)} (0: one)"
+        )
+
+
+SOFT_KEYS = ("target_tokens", "weights")  # cross_entropy's inputs that may be [N, K]
+
+
+def _width(datum: dict) -> int:
+    """``K`` of a datum's ``[N, K]`` soft targets (0: one target per position)."""
+    shape = np.shape(datum["inputs"]["target_tokens"])
+    return shape[1] if len(shape) == 2 else 0
 
 
 def _pad(datums: list[dict], key: str | None, dtype, device) -> torch.Tensor:
+    """``[B, T]`` (``[B, T, K]`` for ``[N, K]`` inputs), zero past each datum's length."""
     rows = [
-        d["tokens"] if key is None else np.asarray(d["inputs"][key]).reshape(-1) for d in datums
+        np.asarray(d["tokens"]) if key is None else np.asarray(d["inputs"][key]) for d in datums
     ]
+    rows = [r if r.ndim == 2 else r.reshape(-1) for r in rows]
     width = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), width, dtype=dtype)
+    out = torch.zeros(len(rows), width, *rows[0].shape[1:], dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(np.asarray(r), dtype=dtype)
+        out[i, : len(r)] = torch.as_tensor(r, dtype=dtype)
     return out.to(device)
 
 
 def target_logprobs(
     model: torch.nn.Module, datums: list[dict], device, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` logprobs of each datum's target tokens under ``logits / temperature`` (with
-    grad if enabled) and the 0/1 mask of real positions."""
+    """``[B, T]`` (``[B, T, K]`` for soft targets) logprobs of each datum's target tokens
+    under ``logits / temperature`` (with grad if enabled) and the ``[B, T]`` 0/1 mask of real
+    positions."""
     ids_bt = _pad(datums, None, torch.long, device)
     mask_bt = torch.zeros_like(ids_bt)
     for i, d in enumerate(datums):
         mask_bt[i, : len(d["tokens"])] = 1
     targets_bt = _pad(datums, "target_tokens", torch.long, device)
     logits_btv = model(input_ids=ids_bt, attention_mask=mask_bt).logits.float() / temperature
-    lp_bt = torch.log_softmax(logits_btv, dim=-1).gather(-1, targets_bt.unsqueeze(-1)).squeeze(-1)
+    logp_btv = torch.log_softmax(logits_btv, dim=-1)
+    if targets_bt.dim() == 3:  # [B, T, K] soft targets
+        lp_btk = logp_btv.gather(-1, targets_bt)
+        return lp_btk * mask_bt.unsqueeze(-1), mask_bt.float()
+    lp_bt = logp_btv.gather(-1, targets_bt.unsqueeze(-1)).squeeze(-1)
     return lp_bt * mask_bt, mask_bt.float()
 
 
@@ -124,6 +172,8 @@ def datum_loss(
             w_bt = _pad(datums, "weights", torch.float32, device)
         else:
             w_bt = torch.ones_like(lp_bt)
+        if lp_bt.dim() == 3:  # soft targets: [B, T, K]
+            return -(w_bt * lp_bt * mask_bt.unsqueeze(-1)).sum()
         return -(w_bt * lp_bt * mask_bt).sum()
     old_bt = _pad(datums, "logprobs", torch.float32, device)
     adv_bt = _pad(datums, "advantages", torch.float32, device)

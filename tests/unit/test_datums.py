@@ -146,3 +146,75 @@ def test_temperature_in_loss_fn_config_scores_at_the_sampling_temperature(tiny_m
         ops.forward_backward(core, [d], "ppo", {"temperature": 0.0}, True)
     with pytest.raises(ops.DatumError, match="not used by 'cross_entropy'"):
         ops.forward_backward(core, [d], "cross_entropy", {"temperature": 0.5}, True)
+
+
+def test_soft_targets_are_k_weighted_tokens_per_position_with_the_hand_computed_gradient(
+    tiny_model,
+):
+    """``cross_entropy`` with ``[N, K]`` ``target_tokens`` and ``weights`` (the cookbook's
+    sdft sends a teacher's top-K this way): the loss is ``-sum w[i, k] logp(t[i, k])``, the
+    output is the ``[N, K]`` logprobs, and the gradient on the logits at position ``i`` is
+    ``sum_k w[i, k] * softmax(z_i) - sum_k w[i, k] * onehot(t[i, k])``."""
+    core = _core(tiny_model)
+    tokens = [5, 9, 13, 21]
+    t_nk = np.array([[9, 4, 7], [13, 2, 9], [21, 22, 23], [2, 2, 5]])
+    w_nk = np.array([[0.5, 0.3, 0.2], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.25, 0.25, 0.5]])
+    captured = {}
+
+    def keep_logits(module, args, out):
+        out.retain_grad()
+        captured["z"] = out
+
+    hook = core.model.lm_head.register_forward_hook(keep_logits)
+    try:
+        out, metrics = ops.forward_backward(
+            core, [_datum(tokens, target_tokens=t_nk, weights=w_nk)], "cross_entropy", None, False
+        )
+    finally:
+        hook.remove()
+    z = captured["z"][0].detach().float()
+    logp = torch.log_softmax(z, -1)
+    ref_nk = logp.gather(-1, torch.tensor(t_nk))
+    assert out[0]["logprobs"].shape == (4, 3)
+    np.testing.assert_allclose(out[0]["logprobs"], ref_nk.numpy(), atol=1e-5)
+    assert metrics["loss:sum"] == pytest.approx(float(-(torch.tensor(w_nk) * ref_nk).sum()), 1e-5)
+    expected = torch.tensor(w_nk.sum(1), dtype=torch.float32)[:, None] * logp.exp()
+    expected.scatter_add_(1, torch.tensor(t_nk), -torch.tensor(w_nk, dtype=torch.float32))
+    torch.testing.assert_close(captured["z"].grad[0].float(), expected, atol=1e-6, rtol=1e-4)
+
+    # K one-hot columns of weight 1 are K ordinary cross_entropy datums: the same gradient.
+    core.optimizer.zero_grad(set_to_none=True)
+    ops.forward_backward(
+        core,
+        [_datum(tokens, target_tokens=t_nk[:, :2], weights=np.ones((4, 2)))],
+        "cross_entropy",
+        None,
+        False,
+    )
+    p = next(p for p in core.model.parameters() if p.grad is not None)
+    soft = p.grad.clone()
+    core.optimizer.zero_grad(set_to_none=True)
+    for k in range(2):
+        d = _datum(tokens, target_tokens=t_nk[:, k], weights=np.ones(4))
+        ops.forward_backward(core, [d], "cross_entropy", None, False)
+    torch.testing.assert_close(p.grad, soft, atol=1e-6, rtol=1e-5)
+
+
+def test_soft_targets_that_do_not_fit_are_named(tiny_model):
+    core = _core(tiny_model)
+    tokens, t_nk = [5, 9, 13], np.array([[9, 4], [13, 2], [21, 22]])
+    bad = {
+        "same shape": _datum(tokens, target_tokens=t_nk, weights=np.ones(3)),
+        r"shape \[2, 2\] for a model_input of 3 tokens": _datum(
+            tokens, target_tokens=t_nk[:2], weights=np.ones((2, 2))
+        ),
+    }
+    for match, d in bad.items():
+        with pytest.raises(ops.DatumError, match=match):
+            ops.forward_backward(core, [d], "cross_entropy", None, True)
+    mixed = [_datum(tokens, target_tokens=t_nk), _datum(tokens, target_tokens=t_nk[:, 0])]
+    with pytest.raises(ops.DatumError, match=r"got K = \[0, 2\]"):
+        ops.forward_backward(core, mixed, "cross_entropy", None, True)
+    d = _datum(tokens, target_tokens=t_nk, logprobs=np.zeros(3), advantages=np.ones((3, 2)))
+    with pytest.raises(ops.DatumError, match="only cross_entropy's target_tokens and weights"):
+        ops.forward_backward(core, [d], "importance_sampling", None, True)

@@ -92,3 +92,42 @@ def test_what_the_server_cannot_serve_is_named():
         "seed": None,
         "stop": ["\n"],
     }
+
+
+def test_soft_targets_and_their_outputs_keep_their_n_by_k_shape_through_the_sdk():
+    t_nk = np.array([[2, 7], [3, 8], [4, 9]], dtype=np.int64)
+    w_nk = np.array([[0.75, 0.25], [1.0, 0.0], [0.5, 0.5]], dtype=np.float32)
+    d = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(t_nk),
+            "weights": types.TensorData.from_numpy(w_nk),
+        },
+    )
+    call = wire.decode_forward_backward(_request([d], "cross_entropy"))
+    np.testing.assert_array_equal(call.datums[0]["inputs"]["target_tokens"], t_nk)
+    np.testing.assert_array_equal(call.datums[0]["inputs"]["weights"], w_nk)
+    lp = [np.full((3, 2), -1.0), np.arange(4.0).reshape(2, 2)]
+    out = deserialize_forward_backward_output(
+        wire.encode_forward_backward_output([{"logprobs": a} for a in lp], {})
+    )
+    for got, want in zip(out.loss_fn_outputs, lp):
+        assert got["logprobs"].shape == [len(want), 2]
+        np.testing.assert_array_equal(got["logprobs"].to_numpy(), want)
+
+
+def test_topk_prompt_logprobs_decode_with_the_sdk_and_the_first_position_has_none():
+    ids = [[7, 3], [4, 9], [1, 2]]
+    lps = [[-0.5, -1.5], [-0.1, -3.0], [-2.0, -2.5]]
+    body = wire.encode_sample_response(
+        [([5], [-0.3], "length")], [float("nan"), -1.0, -0.2, -2.0], (ids, lps), k=2
+    )
+    out = deserialize_sample_response(body)
+    assert out.topk_prompt_logprobs[0] is None
+    assert out.topk_prompt_logprobs[1:] == [
+        [(t, pytest.approx(lp)) for t, lp in zip(r_ids, r_lps)] for r_ids, r_lps in zip(ids, lps)
+    ]
+    one_token = deserialize_sample_response(
+        wire.encode_sample_response([([5], None, "stop")], None, ([], []), k=4)
+    )
+    assert one_token.topk_prompt_logprobs == [None]

@@ -198,13 +198,12 @@ def test_unsupported_calls_are_named(training, server):
     with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs\\['logprobs'\\]"):
         tc.forward_backward([d], "importance_sampling").result()
     sampler = tc.save_weights_and_get_sampling_client().result()
-    with pytest.raises(tinker.BadRequestError, match="top-k prompt logprobs"):
+    with pytest.raises(tinker.BadRequestError, match="top-k sample logprobs"):
         sampler.sample(
             types.ModelInput.from_ints([5, 9, 13]),
             1,
             types.SamplingParams(max_tokens=2),
-            include_prompt_logprobs=True,
-            topk_prompt_logprobs=2,
+            topk_sample_logprobs=2,
         ).result()
     with pytest.raises(tinker.RequestFailedError, match="not served here.*forge/tiny"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B").result()
