@@ -29,8 +29,10 @@ __all__ = ["Config", "run"]
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    r = await sft_then_rl(cfg, run_dir, resume, "arith")
-    print(f"[arith] final policy: {r['model']}")
-    sets = " ".join(f"{k}={a:.3f}->{b:.3f}" for k, (a, b) in r["sets"].items())
-    head, _, tail = summary(r, env=False).rpartition(" minutes=")
+    result = await sft_then_rl(cfg, run_dir, resume, "arith")
+    print(f"[arith] final policy: {result['model']}")
+    sets = " ".join(
+        f"{name}={before:.3f}->{after:.3f}" for name, (before, after) in result["sets"].items()
+    )
+    head, _, tail = summary(result, env=False).rpartition(" minutes=")
     print(f"{head} {sets} minutes={tail}".replace("  ", " "), flush=True)

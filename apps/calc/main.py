@@ -37,7 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.calc.task import parse_answer, tokenizer_corpus
-from forge import DATA_SOURCE, PipelineConfig, Stage, base_model, retarget, run_stage, sft_then_rl
+from forge import (
+    DATA_SOURCE,
+    PipelineConfig,
+    RLConfig,
+    Stage,
+    base_model,
+    retarget,
+    run_stage,
+    sft_then_rl,
+)
 
 __all__ = ["Config", "run"]
 
@@ -49,35 +58,43 @@ class Config(PipelineConfig):
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    t0 = time.perf_counter()
+    started = time.perf_counter()
+    heldout = heldout_questions(cfg)
     cfg.base_model = str(base_model(cfg, "calc-bpe", corpus=tokenizer_corpus()))
-    r = await sft_then_rl(cfg, run_dir, resume, "calc")
+    result = await sft_then_rl(cfg, run_dir, resume, "calc")
     no_tool = float("nan")
     if cfg.no_tool is not None:
-        no_tool = await no_tool_accuracy(cfg, run_dir, resume)
+        no_tool = await no_tool_accuracy(cfg, heldout, run_dir, resume)
+    after_sft, after_grpo = result["first"], result["last"]
     print(
-        f"[calc] greedy exact match on {len(_heldout(cfg))} held-out products: with the tool "
-        f"{r['first']:.3f} after SFT, {r['last']:.3f} after GRPO; without it {no_tool:.3f}"
+        f"[calc] greedy exact match on {len(heldout)} held-out products: with the tool "
+        f"{after_sft:.3f} after SFT, {after_grpo:.3f} after GRPO; without it {no_tool:.3f}"
     )
     print(
-        f"success_rate={r['last']:.3f} baseline={r['first']:.3f} no_tool={no_tool:.3f} "
-        f"minutes={(time.perf_counter() - t0) / 60:.2f}",
+        f"success_rate={after_grpo:.3f} baseline={after_sft:.3f} no_tool={no_tool:.3f} "
+        f"minutes={(time.perf_counter() - started) / 60:.2f}",
         flush=True,
     )
 
 
-def _heldout(cfg: Config) -> list[dict]:
+def heldout_questions(cfg: Config) -> list[dict]:
+    """The RL stage's held-out questions; a ``ValueError`` before anything runs if that
+    stage is not a GRPO run (its data source is where the questions come from)."""
+    if not isinstance(cfg.rl, RLConfig):
+        raise ValueError(
+            f"apps.calc needs a GRPO rl stage (app: apps.grpo.main), got {type(cfg.rl).__name__}"
+        )
     return DATA_SOURCE.resolve(cfg.rl.data)().heldout()
 
 
-async def no_tool_accuracy(cfg: Config, run_dir: Path, resume: bool) -> float:
+async def no_tool_accuracy(cfg: Config, heldout: list[dict], run_dir: Path, resume: bool) -> float:
     """SFT the base model (the one the tool run started from) on direct answers, then score
     its greedy answers to the held-out questions, checked as ``Calculator`` checks them."""
     retarget(cfg.no_tool, cfg.base_model)
-    out = (await run_stage(cfg.no_tool, run_dir / "no_tool", resume))["model"]
-    tasks = _heldout(cfg)
-    answers = greedy_answers(out, [t["prompt"] for t in tasks], max_tokens=16)
-    return sum(parse_answer(a) == t["target"] for a, t in zip(answers, tasks)) / len(tasks)
+    model_dir = (await run_stage(cfg.no_tool, run_dir / "no_tool", resume))["model"]
+    answers = greedy_answers(model_dir, [q["prompt"] for q in heldout], max_tokens=16)
+    right = sum(parse_answer(a) == q["target"] for a, q in zip(answers, heldout))
+    return right / len(heldout)
 
 
 def greedy_answers(model_dir: Path, questions: list[str], max_tokens: int) -> list[str]:

@@ -21,29 +21,41 @@ from __future__ import annotations
 from pathlib import Path
 
 from apps.guess.task import optimal_success_rate
-from forge import M, read_jsonl, sft_then_rl
+from forge import EnvConfig, M, RLConfig, read_jsonl, sft_then_rl
 from forge import PipelineConfig as Config
 
 __all__ = ["Config", "run"]
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    r = await sft_then_rl(cfg, run_dir, resume, "guess")
-    env_kwargs = getattr(cfg.rl.env.fn, "kwargs", {}) or {}
-    optimal, optimal_turns = optimal_success_rate(env_kwargs.get("n", 16), cfg.rl.env.max_turns)
+    env = environment(cfg)
+    result = await sft_then_rl(cfg, run_dir, resume, "guess")
+    env_kwargs = getattr(env.fn, "kwargs", {}) or {}
+    optimal, optimal_turns = optimal_success_rate(env_kwargs.get("n", 16), env.max_turns)
     turns = _last_mean_turns(run_dir / "rl" / "metrics.jsonl")
     print(
         f"[guess] binary search: success {optimal:.3f} in {optimal_turns:.2f} turns on average; "
         f"the policy: {turns:.2f} turns"
     )
     print(
-        f"success_rate={r['last']:.3f} baseline={r['first']:.3f} optimal={optimal:.3f} "
-        f"mean_turns={turns:.2f} minutes={r['minutes']:.2f}",
+        f"success_rate={result['last']:.3f} baseline={result['first']:.3f} "
+        f"optimal={optimal:.3f} mean_turns={turns:.2f} minutes={result['minutes']:.2f}",
         flush=True,
     )
 
 
+def environment(cfg: Config) -> EnvConfig:
+    """The RL stage's environment; a ``ValueError`` before anything runs if the stage is not
+    a multi-turn GRPO run (the binary-search baseline needs the game's range and turns)."""
+    if not isinstance(cfg.rl, RLConfig) or cfg.rl.env is None:
+        raise ValueError(
+            "apps.guess needs an rl stage with an env section (app: apps.grpo.main, env: "
+            "{fn: apps.guess.task:GuessNumber, ...}), as apps/guess/cpu.yaml has"
+        )
+    return cfg.rl.env
+
+
 def _last_mean_turns(path: Path) -> float:
     rows = read_jsonl(path)
-    turns = [r[M.MEAN_TURNS] for r in rows if M.MEAN_TURNS in r]
+    turns = [row[M.MEAN_TURNS] for row in rows if M.MEAN_TURNS in row]
     return turns[-1] if turns else float("nan")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge import PipelineConfig, sft_then_rl, summary
+from forge import PipelineConfig, RLConfig, sft_then_rl, summary
 
 __all__ = ["STAGE_APPS", "Config", "run"]
 
@@ -37,6 +37,7 @@ class Config(PipelineConfig):
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    r = await sft_then_rl(cfg, run_dir, resume, "pipeline")
-    print(f"[pipeline] final policy: {r['model']}")
-    print(summary(r, env=cfg.rl.env is not None), flush=True)
+    result = await sft_then_rl(cfg, run_dir, resume, "pipeline")
+    print(f"[pipeline] final policy: {result['model']}")
+    multi_turn = isinstance(cfg.rl, RLConfig) and cfg.rl.env is not None
+    print(summary(result, env=multi_turn), flush=True)

@@ -28,6 +28,7 @@ from forge import (
     GroupScorer,
     MetricLog,
     RewardActor,
+    Roles,
     RolloutRunConfig,
     Trainer,
     WeightSync,
@@ -61,7 +62,9 @@ class Config(RolloutRunConfig):
             raise ValueError(f"baseline_decay must be in [0, 1], got {self.baseline_decay}")
 
 
-async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) -> dict:
+async def train(
+    cfg: Config, run_dir: Path, resume: bool = False, roles: Roles | None = None
+) -> dict:
     """Run REINFORCE; returns ``{"history", "eval", "version"}`` like the GRPO app."""
     env_vars = actor_env_vars(cfg.threads_per_actor, cfg.deterministic)
     data, generator, rewards, trainer = await asyncio.gather(
@@ -74,10 +77,8 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
         ),
         Trainer.options(env_vars=env_vars).as_actor(cfg.trainer),
     )
-    log, pad = (
-        MetricLog(run_dir, cfg.metrics, cfg.steps),
-        load_tokenizer(cfg.policy.model).pad_token_id,
-    )
+    log = MetricLog(run_dir, cfg.metrics, cfg.steps)
+    pad_id = load_tokenizer(cfg.policy.model).pad_token_id or 0
     sync = WeightSync(trainer, generator, log=log, overlap=False)
     scorer = GroupScorer(cfg.rollout, cfg.policy.temperature, data, generator, rewards, log=log)
     evaluate = Evaluator(
@@ -92,20 +93,27 @@ async def train(cfg: Config, run_dir: Path, resume: bool = False, roles=None) ->
         await evaluate(0)
     baseline = None
     for version in progress(range(cfg.steps), "reinforce"):
-        t0 = time.perf_counter()
+        sampling_start = time.perf_counter()
         groups = await asyncio.gather(
             *(scorer.produce() for _ in range(cfg.rollout.prompts_per_step))
         )
-        episodes = [e for g in groups for e in g]
+        episodes = [episode for group in groups for episode in group]
         mean = sum(e.reward for e in episodes) / len(episodes)
         baseline = mean if baseline is None else baseline
         for e in episodes:  # the policy gradient's weight: how much better than usual
             e.advantage = e.reward - baseline
-        t1 = time.perf_counter()
-        m = (await trainer.train_step.call(collate_episodes(episodes, pad or 0))).item(procs=0)
-        t2 = time.perf_counter()
+        train_start = time.perf_counter()
+        batch = collate_episodes(episodes, pad_id)
+        metrics = (await trainer.train_step.call(batch)).item(procs=0)
+        push_start = time.perf_counter()
         await sync.push(version + 1)
-        log.step(version + 1, step_row(m, t1 - t0, t2 - t1, time.perf_counter() - t2))
+        row = step_row(
+            metrics,
+            wait_s=train_start - sampling_start,
+            train_s=push_start - train_start,
+            sync_s=time.perf_counter() - push_start,
+        )
+        log.step(version + 1, row)
         baseline = cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * mean
         if cfg.eval.every and (version + 1) % cfg.eval.every == 0:
             await evaluate(version + 1)

@@ -30,8 +30,9 @@ __all__ = ["Config", "run"]
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    r = await sft_then_rl(cfg, run_dir, resume, "rgym")
+    result = await sft_then_rl(cfg, run_dir, resume, "rgym")
     print(
-        f"success_rate={r['last']:.3f} baseline={r['first']:.3f} minutes={r['minutes']:.2f}",
+        f"success_rate={result['last']:.3f} baseline={result['first']:.3f} "
+        f"minutes={result['minutes']:.2f}",
         flush=True,
     )

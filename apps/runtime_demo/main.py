@@ -56,12 +56,12 @@ async def main() -> None:
     print("choose   ->", await workers.whoami.choose())
     print("stream   ->", [r async for r in workers.slow.stream(0.1)])
 
-    n = 20_000
+    round_trips = 20_000
     t0 = time.perf_counter()
     one = workers.slice(procs=0)
-    for _ in range(n):
+    for _ in range(round_trips):
         await one.whoami.call_one()
-    print(f"call_one -> {(time.perf_counter() - t0) / n * 1e6:.0f} us per round trip")
+    print(f"call_one -> {(time.perf_counter() - t0) / round_trips * 1e6:.0f} us per round trip")
 
     big = torch.ones(25 * 1024 * 1024)  # 100 MB
     await one.weighted_sum.call_one(big)  # first one also imports torch in the worker

@@ -74,9 +74,9 @@ async def train(cfg: Config, run_dir: Path) -> Path:
     for step in bar:
         items = [source.sample() for _ in range(cfg.batch_size)]
         batch = sft_batch(tokenizer, items, cfg.history)
-        m = (await trainer.train_step.call(batch)).item(procs=0)
-        log.step(step + 1, {M.SFT_LOSS: m["loss"], M.SFT_LR: m["lr"]})
-        bar.set_postfix(loss=f"{m['loss']:.4f}")
+        metrics = (await trainer.train_step.call(batch)).item(procs=0)
+        log.step(step + 1, {M.SFT_LOSS: metrics["loss"], M.SFT_LR: metrics["lr"]})
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
     bar.close()
     out = Path(cfg.output or run_dir / "model")
     await trainer.export_hf.call(str(out))

@@ -30,9 +30,9 @@ __all__ = ["Config", "run"]
 
 
 async def run(cfg: Config, run_dir: Path, resume: bool) -> None:
-    r = await sft_then_rl(cfg, run_dir, resume, "sumdigits")
+    result = await sft_then_rl(cfg, run_dir, resume, "sumdigits")
     print(
-        f"heldout_accuracy={r['last']:.3f} sft_accuracy={r['first']:.3f} "
-        f"minutes={r['minutes']:.2f}",
+        f"heldout_accuracy={result['last']:.3f} sft_accuracy={result['first']:.3f} "
+        f"minutes={result['minutes']:.2f}",
         flush=True,
     )
