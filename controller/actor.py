@@ -21,6 +21,7 @@ A = TypeVar("A", bound="Actor")
 
 if TYPE_CHECKING:
     import contextlib
+    from collections.abc import Generator
 
     from controller.endpoint import BoundEndpoint
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
         def size(self, dim: str = "procs") -> int: ...
         def slice(self: H, **dims: int | slice) -> H: ...
         def with_default_timeout(self: H, seconds: float | None) -> H: ...
+        def __await__(self: H) -> Generator[Any, Any, H]: ...  # ``ProcMesh.spawn``'s wait
 
         # -- both ------------------------------------------------------------------------
         def endpoint(self, name: str) -> BoundEndpoint[..., Any]: ...

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from controller import _context, _wire
 from controller._actor_mesh import ActorMesh, ProcInfo, encode_per_rank, shm_reaches
@@ -30,6 +30,11 @@ from controller.future import Future
 from controller.shape import Shape
 
 __all__ = ["ActorMesh", "HostMesh", "MeshFailure", "ProcMesh", "spawn_local", "this_host"]
+
+if TYPE_CHECKING:
+    from controller.actor import Actor
+
+A = TypeVar("A", bound="Actor")
 
 logger = logging.getLogger("controller")
 
@@ -92,9 +97,11 @@ class ProcMesh:
                 logger.exception("death callback failed")
         supervise(self._owner, self._owner_loop, failure)
 
-    def spawn(self, name: str, actor_cls: type, *args: Any, **kwargs: Any) -> ActorMesh:
+    def spawn(self, name: str, actor_cls: type[A], *args: Any, **kwargs: Any) -> A:
         """Construct ``actor_cls(*args, **kwargs)`` on every process. Returns the mesh at
-        once; calls wait for construction (``await`` the mesh to wait explicitly)."""
+        once; calls wait for construction (``await`` the mesh to wait explicitly). The
+        ``ActorMesh`` is typed as the actor, as ``Actor.as_actor``'s handle is, so
+        ``mesh.ep.call(...)`` is checked against the endpoint's signature."""
         if self._stopped:
             raise RuntimeError(f"{self!r} is stopped; spawn a new proc mesh")
         cls = getattr(actor_cls, "_forge_base", actor_cls)
@@ -122,7 +129,7 @@ class ProcMesh:
                 ready.set_result(None)
 
         Future(construct, f"spawn {name}").start()
-        return mesh
+        return cast("A", mesh)
 
     def stop(self) -> Future[None]:
         """Stop every process of the mesh (graceful exit, then SIGKILL after 2 s)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from controller import Actor, Future, ValueMesh, endpoint
+from controller import Actor, Future, ValueMesh, endpoint, this_host
 
 
 class Counter(Actor):
@@ -66,3 +66,16 @@ async def service() -> None:
 
     svc.incr.route("three")  # pyright: ignore[reportArgumentType]
     svc.label.fanout(1)  # pyright: ignore[reportArgumentType]
+
+
+async def proc_mesh() -> None:
+    procs = await this_host().spawn_procs(per_host={"procs": 2})
+    mesh = procs.spawn("counter", Counter, 10)  # typed like ``as_actor``
+    assert_type(mesh, Counter)
+    assert_type(await mesh, Counter)
+    assert_type(await mesh.incr.call_one(by=2), int)
+    assert_type((await mesh.label.call("n=")).item(procs=0), str)
+    await procs.stop()
+
+    mesh.incr.call_one("two")  # pyright: ignore[reportArgumentType]
+    mesh.decr.call()  # pyright: ignore[reportAttributeAccessIssue]
