@@ -235,13 +235,13 @@ class GroupScorer:
             totals = score_totals(self.aggregate, components, lengths, c)
             self.log_group(totals, components)
         group = group_episodes(completions, totals, item["target"], self.advantage, components)
-        prompt = _as_messages(item["prompt"])
-        self.sample_episodes(
-            group, [[*prompt, {"role": "assistant", "content": x.text}] for x in completions]
-        )
         await self.add_reference(group)
         if self.distill is not None:
             await self.distill(group, item, [x.text for x in completions], totals)
+        prompt = _as_messages(item["prompt"])  # logged after the teacher: its logprobs too
+        self.sample_episodes(
+            group, [[*prompt, {"role": "assistant", "content": x.text}] for x in completions]
+        )
         return group
 
     async def score(self, source, items: list[tuple]) -> list[RewardResult]:

@@ -1,6 +1,6 @@
 """GKD (teacher.signal: gkd): the top-k generalized JSD on hand-computed numbers (k = 2),
 its properties (teacher = student: 0 and no gradient; beta 0 / 1 are the forward / reverse
-KL over the renormalised top-k), the teacher's top-k from its one prefill, the batch layout
+KL over the top-k and the tail), the teacher's top-k from its one prefill, the batch layout
 of the targets, and the trainer: a few pure-GKD steps on a tiny model lower its KL to a
 teacher over the teacher's top-k."""
 
@@ -17,7 +17,7 @@ from forge.losses.gkd import generalized_jsd, topk_forward_kl, topk_reverse_kl
 from forge.losses.normalize import masked_mean
 from forge.replay import collate_episodes
 from forge.training import TrainerConfig, TrainerCore
-from forge.training.gkd_term import student_topk_logits
+from forge.training.gkd_term import student_topk_logprobs
 from forge.types import Episode, TeacherTopK
 
 LN = math.log
@@ -27,22 +27,22 @@ def _t(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-# The teacher's top-2 logprobs log 0.6, log 0.2 renormalise to T = [0.75, 0.25]; the student's
-# equal logits there (whatever else its vocabulary holds) to S = [0.5, 0.5].
+# The teacher's top-2 have probabilities 0.6 and 0.2, so T = [0.6, 0.2, tail 0.2]; the student
+# gives the same two ids 0.3 each: S = [0.3, 0.3, tail 0.4].
 TEACHER = _t([[[LN(0.6), LN(0.2)]]])
-STUDENT = _t([[[3.0, 3.0]]])
+STUDENT = _t([[[LN(0.3), LN(0.3)]]])
 ONE = torch.ones(1, 1)
-FORWARD = 0.75 * LN(0.75 / 0.5) + 0.25 * LN(0.25 / 0.5)  # KL(T || S)
-REVERSE = 0.5 * LN(0.5 / 0.75) + 0.5 * LN(0.5 / 0.25)  # KL(S || T)
-M = [0.5 * 0.75 + 0.5 * 0.5, 0.5 * 0.25 + 0.5 * 0.5]  # beta 0.5: M = [0.625, 0.375]
-JSD = 0.5 * (0.75 * LN(0.75 / M[0]) + 0.25 * LN(0.25 / M[1])) + 0.5 * (
-    0.5 * LN(0.5 / M[0]) + 0.5 * LN(0.5 / M[1])
+FORWARD = 0.6 * LN(0.6 / 0.3) + 0.2 * LN(0.2 / 0.3) + 0.2 * LN(0.2 / 0.4)  # KL(T || S)
+REVERSE = 0.3 * LN(0.3 / 0.6) + 0.3 * LN(0.3 / 0.2) + 0.4 * LN(0.4 / 0.2)  # KL(S || T)
+M = [0.45, 0.25, 0.3]  # beta 0.5: M = (T + S) / 2
+JSD = 0.5 * (0.6 * LN(0.6 / 0.45) + 0.2 * LN(0.2 / 0.25) + 0.2 * LN(0.2 / 0.3)) + 0.5 * (
+    0.3 * LN(0.3 / 0.45) + 0.3 * LN(0.3 / 0.25) + 0.4 * LN(0.4 / 0.3)
 )
 
 
 @pytest.mark.parametrize(
     ("beta", "want", "decimal"),
-    [(0.0, FORWARD, 0.130812), (1.0, REVERSE, 0.143841), (0.5, JSD, 0.033822)],
+    [(0.0, FORWARD, 0.196166), (1.0, REVERSE, 0.190954), (0.5, JSD, 0.047509)],
 )
 def test_the_divergence_by_hand_with_k_2(beta, want, decimal):
     got = generalized_jsd(STUDENT, TEACHER, ONE, beta)
@@ -52,9 +52,9 @@ def test_the_divergence_by_hand_with_k_2(beta, want, decimal):
 
 def test_masked_positions_and_padding_slots_add_nothing():
     teacher = _t([[[LN(0.6), LN(0.2), float("-inf")], [0.0, float("-inf"), float("-inf")]]])
-    student = _t([[[3.0, 3.0, 50.0], [1.0, 2.0, 3.0]]]).requires_grad_()
+    student = _t([[[LN(0.3), LN(0.3), LN(0.35)], [-1.0, -2.0, -3.0]]]).requires_grad_()
     out = generalized_jsd(student, teacher, _t([[1.0, 0.0]]), 0.5)
-    assert out[0, 0].item() == pytest.approx(JSD, rel=1e-5)  # the padding slot's 50 ignored
+    assert out[0, 0].item() == pytest.approx(JSD, rel=1e-5)  # the padding slot's 0.35: tail
     assert out[0, 1].item() == 0.0
     out.sum().backward()
     assert student.grad[0, 0, 2].item() == 0.0 and student.grad[0, 1].eq(0).all()
@@ -72,7 +72,12 @@ def test_a_beta_per_row_and_bad_betas():
         generalized_jsd(STUDENT, TEACHER[..., :1], ONE, 0.5)
 
 
-_LOGITS = st.lists(st.floats(-5.0, 5.0), min_size=4, max_size=4)
+_LOGITS = st.lists(st.floats(-5.0, 5.0), min_size=6, max_size=6)
+
+
+def _top4(logits) -> torch.Tensor:
+    """Logprobs of the first 4 of 6 outcomes: a top-4 with a tail of the other 2."""
+    return torch.log_softmax(_t([[logits]]), -1)[..., :4]
 
 
 @settings(max_examples=40, deadline=None)
@@ -82,21 +87,29 @@ _LOGITS = st.lists(st.floats(-5.0, 5.0), min_size=4, max_size=4)
     beta=st.one_of(st.just(0.0), st.just(1.0), st.floats(1e-3, 1.0 - 1e-3)),
 )
 def test_properties_over_random_top_k(teacher, student, beta):
-    t_btk = torch.log_softmax(_t([[teacher]]), -1)
+    t_btk = _top4(teacher)
     same = t_btk.clone().requires_grad_()
     zero = generalized_jsd(same, t_btk, ONE, beta)
     zero.sum().backward()
     assert abs(zero.item()) < 1e-6 and same.grad.abs().max().item() < 1e-6  # teacher = student
-    s_btk = _t([[student]])
+    s_btk = _top4(student)
     out = generalized_jsd(s_btk, t_btk, ONE, beta).item()
     assert out >= -1e-6
     fwd = topk_forward_kl(s_btk, t_btk, ONE).item()
     rev = topk_reverse_kl(s_btk, t_btk, ONE).item()
     assert generalized_jsd(s_btk, t_btk, ONE, 0.0).item() == pytest.approx(fwd, abs=1e-6)
     assert generalized_jsd(s_btk, t_btk, ONE, 1.0).item() == pytest.approx(rev, abs=1e-6)
-    # Exact over the renormalised top-k: KL(T || S) from the probabilities themselves.
-    p, q = torch.softmax(t_btk[0, 0], -1), torch.softmax(s_btk[0, 0], -1)
-    assert fwd == pytest.approx(float((p * (p / q).log()).sum()), abs=1e-5)
+
+    # Exact over the top-4 and the tail: KL(T || S) from the probabilities themselves, and no
+    # more than the KL over all 6 outcomes.
+    def coarse(logits):
+        p = torch.softmax(_t(logits), -1)
+        return torch.cat([p[:4], p[4:].sum(0, keepdim=True)])
+
+    p, q = coarse(teacher), coarse(student)
+    assert fwd == pytest.approx(float((p * (p / q).log()).sum()), abs=1e-5, rel=1e-5)
+    full_p, full_q = torch.softmax(_t(teacher), -1), torch.softmax(_t(student), -1)
+    assert fwd <= float((full_p * (full_p / full_q).log()).sum()) + 1e-5
     if 0.0 < beta < 1.0:  # KL(T || M) <= (1 - beta) KL(T || S), KL(S || M) <= beta KL(S || T)
         assert out <= beta * (1 - beta) * (fwd + rev) + 1e-5
 
@@ -146,23 +159,24 @@ def test_the_teachers_top_k_comes_from_its_full_distribution(tiny_model):
         core.score(eps, top_k=10**6)
 
 
-def test_student_logits_are_aligned_with_the_batch(tiny_model):
+def test_student_logprobs_are_aligned_with_the_batch(tiny_model):
     from forge.models import load_model
 
     model = load_model(tiny_model)
     ids_bt = torch.tensor([[5, 6, 10, 11]])
     topk_btk = torch.tensor([[[0, 0], [3, 4], [5, 6], [7, 8]]])
-    got = student_topk_logits(model, ids_bt, torch.ones_like(ids_bt), topk_btk, 2.0)
-    logits = model(input_ids=ids_bt).logits[0] / 2.0
+    got = student_topk_logprobs(model, ids_bt, torch.ones_like(ids_bt), topk_btk, 2.0)
+    logits = torch.log_softmax(model(input_ids=ids_bt).logits[0] / 2.0, -1)
     assert got[0, 0].eq(0).all()
     torch.testing.assert_close(got[0, 2], logits[1, [5, 6]], atol=1e-5, rtol=1e-5)
 
 
 def _exact_topk_kl(student, teacher, ids_bt, k: int) -> float:
-    """The mean over response positions of KL(teacher's renormalised top-k || student's)."""
+    """The mean over response positions of KL(teacher || student) over the teacher's top-k
+    and the tail."""
     with torch.no_grad():
         t = torch.log_softmax(teacher(input_ids=ids_bt).logits[:, :-1], -1)
-        s = student(input_ids=ids_bt).logits[:, :-1]
+        s = torch.log_softmax(student(input_ids=ids_bt).logits[:, :-1], -1)
     t_lp, t_ids = t.topk(k, -1)
     mask = torch.zeros(ids_bt.shape[0], ids_bt.shape[1] - 1)
     mask[:, 2:] = 1.0
@@ -190,7 +204,7 @@ def test_a_few_pure_gkd_steps_lower_the_students_kl_to_the_teacher(tmp_path):
     for ep, score in zip(
         eps, TeacherCore(ReferenceConfig(model=teacher, device="cpu")).score(eps, top_k=k)
     ):
-        ep.teacher_topk = TeacherTopK(score.topk_ids, score.topk_logprobs, beta=0.5, coef=1.0)
+        ep.teacher_topk = TeacherTopK(score.topk_ids, score.topk_logprobs, beta=0.0, coef=1.0)
     batch = collate_episodes(eps)
     ids_bt = batch.input_ids_bt
     teacher_model = load_model(teacher)
@@ -198,5 +212,7 @@ def test_a_few_pure_gkd_steps_lower_the_students_kl_to_the_teacher(tmp_path):
     metrics = [core.train_step(batch) for _ in range(5)]
     after = _exact_topk_kl(core.model, teacher_model, ids_bt, k)
     assert after < 0.7 * before, (before, after)
+    # beta 0: the term is the forward KL measured above, at the weights before each step.
+    assert metrics[0]["gkd_divergence"] == pytest.approx(before, rel=1e-3)
     assert metrics[0]["gkd_loss"] > metrics[-1]["gkd_loss"] > 0.0
     assert "rows_skipped" not in metrics[0] and metrics[0]["grad_norm"] > 0.0

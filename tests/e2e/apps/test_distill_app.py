@@ -117,3 +117,77 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_anything_starts(tmp_
     err = out.stdout + out.stderr
     assert "have different tokenizers" in err and "cross-tokenizer" in err, err[-2000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+GKD = """
+app: apps.grpo.main
+policy: {{model: {student}}}
+steps: 10
+max_policy_age: 0
+data: {{fn: apps.sumdigits.task:SumDigits, kwargs: {{digits_min: 1, digits_max: 2}}}}
+teacher: {{model: {teacher}, signal: gkd, top_k: 16, beta: 0.5}}
+rollout: {{prompts_per_step: 8, group_size: 1, max_tokens: 16, tasks: 8}}
+generator: {{max_batch_size: 8}}
+trainer:
+  loss: {{type: grpo}}
+  optimizer: {{lr: 1.0e-2}}
+eval: {{at_start: false, at_end: false}}
+"""
+
+
+def test_pure_gkd_brings_the_students_kl_to_the_teacher_down(tmp_path):
+    """No reward and no distillation advantage: the trainer's GKD term against the teacher's
+    top-16 is the only signal."""
+    student = make_tiny_model(tmp_path / "student", seed=0)
+    teacher = letter_teacher(tmp_path / "teacher")
+    steps = _run(tmp_path, GKD.format(student=student, teacher=teacher))
+    assert sorted(steps) == list(range(1, 11))
+    kl = [steps[s]["rollout/teacher_kl"] for s in sorted(steps)]
+    gkd = [steps[s]["train/gkd_loss"] for s in sorted(steps)]
+    assert sum(kl[-3:]) < 0.5 * sum(kl[:3]), kl
+    assert sum(gkd[-3:]) < sum(gkd[:3]), gkd
+    assert not any("distill_share" in k for r in steps.values() for k in r)
+
+
+TWO = """
+app: apps.grpo.main
+policy: {{model: {student}}}
+steps: 3
+max_policy_age: 0
+data: {{fn: jsonl, kwargs: {{path: {data}, heldout_size: 2}}}}
+teacher:
+  key: source
+  models:
+    letters: {{model: {teacher}}}
+    self: {{model: policy, signal: gkd, top_k: 4, replicas: 2}}
+rollout: {{prompts_per_step: 4, group_size: 1, max_tokens: 8, tasks: 4, log_episodes: 4}}
+generator: {{max_batch_size: 4}}
+trainer:
+  loss: {{type: grpo}}
+  optimizer: {{lr: 1.0e-3}}
+eval: {{at_start: false, at_end: false}}
+"""
+
+
+def test_two_teachers_keyed_by_a_data_field(tmp_path):
+    student = make_tiny_model(tmp_path / "student", seed=0)
+    teacher = letter_teacher(tmp_path / "teacher")
+    rows = [
+        {"question": f"q{i}", "answer": str(i), "source": ("letters", "self")[i % 2]}
+        for i in range(24)
+    ]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = _run(tmp_path, TWO.format(student=student, teacher=teacher, data=data))
+    assert sorted(steps) == [1, 2, 3]
+    seen = {k for r in steps.values() for k in r}
+    assert {"rollout/teacher_kl/letters", "rollout/teacher_kl/self"} <= seen
+    assert "train/gkd_loss" in seen  # the self teacher's episodes carry top-k targets
+    # Self-distillation with no privileged prompt: the teacher is the student's start.
+    first = steps[1]
+    assert abs(first["rollout/teacher_kl/self"]) < 0.1 < first["rollout/teacher_kl/letters"]
+    log = (tmp_path / "run" / "episodes.jsonl").read_text()
+    records = [json.loads(x) for x in log.splitlines()]
+    assert records and all(
+        len(r["distill"]["teacher"]) == len(r["distill"]["student"]) for r in records
+    )
