@@ -41,7 +41,7 @@ async def stop_all() -> None:
 def status(run_dir: str | Path | None = None) -> Any:
     """The live view of ``forge top`` as a rich renderable (Jupyter displays it as a cell's
     output): this session's runtime now, or the snapshot ``forge run`` wrote to ``run_dir``."""
-    from forge.cli.top import find_status_file, load_status, render
+    from forge.observability.status_view import find_status_file, load_status, render
 
     if run_dir is not None:
         path = find_status_file(run_dir)
