@@ -340,6 +340,36 @@ def test_the_docs_pure_distillation_example_loads(models, tmp_path):
     assert cfg.teacher.model == models["teacher"] and cfg.rollout.group_size == 1
 
 
+def test_every_docs_run_example_loads(models, tmp_path):
+    """Each full run config in docs/distillation.md (one teacher, GKD, several teachers)
+    loads through the config loader with its placeholders filled in."""
+    import json
+
+    mixed = tmp_path / "mixed.jsonl"
+    rows = [
+        {"question": f"q{i}", "answer": "1", "source": ("math", "code")[i % 2]} for i in range(300)
+    ]
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = (REPO / "docs/distillation.md").read_text()
+    examples = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "app:" in b]
+    assert len(examples) >= 3
+    loaded = []
+    for i, example in enumerate(examples):
+        for placeholder, value in (
+            ("/path/to/student", models["student"]),
+            ("/path/to/mixed.jsonl", str(mixed)),
+            ("/path/to/math_teacher", models["teacher"]),
+            ("/path/to/code_teacher", models["teacher"]),
+            ("/path/to/teacher", models["teacher"]),
+        ):
+            example = example.replace(placeholder, value)
+        path = tmp_path / f"example{i}.yaml"
+        path.write_text(example)
+        loaded.append(load_config(path, schema=RLConfig).teacher)
+    assert {t.signal for cfg in loaded for t in cfg.teachers().values()} == {"reverse_kl", "gkd"}
+    assert any(cfg.models for cfg in loaded)
+
+
 def test_logprobs_and_entropies_in_pieces_equal_one_full_pass(models):
     from forge.models import load_model, token_logprobs
     from forge.models.logprobs import token_logprobs_entropy
