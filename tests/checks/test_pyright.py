@@ -1,7 +1,8 @@
-"""The runtime (``controller/``) and the run's machinery (``forge/run/``) type-check clean
-under pyright, and typed handles stay typed (tests/checks/typed_handles.py). The files and
-settings are pyproject.toml's ``[tool.pyright]``; ``bash scripts/check.sh`` runs the same
-with ruff."""
+"""The runtime (``controller/``), the run's machinery (``forge/run/``) and the apps
+(``apps/``, the Tinker SDK loops excepted) type-check clean under pyright, and typed handles
+stay typed (tests/checks/typed_handles.py; a misspelt endpoint in an app:
+tests/checks/test_typed_apps.py). The files and settings are pyproject.toml's
+``[tool.pyright]``; ``bash scripts/check.sh`` runs the same with ruff."""
 
 from __future__ import annotations
 
