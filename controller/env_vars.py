@@ -61,6 +61,11 @@ Variable                  Default            Meaning
                                              itself (``controller._prefork``) instead of a
                                              fresh zygote importing torch and transformers
                                              again; ``0``: always a fresh zygote.
+``FORGE_CPU_BF16``        unset              ``1``/``0``: this process's CPU counts as having
+                                             (or lacking) native bf16 when an ``auto``
+                                             precision is resolved
+                                             (``forge.models.precision``); unset: read from
+                                             ``/proc/cpuinfo``.
 ``FORGE_MALLOC``          ``1``              Actor processes start with glibc malloc settings
                                              that keep freed memory for reuse instead of
                                              page faults (``controller.malloc``); ``0``:
@@ -274,6 +279,17 @@ def task_dump() -> bool:
 def deterministic() -> bool:
     """Whether this process runs torch's deterministic kernels: ``FORGE_DETERMINISTIC=1``."""
     return os.environ.get("FORGE_DETERMINISTIC", "") == "1"
+
+
+def cpu_bf16() -> bool | None:
+    """``FORGE_CPU_BF16``: ``True`` for ``1``, ``False`` for ``0``, ``None`` when unset (the
+    CPU's flags decide); anything else is a ``ValueError``."""
+    raw = os.environ.get("FORGE_CPU_BF16", "").strip()
+    if not raw:
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"FORGE_CPU_BF16 must be 0 or 1 (or unset), got {raw!r}")
+    return raw == "1"
 
 
 def _positive(name: str, default: str, kind=float) -> Any:  # a `kind` > 0

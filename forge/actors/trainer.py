@@ -125,6 +125,7 @@ class Trainer(ForgeActor):
     @endpoint
     def setup(self) -> None:
         use_deterministic_kernels()
+        self.cfg = self.cfg.with_precision()  # ``auto`` decided here, on this process's device
         device = resolve_device(self.cfg.device)
         if device.startswith("cuda"):
             # One GPU of its own per rank (disjoint placement: CUDA_VISIBLE_DEVICES), else

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from forge.generation.prompts import Prompt
-from forge.models.precision import resolve_auto
+from forge.models.precision import resolve_auto, warn_if_slow_bf16
 from forge.types import Completion, SamplingParams
 from forge.weights.adapter import LORA_MODES
 from forge.weights.transport_config import WeightTransportConfig
@@ -60,7 +60,9 @@ class GeneratorConfig:
     ``vllm`` (needs ``forge[vllm]``)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """The model's dtype; ``auto``: ``bfloat16`` where the device multiplies bf16 natively
-    (``forge.models.precision``), else ``float32``, decided when the config loads."""
+    (``forge.models.precision``), else ``float32``, decided by each replica on its own
+    device when it starts (``with_precision``); pushed weights of another type are cast to
+    it on load."""
     device: str = "cpu"
     """hf backend: the torch device (``cpu``, ``cuda``, ``cuda:1``)."""
     max_batch_size: int = 32
@@ -118,12 +120,10 @@ class GeneratorConfig:
                 "GeneratorConfig.weights must be a WeightTransportConfig (or a dict of its "
                 f"fields), got {type(self.weights).__name__}"
             )
-        # hf's device is ``device``; vllm places itself (a GPU where one is visible) and picks
-        # its own kernels, so an explicit bf16 there is not judged
-        hf = self.backend == "hf"
-        self.dtype = resolve_auto(
-            "generator.dtype", self.dtype, self.device if hf else "auto", warn=hf
-        )
+        # ``auto`` is decided where the generator runs (``with_precision``); vllm places
+        # itself and picks its own kernels, so an explicit bf16 there is not judged
+        if self.backend == "hf" and self.dtype != "auto":
+            warn_if_slow_bf16("generator.dtype", self.dtype, self.device)
         if self.max_batch_size < 1:
             raise ValueError(
                 f"GeneratorConfig.max_batch_size must be >= 1, got {self.max_batch_size}"
@@ -144,6 +144,16 @@ class GeneratorConfig:
                 f"GeneratorConfig.update_mode {self.update_mode!r} is not a mode; "
                 f"choose one of {UPDATE_MODES}"
             )
+
+    def with_precision(self) -> GeneratorConfig:
+        """This config with ``dtype: auto`` decided for the device of the process that calls
+        it (the replica's own; printed once per process); vllm places itself, so its
+        ``auto`` is decided for the device this process sees (a GPU where one is visible).
+        A config without ``auto`` is returned as it is."""
+        if self.dtype != "auto":
+            return self
+        device = self.device if self.backend == "hf" else "auto"
+        return dataclasses.replace(self, dtype=resolve_auto("generator.dtype", "auto", device))
 
     def _check_memory_fraction(self) -> None:
         f = self.memory_fraction

@@ -30,11 +30,12 @@ _BUILDERS: dict[str, Callable[[GeneratorConfig], GeneratorBackend]] = {"hf": _hf
 
 
 def build_generator_backend(config: GeneratorConfig) -> GeneratorBackend:
-    """The backend named by ``config.backend``; ``ValueError`` for an unknown name (which
-    ``GeneratorConfig`` already rejects when it is built)."""
+    """The backend named by ``config.backend``, built with ``dtype: auto`` decided for this
+    process's device (``GeneratorConfig.with_precision``); ``ValueError`` for an unknown name
+    (which ``GeneratorConfig`` already rejects when it is built)."""
     build = _BUILDERS.get(config.backend)
     if build is None:
         raise ValueError(
             f"unknown generator backend type: {config.backend!r}; choose one of {BACKENDS}"
         )
-    return build(config)
+    return build(config.with_precision())  # ``dtype: auto`` decided in this, the replica's, process

@@ -11,28 +11,48 @@ the main job's configs say ``auto``:
 - ``trainer.autocast: auto``: ``bfloat16`` mixed precision there, else none (all float32);
 - ``trainer.weights.dtype: auto``: pushes in ``bfloat16`` there, else in the parameters' type.
 
-``auto`` is decided once, when the config loads, on the machine that loads it, and the
-decision is printed; a run's roles then share it. An explicit ``bfloat16`` on a device without
-native bf16 is kept, with a warning that names the cost.
+``auto`` is decided by each role in its own process, for the device it runs on, when it
+starts (``TrainerConfig.with_precision`` in the trainer, ``GeneratorConfig.with_precision`` in
+each generator replica), and each decision is printed there once per process with the host
+and pid (``[forge] trainer.autocast: auto -> bfloat16 (cpu of host h1, pid 123: native
+bf16)``): on a cluster whose hosts differ, each role computes in what its own host does
+natively. ``forge config show`` and a run's resolved config keep ``auto``. Pushed weights of
+another type than a puller's are cast on load (``trainer.weights.dtype: auto`` follows the
+trainer's host; a generator on a host without native bf16 computes in float32 with the
+bf16-rounded values). An explicit ``bfloat16`` on a device without native bf16 is kept, with
+a warning that names the cost.
+
+``FORGE_CPU_BF16=1`` / ``0`` (``controller.env_vars``) overrides the CPU probe of the process
+that reads it: a way to test the decision per process, or to force a role's choice on a CPU
+whose flags mislead.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import socket
 import sys
 import warnings
 from pathlib import Path
+
+from controller import env_vars
 
 __all__ = ["auto_dtype", "native_bf16", "resolve_auto", "resolve_device", "warn_if_slow_bf16"]
 
 _X86_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-@functools.cache
 def cpu_bf16() -> bool:
-    """This CPU multiplies bf16 natively (Linux ``/proc/cpuinfo`` flags; ``False`` where
-    they cannot be read)."""
+    """This CPU multiplies bf16 natively: ``FORGE_CPU_BF16`` (``1``/``0``) where set, else
+    the Linux ``/proc/cpuinfo`` flags (``False`` where they cannot be read)."""
+    forced = env_vars.cpu_bf16()
+    return _probe_cpu_bf16() if forced is None else forced
+
+
+@functools.cache
+def _probe_cpu_bf16() -> bool:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -99,8 +119,9 @@ _told: set[tuple[str, str]] = set()
 
 
 def resolve_auto(knob: str, value: str | None, device: str, warn: bool = True) -> str | None:
-    """``value`` with ``auto`` replaced by ``auto_dtype(device)`` (said once per process);
-    an explicit ``bfloat16`` is kept, with ``warn_if_slow_bf16`` (unless ``warn`` is off)."""
+    """``value`` with ``auto`` replaced by ``auto_dtype(device)``, decided in and for the
+    calling process (said once per process on stderr, with its host and pid); an explicit
+    ``bfloat16`` is kept, with ``warn_if_slow_bf16`` (unless ``warn`` is off)."""
     if value != "auto":
         if warn:
             warn_if_slow_bf16(knob, value, device)
@@ -109,5 +130,8 @@ def resolve_auto(knob: str, value: str | None, device: str, warn: bool = True) -
     if (knob, dtype) not in _told:
         _told.add((knob, dtype))
         why = "native bf16" if dtype == "bfloat16" else "no native bf16"
-        print(f"[forge] {knob}: auto -> {dtype} ({resolve_device(device)}: {why})", file=sys.stderr)
+        if env_vars.cpu_bf16() is not None and resolve_device(device) == "cpu":
+            why += " per FORGE_CPU_BF16"
+        where = f"{resolve_device(device)} of host {socket.gethostname()}, pid {os.getpid()}"
+        print(f"[forge] {knob}: auto -> {dtype} ({where}: {why})", file=sys.stderr, flush=True)
     return dtype

@@ -83,11 +83,18 @@ def likely_cause(metrics: dict[str, float], generator: str, trainer: str) -> str
 
 
 def precisions(cfg: Any) -> tuple[str, str]:
-    """What the run's generator and trainer compute in, as ``likely_cause`` names them."""
+    """What the run's generator and trainer compute in, as ``likely_cause`` names them
+    (``auto``, which each role decides on its own host, is named as such)."""
+    where = " where its host has native bf16"
     trainer = cfg.trainer.dtype
-    if cfg.trainer.autocast:
+    if cfg.trainer.autocast == "auto":
+        trainer += f" with bfloat16 autocast{where}"
+    elif cfg.trainer.autocast:
         trainer += f" with {cfg.trainer.autocast} autocast"
-    return cfg.generator.dtype, trainer
+    generator = cfg.generator.dtype
+    if generator == "auto":
+        generator = f"bfloat16{where} (else float32)"
+    return generator, trainer
 
 
 def _describe(m: dict[str, float]) -> str:

@@ -292,6 +292,17 @@ class RLConfig(RolloutRunConfig):
         pullers = [("generator.dtype", self.generator.dtype)]
         if self.reference is not None and self.reference.update.type != "none":
             pullers.append(("reference.dtype", self.reference.dtype))
+        if push == "auto":  # bf16 where the trainer's host has it: pullers may compute in it
+            wrong = [f"{k}={d!r}" for k, d in pullers if d not in ("auto", "bfloat16")]
+            if wrong:
+                raise ValueError(
+                    f"trainer.weights.dtype=auto pushes bfloat16 where the trainer's device "
+                    f"multiplies it natively, but {' and '.join(wrong)} would then compute "
+                    "with the rounded values, a different model from the trainer's; set "
+                    f"{' and '.join(k for k, _ in pullers)} to auto (each decides on its own "
+                    "host), or set trainer.weights.dtype explicitly"
+                )
+            return
         wrong = [f"{key}={dtype!r}" for key, dtype in pullers if dtype != push]
         if wrong:
             raise ValueError(

@@ -205,8 +205,6 @@ def teacher_reference(cfg: Any, t: Any = None) -> ReferenceConfig | None:
     teacher) loads for ``cfg`` (an ``RLConfig``): the teacher's model (``policy``: the
     policy's), dtype, device and update rule, at the policy's temperature; ``None`` without a
     teacher."""
-    from forge.models.precision import resolve_auto
-
     if t is None:
         t = cfg.teacher
         if t is None:
@@ -220,7 +218,7 @@ def teacher_reference(cfg: Any, t: Any = None) -> ReferenceConfig | None:
     return ReferenceConfig(
         model=model,
         mode="separate",
-        dtype=resolve_auto("teacher.dtype", t.dtype, t.device) or "float32",
+        dtype=t.dtype or "float32",  # ``auto``: decided by the teacher's own process
         device=t.device,
         attn_implementation=t.attn_implementation,
         temperature=cfg.policy.temperature,

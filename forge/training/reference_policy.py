@@ -29,7 +29,7 @@ import torch
 
 from forge.models import token_logprobs
 from forge.models.cpu_head import use_onednn_head
-from forge.models.precision import resolve_device
+from forge.models.precision import resolve_auto, resolve_device
 from forge.replay import collate_episodes, join_rows, split_rows
 from forge.training.reference_update import apply_update_, should_update
 from forge.training.trainer_config import ReferenceConfig
@@ -48,7 +48,9 @@ class ReferenceCore:
         self.device = resolve_device(cfg.device)
         from forge.training.lora import load_base_model  # an adapter directory: merged
 
-        self.model = load_base_model(cfg.model, cfg.dtype, self.device, cfg.attn_implementation)
+        # ``dtype: auto`` (a teacher's) is decided here, in this process, for its device
+        dtype = resolve_auto("reference.dtype", cfg.dtype, self.device) or "float32"
+        self.model = load_base_model(cfg.model, dtype, self.device, cfg.attn_implementation)
         use_onednn_head(self.model)  # the trainer's and generator's head kernel (cpu_head.py)
         self.model.eval().requires_grad_(False)
         self.applied_version = 0  # the policy version the weights last moved to (0: initial)

@@ -16,6 +16,7 @@ the config is built, before any process starts) and nests the configs of its par
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -352,16 +353,11 @@ class TrainerConfig:
         _positive("TrainerConfig", "max_micro_tokens", self.max_micro_tokens)
         _positive("TrainerConfig", "bucket_cost_tokens", self.bucket_cost_tokens, allow_zero=True)
         _positive("TrainerConfig", "temperature", self.temperature, allow_zero=True)
-        if self.autocast == "auto":
-            native = resolve_auto("trainer.autocast", "auto", self.device) == "bfloat16"
-            # autocast_head asks for a bf16 head wherever bf16 is used: nothing without it
-            self.autocast, self.autocast_head = (
-                ("bfloat16", self.autocast_head) if native else (None, False)
-            )
-        else:
+        if self.autocast != "auto":  # ``auto`` is judged where the trainer runs
             warn_if_slow_bf16("trainer.autocast", self.autocast, self.device)
         if self.autocast is not None:
-            _choice("TrainerConfig", "autocast", self.autocast, AUTOCAST_DTYPES)
+            if self.autocast != "auto":
+                _choice("TrainerConfig", "autocast", self.autocast, AUTOCAST_DTYPES)
             if self.dtype != "float32":
                 raise ValueError(
                     f"TrainerConfig.autocast={self.autocast!r} with dtype={self.dtype!r}: "
@@ -390,9 +386,6 @@ class TrainerConfig:
                     f"TrainerConfig.{key} must be a {cls.__name__} (or a dict of its fields), "
                     f"got {type(value).__name__}"
                 )
-        if self.weights.dtype == "auto":  # pushes in bf16 where the trainer computes in it
-            native = resolve_auto("trainer.weights.dtype", "auto", self.device) == "bfloat16"
-            self.weights.dtype = "bfloat16" if native else ""
         check_tis(self.loss, self.old_logprobs)
         check_gspo(self.loss, self.old_logprobs)
         check_zero_skip(self.loss, self.skip_zero_advantage)
@@ -400,6 +393,24 @@ class TrainerConfig:
             self._check_lora()
         else:  # (LoRA adapters are float32 whatever the frozen base's dtype)
             check_master_weights("trainer", self.dtype, self.optimizer)
+
+    def with_precision(self) -> TrainerConfig:
+        """This config with its ``auto`` precision knobs decided for the device of the
+        process that calls it (the trainer's own: ``forge.models.precision``), each decision
+        printed once per process: ``autocast: auto`` becomes ``bfloat16`` where that device
+        multiplies bf16 natively, else ``None`` (and ``autocast_head`` off); ``weights.dtype:
+        auto`` becomes ``bfloat16`` there (pullers cast on load), else ``""`` (pushed as the
+        parameters are held). A config without ``auto`` is returned as it is."""
+        autocast, head, weights = self.autocast, self.autocast_head, self.weights
+        if autocast == "auto":
+            native = resolve_auto("trainer.autocast", "auto", self.device) == "bfloat16"
+            autocast, head = ("bfloat16", head) if native else (None, False)
+        if weights.dtype == "auto":
+            native = resolve_auto("trainer.weights.dtype", "auto", self.device) == "bfloat16"
+            weights = dataclasses.replace(weights, dtype="bfloat16" if native else "")
+        if (autocast, head, weights) == (self.autocast, self.autocast_head, self.weights):
+            return self
+        return dataclasses.replace(self, autocast=autocast, autocast_head=head, weights=weights)
 
     def _check_lora(self) -> None:
         if self.backend != "hf":
@@ -427,7 +438,9 @@ class ReferenceConfig:
     service); ``separate`` runs this model as its own service (the only mode without LoRA);
     ``auto`` picks between them (``forge.run.policy.resolve_lora``)."""
     dtype: str = "float32"
-    """The model's dtype."""
+    """The model's dtype; ``auto``: ``bfloat16`` where the reference's device multiplies bf16
+    natively, else ``float32``, decided in the reference's own process when it loads
+    (``forge.models.precision``)."""
     device: Device = "auto"
     """``auto``: ``cuda`` when a GPU is visible, else ``cpu``."""
     attn_implementation: str = "eager"

@@ -244,7 +244,7 @@ class TrainerCore:
     """Model, optimizer, schedule and loss of one trainer rank. See the module docstring."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
-        self.cfg = cfg
+        cfg = self.cfg = cfg.with_precision()  # ``auto`` decided in the trainer's process
         self.device = resolve_device(cfg.device)
         self.rank, self.world = parallel.rank_and_world()
         if cfg.skip_zero_advantage and self.world > 1:
