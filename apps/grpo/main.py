@@ -164,7 +164,8 @@ async def spawn(cfg: Config, roles: Roles) -> Handles:
 
 
 def start(role: str, handle: Awaitable[T]) -> asyncio.Task[T]:
-    """A task named ``spawn <role>`` that waits for ``handle`` (an error names the role)."""
+    """A task that waits for ``handle``, named ``spawn <role>``: a start that hangs shows
+    under that name in a task dump (``kill -USR1``, ``controller.task_dump``)."""
 
     async def ready() -> T:
         return await handle
