@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from benchmarks.e2e import cpu_grpo_config
 from benchmarks.real_e2e import SETUPS, Setup
+
+if TYPE_CHECKING:
+    from forge.training.trainer_core import TrainerCore
 
 
 def sample_batch(model, tok, setup: Setup, seed: int) -> dict:
@@ -90,8 +94,22 @@ def trl_advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
     return grpo_advantages(rewards, group, eps=1e-4, unbiased=True)
 
 
-def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tuple[list, list]:
-    """TRL's gradient and its first AdamW step's weight change, per parameter."""
+def trl_update(
+    model_path: str,
+    setup: Setup,
+    batch: dict,
+    out_dir: str,
+    *,
+    old_logprobs: bool = False,
+    bf16: bool = False,
+) -> tuple[list, list, float]:
+    """TRL's gradient, its first AdamW step's weight change (per parameter) and its loss.
+
+    ``old_logprobs``: the batch's sampler logprobs go in as TRL's ``old_per_token_logps``
+    (the ratio's denominator, as TRL computes it when ``num_iterations > 1``); without them
+    TRL takes its own detached logprobs (ratio exactly 1). ``bf16``: ``GRPOConfig(bf16=True)``,
+    the model's forward wrapped by accelerate's ``prepare_model`` as ``Trainer.train`` wraps
+    it (bf16 autocast, outputs upcast to float32; float32 weights and AdamW)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -103,6 +121,7 @@ def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tupl
         lr=1e-5,
         steps=1,
         seed=0,
+        bf16=bf16,
     )
     trainer = GRPOTrainer(
         model=model_path,
@@ -128,7 +147,13 @@ def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tupl
         "advantages": trl_advantages(batch["rewards"], setup.group),
         "num_items_in_batch": completion_mask.sum(),
     }
+    if old_logprobs:
+        inputs["old_per_token_logps"] = torch.tensor(
+            [lp + [0.0] * (width_c - len(lp)) for lp in batch["logps"]]
+        )
     model = trainer.model
+    if bf16:
+        model = trainer.accelerator.prepare_model(model)
     model.train()
     trainer.current_gradient_accumulation_steps = 1
     loss = trainer._compute_loss(model, inputs)
@@ -140,25 +165,44 @@ def trl_update(model_path: str, setup: Setup, batch: dict, out_dir: str) -> tupl
     torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
     trainer.optimizer.step()
     steps = [p.detach() - b for p, b in zip(params, before)]
-    return grads, steps
+    return grads, steps, float(loss.detach())
 
 
-def forge_update(model_path: str, batch: dict, advantages: torch.Tensor) -> tuple[list, list]:
-    """Forge's gradient (before clipping) and its first step's weight change, per parameter."""
+def forge_update(
+    model_path: str, batch: dict, advantages: torch.Tensor, *, bf16: bool = False, lr: float = 1e-5
+) -> tuple[list, list, dict, TrainerCore]:
+    """Forge's gradient (before clipping), its first step's weight change (per parameter), the
+    step's metrics and the trainer. ``bf16``: the main job's precision on a CPU with native
+    bf16 (``autocast: bfloat16`` with ``autocast_head``: float32 weights and AdamW, bf16
+    matmuls and LM head)."""
     from forge.losses import LossConfig
-    from forge.replay import collate_episodes
     from forge.training.trainer_config import OptimizerConfig, TrainerConfig
     from forge.training.trainer_core import TrainerCore
-    from forge.types import Episode
 
     core = TrainerCore(
         TrainerConfig(
             model=model_path,
             device="cpu",
             loss=LossConfig(type="grpo"),
-            optimizer=OptimizerConfig(lr=1e-5, max_grad_norm=1.0),
+            optimizer=OptimizerConfig(lr=lr, max_grad_norm=1.0),
+            autocast="bfloat16" if bf16 else None,
+            autocast_head=bf16,
         )
     )
+    params = [p for p in core.model.parameters() if p.requires_grad]
+    denom = core.accumulate(collate(batch, advantages))
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad / max(denom, 1.0) for p in params]
+    before = [p.detach().clone() for p in params]
+    metrics = core.apply_accumulated()
+    steps = [p.detach() - b for p, b in zip(params, before)]
+    return grads, steps, metrics, core
+
+
+def collate(batch: dict, advantages: torch.Tensor):
+    """The batch as Forge's ``TrainBatch``: ``Episode`` s carrying the sampler's logprobs."""
+    from forge.replay import collate_episodes
+    from forge.types import Episode
+
     eps = [
         Episode(
             episode_id=f"e{i}",
@@ -175,27 +219,69 @@ def forge_update(model_path: str, batch: dict, advantages: torch.Tensor) -> tupl
             )
         )
     ]
-    params = [p for p in core.model.parameters() if p.requires_grad]
-    denom = core.accumulate(collate_episodes(eps))
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad / max(denom, 1.0) for p in params]
-    before = [p.detach().clone() for p in params]
-    core.apply_accumulated()
-    steps = [p.detach() - b for p, b in zip(params, before)]
-    return grads, steps
+    return collate_episodes(eps)
+
+
+def earlier_weights(
+    model_path: str, batch: dict, advantages: torch.Tensor, updates: int, lr: float, out_dir: str
+) -> str:
+    """The weights after ``updates`` float32 Forge steps on ``batch`` (PPO's epochs over one
+    batch: each moves the ratios to the sampler away from 1, towards the clip band), saved as
+    a transformers checkpoint in ``out_dir`` (with the tokenizer); returns ``out_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    from forge.models import load_tokenizer
+
+    *_, core = forge_update(model_path, batch, advantages, lr=lr)
+    for _ in range(updates - 1):
+        core.accumulate(collate(batch, advantages))
+        core.apply_accumulated()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(core.hf_state_dict(), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"earlier_weights: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(out_dir)
+    load_tokenizer(model_path).save_pretrained(out_dir)
+    return out_dir
 
 
 def compare(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
-    """Cosine, norm ratio (a/b) and sign agreement of two flattened parameter lists."""
+    """Cosine, norm ratio (a/b), sign agreement and the largest elementwise difference of two
+    flattened parameter lists: ``max_abs`` = max |a - b|, ``max_rel`` = that over max |b|,
+    ``rel_norm`` = ||a - b|| / ||b||."""
     dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
     na = math.sqrt(sum(float(x.double().pow(2).sum()) for x in a))
     nb = math.sqrt(sum(float(y.double().pow(2).sum()) for y in b))
     moved = sum(int(((x != 0) | (y != 0)).sum()) for x, y in zip(a, b))
     agree = sum(int(((x.sign() == y.sign()) & ((x != 0) | (y != 0))).sum()) for x, y in zip(a, b))
+    max_abs = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    max_b = max(float(y.abs().max()) for y in b)
+    diff = math.sqrt(sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, b)))
     return {
         "cos": dot / max(na * nb, 1e-30),
         "ratio": na / max(nb, 1e-30),
         "sign_agree": agree / max(moved, 1),
+        "max_abs": max_abs,
+        "max_rel": max_abs / max(max_b, 1e-30),
+        "rel_norm": diff / max(nb, 1e-30),
     }
+
+
+def report(name: str, forge: tuple, trl: tuple) -> dict[str, float]:
+    """Print one case's line: losses, gradient and update agreement; returns the update's."""
+    (g_f, s_f, metrics), (g_t, s_t, loss_t) = forge, trl
+    g, st = compare(g_f, g_t), compare(s_f, s_t)
+    print(
+        f"  {name:30s} loss {metrics['policy_loss']:+.6f} / TRL {loss_t:+.6f}; gradient cos "
+        f"{g['cos']:.6f}, norm ratio {g['ratio']:.4f}; update cos {st['cos']:.6f}, max |diff| "
+        f"{st['max_abs']:.2e} ({st['max_rel']:.2e} of the largest), ||diff||/||TRL|| "
+        f"{st['rel_norm']:.2e}, signs agree {100 * st['sign_agree']:.3f}%; ratio mean "
+        f"{metrics.get('ratio_mean', float('nan')):.4f}, clipped "
+        f"{100 * metrics.get('clip_fraction', float('nan')):.2f}% of trained tokens",
+        flush=True,
+    )
+    return {"grad_cos": g["cos"], **st}
 
 
 def main() -> None:
@@ -210,6 +296,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(SETUPS), default="short")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument(
+        "--earlier-updates",
+        type=int,
+        default=2,
+        help="off-policy cases: Forge steps on the batch before the compared one (0: none)",
+    )
+    ap.add_argument("--earlier-lr", type=float, default=1e-5)
+    ap.add_argument(
+        "--cases",
+        choices=["all", "on-policy", "off-policy"],
+        default="all",
+        help="which comparisons to run per seed",
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     setup = SETUPS[args.config]
@@ -218,7 +317,7 @@ def main() -> None:
     sampler = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager"
     )
-    worst_g, worst_s = 1.0, 1.0
+    worst: dict[str, float] = {}
     for seed in args.seeds:
         batch = sample_batch(sampler, tok, setup, seed)
         r = batch["rewards"].view(-1, setup.group)
@@ -230,12 +329,6 @@ def main() -> None:
                 flush=True,
             )
             continue
-        with tempfile.TemporaryDirectory(prefix="forge-same-update-") as tmp:
-            g_trl, s_trl = trl_update(path, setup, batch, tmp)
-        g_f, s_f = forge_update(path, batch, grpo_advantages(batch["rewards"], setup.group))
-        g_c, s_c = forge_update(path, batch, trl_advantages(batch["rewards"], setup.group))
-        grad, step = compare(g_f, g_trl), compare(s_f, s_trl)
-        grad_c, step_c = compare(g_c, g_trl), compare(s_c, s_trl)
         tokens = sum(len(c) for c in batch["completions"])
         print(
             f"[same_update] seed {seed}: {len(batch['completions'])} rows, {tokens} tokens, "
@@ -243,17 +336,32 @@ def main() -> None:
             f"with a reward spread",
             flush=True,
         )
-        for name, g, s in (
-            ("forge (population std)", grad, step),
-            ("forge with TRL's advantages", grad_c, step_c),
-        ):
-            print(
-                f"  {name:28s} gradient cos {g['cos']:.6f}, norm ratio {g['ratio']:.4f}; "
-                f"update cos {s['cos']:.6f}, signs agree {100 * s['sign_agree']:.3f}%",
-                flush=True,
-            )
-        worst_g, worst_s = min(worst_g, grad["cos"]), min(worst_s, step["cos"])
-    print(f"same_update_grad_cos={worst_g:.6f} same_update_step_cos={worst_s:.6f}")
+        adv_trl = trl_advantages(batch["rewards"], setup.group)
+        cases = {}
+        with tempfile.TemporaryDirectory(prefix="forge-same-update-") as tmp:
+            if args.cases != "off-policy":
+                trl = trl_update(path, setup, batch, tmp)
+                for name, adv in (
+                    (
+                        "on-policy fp32, population std",
+                        grpo_advantages(batch["rewards"], setup.group),
+                    ),
+                    ("on-policy fp32, TRL's advantages", adv_trl),
+                ):
+                    cases[name] = report(name, forge_update(path, batch, adv)[:3], trl)
+            if args.cases != "on-policy" and args.earlier_updates:
+                w = earlier_weights(
+                    path, batch, adv_trl, args.earlier_updates, args.earlier_lr, f"{tmp}/w"
+                )
+                for bf16 in (False, True):
+                    name = f"off-policy {'bf16 autocast' if bf16 else 'fp32'}, clip 0.2"
+                    trl = trl_update(w, setup, batch, tmp, old_logprobs=True, bf16=bf16)
+                    forge = forge_update(w, batch, adv_trl, bf16=bf16)[:3]
+                    cases[name] = report(name, forge, trl)
+        for name, c in cases.items():
+            key = "on" if name.startswith("on-policy") else name.split(",")[0].replace(" ", "_")
+            worst[key] = min(worst.get(key, 1.0), c["cos"])
+    print(" ".join(f"same_update_step_cos[{k}]={v:.6f}" for k, v in worst.items()))
 
 
 if __name__ == "__main__":
