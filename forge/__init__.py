@@ -97,7 +97,7 @@ _EXPORTS: dict[str, str] = {
     "Distiller": "forge.rollout.distiller",
     "TeacherConfig": "forge.rollout.distiller",
     "Teachers": "forge.rollout.distiller",
-    "spawn_teachers": "forge.rollout.distiller",
+    "spawn_teachers": "forge.run.teachers",
     "EnvConfig": "forge.rollout.episodes",
     "EpisodeScorer": "forge.rollout.episodes",
     "build_tools": "forge.rollout.episodes",
@@ -226,7 +226,7 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
     from forge.replay import collate_episodes
     from forge.rewards import evaluate_rewards, extract_final_answer
     from forge.rollout import RolloutManager, group_episodes
-    from forge.rollout.distiller import Distiller, TeacherConfig, Teachers, spawn_teachers
+    from forge.rollout.distiller import Distiller, TeacherConfig, Teachers
     from forge.rollout.episodes import EnvConfig, EpisodeScorer, build_tools
     from forge.rollout.scoring import GroupScorer, RolloutConfig
     from forge.run import (
@@ -274,6 +274,7 @@ if TYPE_CHECKING:  # pragma: no cover - never runs
         make_deterministic,
         seed_defaults,
     )
+    from forge.run.teachers import spawn_teachers
     from forge.slots import (
         ADVANTAGE,
         CREDIT,

@@ -22,7 +22,7 @@ is added. Every episode keeps the teacher's logprobs of its tokens (``teacher_lo
 the episode log).
 
 Several teachers (``teacher.models``, keyed by the value of the data field ``teacher.key``):
-each is its own service (``spawn_teachers``), and a group goes to the teacher named by its
+each is its own service (``forge.run.teachers.spawn_teachers``), and a group goes to the teacher named by its
 item's value (``TeacherConfig.route``).
 
 Metrics (means over the step): ``rollout/teacher_kl`` (each episode's token mean of
@@ -55,7 +55,6 @@ __all__ = [
     "Teachers",
     "add_distillation",
     "privileged_prompt",
-    "spawn_teachers",
     "template_fields",
 ]
 
@@ -358,26 +357,6 @@ class Teachers:
         """The service that pulls the student's pushed versions (``teacher.update``; a frozen
         one ignores them): the one teacher's, or ``None`` with several (they cannot follow)."""
         return self.services.get("")
-
-
-async def spawn_teachers(cfg: Any, env_vars: dict[str, str]) -> Teachers:
-    """Start one ``Teacher`` service per teacher of ``cfg.teacher`` (an ``RLConfig``'s), each
-    with its own ``replicas`` or ``replicas.teacher``, in parallel."""
-    import asyncio
-
-    from forge.actors.teacher import Teacher
-    from forge.run.teacher_checks import teacher_reference
-
-    named = cfg.teacher.teachers()
-    services = await asyncio.gather(
-        *(
-            Teacher.options(
-                num_replicas=t.replicas or cfg.replicas.teacher, env_vars=env_vars
-            ).as_service(teacher_reference(cfg, t))
-            for t in named.values()
-        )
-    )
-    return Teachers(dict(zip(named, services)))
 
 
 class Distiller:
