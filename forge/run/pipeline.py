@@ -27,7 +27,7 @@ from forge.observability.plot import plot_curves
 from forge.run.policy import retarget
 from forge.settings import get_cache_dir
 
-__all__ = ["PipelineConfig", "Stage", "run_stage", "sft_then_rl", "summary"]
+__all__ = ["PipelineConfig", "Stage", "build_fingerprint", "run_stage", "sft_then_rl", "summary"]
 
 
 @dataclass
@@ -71,7 +71,8 @@ class PipelineConfig:
     base_model: str = ""
     """The model the first stage starts from: a model directory, a hub id, a GGUF file or a
     shipped model's name (``forge.models.gguf``, e.g. ``smollm2-135m-instruct``); empty: a
-    ``preset`` model built with ``seed`` into ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>``."""
+    ``preset`` model built with ``seed`` into
+    ``<FORGE_CACHE_DIR>/<name>-<preset>-seed<seed>-<build_fingerprint>``."""
     deterministic: bool = False
     """Every stage deterministic (``forge.run.rl_config.DETERMINISTIC``)."""
 
@@ -141,18 +142,48 @@ async def run_stage(cfg: Any, run_dir: Path, resume: bool) -> dict:
 
 def base_model(cfg: PipelineConfig, name: str, corpus: list[str] | None = None) -> Path | str:
     """The model the first stage starts from: ``cfg.base_model`` (resolved when the config
-    loaded), else an untrained model built once into the cache."""
+    loaded), else an untrained model built once into the cache, in a folder named by the
+    preset, the seed and ``build_fingerprint(corpus)``: a model is reused only where this
+    code on this machine would build the same bytes, so a run whose cache holds an older build
+    starts where a run on a fresh cache (a test's, another host's controller) does."""
     from forge.models import make_tiny_model
     from forge.models.loading import _looks_like_path
 
     given = cfg.base_model
     if given and not Path(given).expanduser().is_dir() and not _looks_like_path(given):
         return cfg.base_model  # a hub id (a path that does not exist yet gets a tiny model)
-    base = Path(cfg.base_model or get_cache_dir() / f"{name}-{cfg.preset}-seed{cfg.seed}")
+    built = f"{name}-{cfg.preset}-seed{cfg.seed}-{build_fingerprint(corpus)}"
+    base = Path(cfg.base_model or get_cache_dir() / built)
     if not (base / "config.json").exists():
         print(f"[{name}] building a {cfg.preset} model in {base}", flush=True)
         make_tiny_model(base, preset=cfg.preset, seed=cfg.seed, corpus=corpus)
     return base
+
+
+def build_fingerprint(corpus: list[str] | None = None) -> str:
+    """Eight hex digits of what decides a built tiny model's bytes besides its preset and
+    seed: the builder's source (``forge.models.tiny``), the torch, transformers and
+    tokenizers versions, torch's CPU kernels (a ``normal_`` draw differs in the last bit for
+    about a third of the weights between ATen's DEFAULT and AVX2 kernels) and the tokenizer's
+    ``corpus``."""
+    import hashlib
+    import inspect
+
+    import tokenizers
+    import torch
+    import transformers
+
+    from forge.models import tiny
+
+    parts = [
+        inspect.getsource(tiny),
+        torch.__version__,
+        transformers.__version__,
+        tokenizers.__version__,
+        torch.backends.cpu.get_cpu_capability(),
+        "\n".join(corpus or []),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
 async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: str) -> dict:
