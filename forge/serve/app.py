@@ -21,6 +21,7 @@ from forge.serve.checkpoints import (
     SAMPLER_DIR,
     base_of,
     checkpoint_meta,
+    parse_path,
     write_checkpoint,
     write_sampler_weights,
 )
@@ -36,7 +37,7 @@ from forge.serve.parse import (
     read_json,
     sampling_kwargs,
 )
-from forge.serve.state import SamplingSession, ServerState, parse_path
+from forge.serve.state import SamplingSession, ServerState
 
 __all__ = ["CHECKPOINT_META", "build_app", "checkpoint_meta", "write_checkpoint"]
 

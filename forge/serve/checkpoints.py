@@ -24,12 +24,9 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from forge.serve.futures import UserError
-
-if TYPE_CHECKING:
-    from forge.serve.state import ServedModel, ServerState
 
 CHECKPOINT_META = "forge_serve.json"  # a checkpoint's base model, lora_config and alpha
 ADAPTER_FILE = "adapter.safetensors"  # as forge.training.trainer_checkpoint names it
@@ -46,8 +43,17 @@ class LoadedCheckpoint:
     stamp: int  # the adapter file's mtime (ns) when loaded: a newer file is loaded again
 
 
-def meta_of(m: ServedModel, alpha: float) -> dict:
-    """``CHECKPOINT_META``'s content for a checkpoint of ``m``."""
+def parse_path(path: str) -> tuple[str, str, str]:
+    """``tinker://<model_id>/<kind>/<name>`` -> (model_id, kind, name)."""
+    prefix = "tinker://"
+    parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
+    if len(parts) != 3 or not all(parts):
+        raise UserError(f"{path!r} is not a tinker://<model_id>/<kind>/<name> path")
+    return parts[0], parts[1], parts[2]
+
+
+def meta_of(m: Any, alpha: float) -> dict:
+    """``CHECKPOINT_META``'s content for a checkpoint of ``m`` (a ``state.ServedModel``)."""
     return {"base_model": m.base.name, "lora_config": m.lora_request, "lora_alpha": alpha}
 
 
@@ -67,7 +73,7 @@ def checkpoint_meta(source: Path) -> dict:
     return meta
 
 
-async def write_checkpoint(m: ServedModel, target: Path, alpha: float) -> None:
+async def write_checkpoint(m: Any, target: Path, alpha: float) -> None:
     """``m``'s trainer state and ``CHECKPOINT_META`` written to ``target``: in a new directory
     beside it, flushed to disk, then renamed over it in one step (``forge.durable``), so a
     save that fails (a full disk) or is killed leaves the previous checkpoint of that name
@@ -84,7 +90,7 @@ async def write_checkpoint(m: ServedModel, target: Path, alpha: float) -> None:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
 
 
-async def write_sampler_weights(m: ServedModel, handle: Any, target: Path, alpha: float) -> None:
+async def write_sampler_weights(m: Any, handle: Any, target: Path, alpha: float) -> None:
     """The adapter version ``handle`` points to (just pushed by ``m``'s trainer) and
     ``CHECKPOINT_META`` written to ``target`` as ``write_checkpoint`` writes (atomically)."""
     from safetensors.torch import save_file
@@ -106,11 +112,10 @@ async def write_sampler_weights(m: ServedModel, handle: Any, target: Path, alpha
         await asyncio.to_thread(shutil.rmtree, tmp, True)
 
 
-def checkpoint_source(state: ServerState, tinker_path: str) -> Path:
+def checkpoint_source(state: Any, tinker_path: str) -> Path:
     """The directory of the checkpoint ``tinker_path`` names (``weights`` or
-    ``sampler_weights``), or ``UserError`` saying why there is none."""
-    from forge.serve.state import parse_path
-
+    ``sampler_weights``) on ``state`` (a ``state.ServerState``), or ``UserError`` saying why
+    there is none."""
     model_id, kind, name = parse_path(tinker_path)
     if kind == "weights":
         source = state.checkpoint_dir(model_id, name)
@@ -130,7 +135,7 @@ def checkpoint_source(state: ServerState, tinker_path: str) -> Path:
     return source
 
 
-async def load_for_sampling(state: ServerState, tinker_path: str) -> LoadedCheckpoint:
+async def load_for_sampling(state: Any, tinker_path: str) -> LoadedCheckpoint:
     """The checkpoint ``tinker_path`` loaded into its base model's generator (once per
     saved file; see the module docstring)."""
     from safetensors.torch import load_file
@@ -165,11 +170,9 @@ async def load_for_sampling(state: ServerState, tinker_path: str) -> LoadedCheck
     return loaded
 
 
-def base_of(state: ServerState, tinker_path: str) -> str:
+def base_of(state: Any, tinker_path: str) -> str:
     """The served base model a checkpoint (or a live training client's sampler path) is
     over, read without loading anything."""
-    from forge.serve.state import parse_path
-
     model_id = parse_path(tinker_path)[0]
     m = state.models.get(model_id)
     if m is not None and tinker_path in m.samplers:

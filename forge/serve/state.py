@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import forge.settings
+from forge.serve.checkpoints import SAMPLER_DIR, load_for_sampling, parse_path
 from forge.serve.futures import Stats, UserError
 from forge.serve.serve_config import ServeConfig, ServedBase, resolve_path
 
@@ -293,8 +294,6 @@ class ServerState:
         """A sampling session for a ``tinker://`` path or a base model: a training client's
         newest save for sampling is sampled where it is; any other named save, or a
         ``save_state`` checkpoint, is loaded from disk (``forge.serve.checkpoints``)."""
-        from forge.serve.checkpoints import load_for_sampling
-
         if model_path:
             model_id = parse_path(model_path)[0]
             m = self.models.get(model_id)
@@ -331,8 +330,6 @@ class ServerState:
 
     def sampler_dir(self, model_id: str, name: str) -> Path:
         """``<serve.dir>/<model_id>/sampler_weights/<name>``, checked as ``checkpoint_dir``."""
-        from forge.serve.checkpoints import SAMPLER_DIR
-
         self.checkpoint_dir(model_id, name)  # the name's checks
         return self.checkpoint_dir(model_id, SAMPLER_DIR) / name
 
@@ -345,12 +342,3 @@ class ServerState:
                 await asyncio.wait_for(m.trainer.close.call_one(), 10)
             except Exception as e:  # noqa: BLE001 - best effort while shutting down
                 logger.warning("%s: closing the trainer failed: %s", m.model_id, e)
-
-
-def parse_path(path: str) -> tuple[str, str, str]:
-    """``tinker://<model_id>/<kind>/<name>`` -> (model_id, kind, name)."""
-    prefix = "tinker://"
-    parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
-    if len(parts) != 3 or not all(parts):
-        raise UserError(f"{path!r} is not a tinker://<model_id>/<kind>/<name> path")
-    return parts[0], parts[1], parts[2]
