@@ -60,6 +60,7 @@ async def run_forge(model: str, steps: int, seed: int, run_dir: Path) -> dict:
 
     overrides = [
         f"base_model={model}",
+        f"rl.policy.model={model}",  # the stage runs alone: no pipeline resolves from-run
         f"seed={seed}",
         f"rl.steps={steps}",
         "rl.rewards=[]",
