@@ -38,7 +38,7 @@ import dataclasses
 import re
 import string
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -46,6 +46,9 @@ from forge.losses.distill import distill_advantages, distill_share, reverse_kl
 from forge.observability.names import M
 from forge.training.reference_update import ReferenceUpdateConfig
 from forge.types import Episode, TeacherScore, TeacherTopK
+
+if TYPE_CHECKING:
+    from forge.actors.teacher import Teacher
 
 __all__ = [
     "GROUP_FIELDS",
@@ -350,10 +353,10 @@ def add_distillation(
 class Teachers:
     """The run's teacher services by name (``""``: the one teacher of a single section)."""
 
-    services: dict[str, Any]
+    services: dict[str, Teacher]
 
     @property
-    def follower(self) -> Any:
+    def follower(self) -> Teacher | None:
         """The service that pulls the student's pushed versions (``teacher.update``; a frozen
         one ignores them): the one teacher's, or ``None`` with several (they cannot follow)."""
         return self.services.get("")
