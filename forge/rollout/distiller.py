@@ -381,7 +381,7 @@ class Distiller:
             best = texts[max(range(len(texts)), key=rewards.__getitem__)] if rewards else None
             prompts = [privileged_prompt(t.prompt, item, best)] * len(group)
         gkd = t.signal == "gkd"
-        scores = await self.services[name].score.route(group, prompts, t.top_k if gkd else 0)
+        scores = await self.services[name].score.route(group, prompts, t.top_k or 0)
         metrics = add_distillation(group, scores, t.coef, t.discount, t.beta if gkd else None)
         for key, values in metrics.items():
             self.log.add(key, values)
