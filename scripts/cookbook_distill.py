@@ -1,6 +1,7 @@
 """The tinker-cookbook's on-policy distillation, unchanged, against ``forge serve``.
 
     python scripts/cookbook_distill.py --work /tmp/distill [--model smollm2|toy] [--steps 3]
+    python scripts/cookbook_distill.py --work /tmp/sdft --algorithm sdft [--topk 20] ...
 
 ``tinker_cookbook.distillation.train_on_policy`` (tinker-cookbook 0.5.8, run from its own venv,
 ``scripts/cookbook_venv.sh``) trains a student LoRA to match a teacher: it samples the
@@ -21,6 +22,11 @@ student, scores the samples with the teacher's ``compute_logprobs`` and trains w
    script builds the same ``train_on_policy.Config`` that command line builds, with that
    dataset, and calls ``main`` as it does.
 3. The recipe's per-step metrics (its ``metrics.jsonl``) are printed as a table.
+
+``--algorithm sdft`` runs ``tinker_cookbook.distillation.sdft.main`` (self-distillation: the
+base model, shown the answer in its prompt, is the teacher; its top-``--topk`` prompt
+logprobs are the soft targets of an ``[N, K]`` ``cross_entropy``) on the same sums, with the
+answer as the golden demonstration, instead of steps 1 and 2.
 
 ``--model smollm2`` serves SmolLM2-135M-Instruct under its converted directory's path (the
 recipe loads its tokenizer with ``AutoTokenizer.from_pretrained(model_name)``); ``toy`` the
@@ -115,6 +121,49 @@ def run_recipe(args: argparse.Namespace) -> None:
     asyncio.run(train_on_policy.main(config))
 
 
+def run_sdft(args: argparse.Namespace) -> None:
+    """``sdft.main`` over the sums, each with its answer as the golden demonstration."""
+    import asyncio
+    from functools import partial
+
+    from tinker_cookbook import renderers
+    from tinker_cookbook.distillation import sdft
+    from tinker_cookbook.distillation.datasets import PromptOnlyEnv
+    from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    renderer = renderers.get_renderer(RENDERER, tokenizer=get_tokenizer(args.model_name))
+    pairs = sums(1, args.groups * args.steps)
+
+    class Sums:  # sdft.SDFTBatchProvider
+        def __len__(self) -> int:
+            return args.steps
+
+        def get_batch(self, index: int):
+            batch = pairs[index * args.groups : (index + 1) * args.groups]
+            questions = [QUESTION.format(a=a, b=b) for a, b in batch]
+            builders = [
+                ProblemGroupBuilder(partial(PromptOnlyEnv, q, renderer), args.group_size, "sums")
+                for q in questions
+            ]
+            return builders, questions, [str(a + b) for a, b in batch]
+
+    config = sdft.Config(
+        model_name=args.model_name,
+        recipe_name="sdft",
+        renderer_name=RENDERER,
+        lora_rank=args.rank,
+        base_url=args.base_url,
+        learning_rate=args.lr,
+        max_tokens=args.max_tokens,
+        topk=args.topk,
+        max_context_length=2048,
+        log_path=args.log_path,
+        max_steps=args.steps,
+    )
+    asyncio.run(sdft.main(config, Sums()))
+
+
 # -- the driver's side (the main environment) ---------------------------------------------
 
 
@@ -207,6 +256,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=1e-3, help="the student's learning rate")
     p.add_argument("--teacher-steps", type=int, default=8)
     p.add_argument("--teacher-lr", type=float, default=2e-3)
+    p.add_argument("--algorithm", choices=("train_on_policy", "sdft"), default="train_on_policy")
+    p.add_argument("--topk", type=int, default=20, help="sdft: the teacher's top-k")
     p.add_argument("--cookbook-python", default=os.environ.get("TINKER_COOKBOOK_PYTHON", ""))
     p.add_argument("--recipe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -214,6 +265,9 @@ def main() -> int:
     p.add_argument("--teacher", help=argparse.SUPPRESS)
     p.add_argument("--log-path", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.recipe and args.algorithm == "sdft":
+        run_sdft(args)
+        return 0
     if args.recipe:
         run_recipe(args)
         return 0
@@ -251,15 +305,17 @@ def drive(args: argparse.Namespace) -> int:
         f"models:\n  - {{name: {model}, path: {path}}}\n"
         f"dir: {work / 'ckpt'}\ndtype: auto\nautocast: auto\n"
     )
-    t0 = time.monotonic()
-    server = Server(work, config, key)
-    try:
-        teacher = train_teacher(
-            server.url, key, model, args.teacher_steps, args.rank, args.teacher_lr
-        )
-    finally:
-        server.stop()
-    print(f"[teacher] {teacher} ({time.monotonic() - t0:.0f} s); restarting the server")
+    teacher = ""
+    if args.algorithm == "train_on_policy":
+        t0 = time.monotonic()
+        server = Server(work, config, key)
+        try:
+            teacher = train_teacher(
+                server.url, key, model, args.teacher_steps, args.rank, args.teacher_lr
+            )
+        finally:
+            server.stop()
+        print(f"[teacher] {teacher} ({time.monotonic() - t0:.0f} s); restarting the server")
     server = Server(work, config, key)
     log_path = work / "run"
     try:
@@ -268,19 +324,35 @@ def drive(args: argparse.Namespace) -> int:
         recipe += [f"--base-url={server.url}", f"--model-name={model}", f"--teacher={teacher}"]
         recipe += [f"--log-path={log_path}", f"--steps={args.steps}", f"--groups={args.groups}"]
         recipe += [f"--group-size={args.group_size}", f"--max-tokens={args.max_tokens}"]
-        recipe += [f"--rank={args.rank}", f"--lr={args.lr}"]
+        recipe += [f"--rank={args.rank}", f"--lr={args.lr}", f"--algorithm={args.algorithm}"]
+        recipe += [f"--topk={args.topk}"]
         done = subprocess.run(recipe, cwd=str(work), env={**os.environ, "TINKER_API_KEY": key})
     finally:
         server.stop()
     print(f"[recipe] exit {done.returncode} ({time.monotonic() - t1:.0f} s)")
     if done.returncode != 0:
         return done.returncode
-    print_metrics(log_path / "metrics.jsonl")
+    print_metrics(log_path / "metrics.jsonl", METRICS[args.algorithm])
     return 0
 
 
-def print_metrics(path: Path) -> None:
-    keys = ("teacher_kl", "env/all/ac_tokens_per_turn", "optim/kl_sample_train_v1", "time/total")
+METRICS = {
+    "train_on_policy": (
+        "teacher_kl",
+        "env/all/ac_tokens_per_turn",
+        "optim/kl_sample_train_v1",
+        "time/total",
+    ),
+    "sdft": (
+        "sdft/mean_teacher_entropy",
+        "grad_norm:mean",
+        "env/all/ac_tokens_per_turn",
+        "time/total",
+    ),
+}
+
+
+def print_metrics(path: Path, keys: tuple[str, ...]) -> None:
     print("| step | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for line in path.open():

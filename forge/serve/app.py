@@ -366,7 +366,12 @@ def build_app(state: ServerState, api_key: str):
             raise UserError(
                 "a sampling request needs a sampling_session_id, model_path or base_model"
             )
-        base = session.base if session else base_of(state, model_path) if model_path else base_model
+        if session is not None:
+            base = session.base
+        elif model_path is not None:
+            base = base_of(state, model_path)  # reads the checkpoint's meta, loads nothing
+        else:
+            base = base_model
         try:
             context = state.cfg.base(base).max_context_length
         except KeyError as e:
