@@ -2,6 +2,7 @@
 
     pip install 'trl==1.16.*'
     python -m benchmarks.same_update [--config short|gen-heavy] [--seeds 0 1 2]
+        [--cases all|on-policy|off-policy] [--earlier-updates 2] [--earlier-lr 1e-5]
 
 The held-out comparison at equal steps (``benchmarks.real_heldout``) has a seed-to-seed spread
 as large as the gap it measures. This removes the sampling: per seed, SmolLM2-135M-Instruct
@@ -20,9 +21,20 @@ and take one optimizer step on exactly those tokens from the same weights:
   ``Episode`` s carrying the sampler's logprobs, with advantages from
   ``forge.losses.grpo_advantages`` (population std) and, as a control, with TRL's.
 
-Reported per seed: the cosine between the two gradients, their norm ratio, and the cosine and
-sign agreement of the two weight updates. The last line is machine-readable:
-``same_update_grad_cos=<min over seeds> same_update_step_cos=<min>``.
+Off-policy cases (``--earlier-updates N``, default 2): Forge first takes N float32 steps on
+the same batch (PPO's epochs over one batch), and from those weights both trainers take the
+compared step with the *sampler's* logprobs as pi_old (TRL: ``old_per_token_logps``, as its
+``num_iterations > 1`` path computes them), so ratios move away from 1 and some tokens fall
+outside the 0.2 clip band; both use TRL's advantages. Twice: in float32, and at the main job's
+precision on a CPU with native bf16 (Forge: ``autocast: bfloat16`` with ``autocast_head``;
+TRL: ``GRPOConfig(bf16=True)``, the forward wrapped by accelerate as ``Trainer.train`` wraps
+it; float32 weights and AdamW on both).
+
+Reported per seed and case: both losses, the gradients' cosine and norm ratio, and for the
+weight updates their cosine, the largest elementwise difference (absolute, and over the
+largest element of TRL's update), the norm of the difference over TRL's, the sign agreement,
+and Forge's mean ratio and clipped share of trained tokens. The last line is
+machine-readable: ``same_update_step_cos[<case>]=<min over seeds>``.
 """
 
 from __future__ import annotations
