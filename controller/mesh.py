@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from controller import _context, _wire
 from controller._actor_mesh import ActorMesh, ProcInfo, encode_per_rank, shm_reaches
@@ -31,10 +31,9 @@ from controller.shape import Shape
 
 __all__ = ["ActorMesh", "HostMesh", "MeshFailure", "ProcMesh", "spawn_local", "this_host"]
 
-if TYPE_CHECKING:
-    from controller.actor import Actor
-
-A = TypeVar("A", bound="Actor")
+# The actor class spawned (unbound: controller.actor imports this module, and a bound would
+# need that import back, a cycle even under TYPE_CHECKING).
+A = TypeVar("A")
 
 logger = logging.getLogger("controller")
 
