@@ -35,9 +35,15 @@ class ServedBase:
     """The longest prompt plus completion a client may use."""
 
     def __post_init__(self) -> None:
+        self.path = self.path or self.name
+
+    def resolve(self) -> None:
+        """Convert a shipped model or a ``.gguf`` file into the model cache and point ``path``
+        at the converted directory (``ServeConfig`` does it when it loads, so a default shown
+        by ``forge config show`` or docs/config.md names the model, not this machine's
+        cache)."""
         from forge.models.gguf import is_model_spec, resolve_model
 
-        self.path = self.path or self.name
         if is_model_spec(self.path):  # ValueError naming the package to install if missing
             self.path = resolve_model(self.path)
 
@@ -129,6 +135,8 @@ class ServeConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"serve.models names a base model twice: {names}")
+        for m in self.models:
+            m.resolve()
         for key in (
             "max_lora_rank",
             "max_models",

@@ -89,3 +89,17 @@ def test_auto_precision_follows_the_device(monkeypatch, native):
     monkeypatch.setattr(precision, "native_bf16", lambda device: native)
     cfg = load_config(None, {"dtype": "auto", "autocast": "auto"}, preset="toy")
     assert (cfg.dtype, cfg.autocast) == (("bfloat16", "bfloat16") if native else ("float32", None))
+
+
+def test_the_documented_default_names_the_model_not_this_machines_cache():
+    """Building the default (as docs/config.md and ``forge config show`` do) converts nothing:
+    a default that held a converted path would differ between machines."""
+    import dataclasses
+
+    from forge.config.describe import field_default
+    from forge.serve.serve_config import ServeConfig
+
+    (models,) = [f for f in dataclasses.fields(ServeConfig) if f.name == "models"]
+    assert [(m.name, m.path) for m in field_default(models)] == [
+        ("smollm2-135m-instruct", "smollm2-135m-instruct")
+    ]
