@@ -68,8 +68,9 @@ def test_length_cuts_on_a_hand_checked_case():
 
 
 @SETTINGS
-@given(st.lists(st.integers(1, 30), min_size=1, max_size=12), st.integers(1, 60))
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=12), st.integers(1, 60))
 def test_token_cap_pieces_keep_order_and_are_packed_tight(lengths, cap):
+    # lengths of 0: rows whose every position is a shared prefix cost nothing of their own
     rows_m = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(len(lengths)))
     pieces = _token_cap(rows_m, lengths, cap)
     assert torch.equal(torch.cat(pieces), rows_m)
@@ -93,13 +94,35 @@ def test_micro_rows_cover_every_row_once_in_chunks_of_the_micro_batch_size(lengt
 
 
 @SETTINGS
-@given(st.lists(st.integers(1, 50), min_size=2, max_size=16), st.integers(0, 40))
-def test_micro_rows_without_a_size_cut_the_sorted_rows_where_length_cuts_says(lengths, cost):
-    parts = _micro_rows(lengths, None, "cpu", cost)
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+@given(st.lists(st.integers(1, 50), min_size=2, max_size=16), st.integers(0, 40), st.data())
+def test_micro_rows_without_a_size_cut_the_sorted_rows_where_length_cuts_says(lengths, cost, data):
+    n = len(lengths)
+    prefixes = data.draw(
+        st.none() | st.lists(st.sampled_from([("a", 5), ("b", 60)]), min_size=n, max_size=n)
+    )
+    keys = data.draw(st.none() | st.lists(st.integers(0, 1), min_size=n, max_size=n))
+    parts = _micro_rows(lengths, None, "cpu", cost, prefixes, keys)
+    order = sorted(range(n), key=lengths.__getitem__)
     assert torch.cat(parts).tolist() == order
     cuts = list(itertools.accumulate(len(p) for p in parts))[:-1]
-    assert cuts == _length_cuts([lengths[i] for i in order], cost)
+    pre = None if prefixes is None else [prefixes[i] for i in order]
+    k = None if keys is None else [keys[i] for i in order]
+    assert cuts == _length_cuts([lengths[i] for i in order], cost, pre, k)
+
+
+def test_micro_rows_pay_a_shared_prefix_once_per_part():
+    lengths = [1, 1, 9, 9]
+    assert len(_micro_rows(lengths, None, "cpu", 2)) == 2  # 24 positions apart, 38 together
+    assert len(_micro_rows(lengths, None, "cpu", 2, [("p", 30)] * 4)) == 1  # 84 against 68
+    # three copies of one short row count once: 11 + 19 = 30 apart against 10 + 2 x 9 = 28
+    # together (distinct rows: 13 + 19 = 32 against 46)
+    assert len(_micro_rows([1, 1, 1, 9], None, "cpu", 10)) == 2
+    assert len(_micro_rows([1, 1, 1, 9], None, "cpu", 10, None, ["a", "a", "a", "b"])) == 1
+
+
+def test_token_cap_counts_rows_of_length_zero_as_no_positions():
+    pieces = _token_cap(torch.arange(3), [0, 0, 5], 1)
+    assert [p.tolist() for p in pieces] == [[0, 1], [2]]
 
 
 def test_loss_denominators_are_additive_over_rows():
