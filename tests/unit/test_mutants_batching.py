@@ -120,6 +120,10 @@ def test_micro_rows_pay_a_shared_prefix_once_per_part():
     assert len(_micro_rows([1, 1, 1, 9], None, "cpu", 10, None, ["a", "a", "a", "b"])) == 1
 
 
+def test_micro_rows_with_no_size_and_no_buckets_are_one_part_in_batch_order():
+    assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
+
+
 def test_token_cap_counts_rows_of_length_zero_as_no_positions():
     pieces = _token_cap(torch.arange(3), [0, 0, 5], 1)
     assert [p.tolist() for p in pieces] == [[0, 1], [2]]
