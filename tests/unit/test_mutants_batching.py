@@ -65,6 +65,10 @@ def test_length_cuts_on_a_hand_checked_case():
     assert _length_cuts([1, 1, 9, 9], 2) == [2]
     # a shared prefix of 30 paid twice when split: 24 + 60 against 38 + 30
     assert _length_cuts([1, 1, 9, 9], 2, [("p", 30)] * 4) == []
+    # at cost 0 every row apart is cheapest (1 + 2 + 3 against 2 x 2 + 3 or 3 x 3)
+    assert _length_cuts([1, 2, 3], 0) == [1, 2]
+    # past 128 rows the cuts fall on blocks of ceil(n / 128) rows: 2 rows at n = 129
+    assert _length_cuts(list(range(1, 130)), 0)[:3] == [2, 4, 6]
 
 
 @SETTINGS

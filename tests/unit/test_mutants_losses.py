@@ -9,7 +9,14 @@ import math
 import pytest
 import torch
 
-from forge.losses import aggregate, grpo_loss, gspo_loss, kl_penalty, tis_weights
+from forge.losses import (
+    aggregate,
+    grpo_loss,
+    gspo_loss,
+    kl_penalty,
+    reinforce_loss,
+    tis_weights,
+)
 from forge.losses.tis import sequence_tis_weights, tis_metrics
 
 
@@ -93,3 +100,8 @@ def test_gspo_sequence_tis_mean_leaves_out_empty_rows():
         torch.zeros(1, 2), torch.zeros(1, 2), _t([1.0]), torch.zeros(1, 2), tis_cap=3.0
     )
     assert none["tis_weight_mean"] == 1.0  # no counted row: the neutral weight
+
+
+def test_reinforce_refuses_logprobs_that_would_broadcast_over_the_mask():
+    with pytest.raises(ValueError, match="logprobs_bt has shape"):
+        reinforce_loss(torch.zeros(1, 2), _t([1.0, 1.0]), torch.ones(2, 2))
