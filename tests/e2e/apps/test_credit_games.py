@@ -10,8 +10,10 @@ import pytest
 
 from tests.helpers import REPO, forge_run, script_env
 
+# The SFT stage teaches the game's move format; only the bootstrapped case needs games that
+# last (with 1 SFT step its games ended before max_turns), the others check what every game's
+# first turn shows, so they take one SFT step.
 SHORT = [
-    "sft.steps=20",
     "rl.steps=4",
     "rl.eval.every=0",
     "rl.eval.at_start=false",
@@ -27,11 +29,12 @@ def _steps(run) -> list[dict]:
 @pytest.mark.parametrize(
     ("method", "overrides"),
     [
-        ("gigpo", ["rl.rollout.credit=gigpo"]),
+        ("gigpo", ["sft.steps=1", "rl.rollout.credit=gigpo"]),
         # Three turns cut most games short: their returns bootstrap from the critic.
         (
             "ppo_turns",
             [
+                "sft.steps=20",
                 "rl.critic.level=turn",
                 "rl.trainer.loss.type=ppo",
                 "rl.critic.bootstrap_truncated=true",
@@ -42,6 +45,7 @@ def _steps(run) -> list[dict]:
         (
             "ppo_turns_window",
             [
+                "sft.steps=1",
                 "rl.critic.level=turn",
                 "rl.trainer.loss.type=ppo",
                 "rl.env.history.turns=0",
