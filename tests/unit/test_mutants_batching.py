@@ -67,6 +67,8 @@ def test_length_cuts_on_a_hand_checked_case():
     assert _length_cuts([1, 1, 9, 9], 2, [("p", 30)] * 4) == []
     # at cost 0 every row apart is cheapest (1 + 2 + 3 against 2 x 2 + 3 or 3 x 3)
     assert _length_cuts([1, 2, 3], 0) == [1, 2]
+    # one position decides: apart 1 + 1 + 1 + 3 = 6 against 1 + 2 x 3 = 7
+    assert _length_cuts([1, 3], 1) == [1]
     # past 128 rows the cuts fall on blocks of ceil(n / 128) rows: 2 rows at n = 129
     assert _length_cuts(list(range(1, 130)), 0)[:3] == [2, 4, 6]
 
@@ -126,6 +128,10 @@ def test_micro_rows_pay_a_shared_prefix_once_per_part():
 
 def test_micro_rows_with_no_size_and_no_buckets_are_one_part_in_batch_order():
     assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
+
+
+def test_token_cap_fills_a_piece_up_to_exactly_the_cap():
+    assert [p.tolist() for p in _token_cap(torch.arange(3), [3, 3, 3], 6)] == [[0, 1], [2]]
 
 
 def test_token_cap_counts_rows_of_length_zero_as_no_positions():

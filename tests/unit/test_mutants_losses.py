@@ -105,3 +105,21 @@ def test_gspo_sequence_tis_mean_leaves_out_empty_rows():
 def test_reinforce_refuses_logprobs_that_would_broadcast_over_the_mask():
     with pytest.raises(ValueError, match="logprobs_bt has shape"):
         reinforce_loss(torch.zeros(1, 2), _t([1.0, 1.0]), torch.ones(2, 2))
+
+
+def test_reinforce_tis_weighs_each_token_by_old_over_generator_and_checks_both_shapes():
+    lp = _t([[-1.0, -2.0]]).requires_grad_(True)
+    gen, old, mask = torch.zeros(1, 2), _t([[math.log(2.0), 0.0]]), torch.ones(1, 2)
+    loss, m = reinforce_loss(
+        lp, _t([1.0]), mask, old_logprobs_bt=old, generator_logprobs_bt=gen, tis_cap=5.0
+    )
+    # -(A * lp) weighted by [2, 1]: (2 * 1 + 1 * 2) / 2 tokens
+    assert loss.item() == pytest.approx(2.0) and m["policy_loss"] == pytest.approx(2.0)
+    assert m["tis_weight_mean"] == pytest.approx(1.5)
+    for bad in (
+        {"old_logprobs_bt": torch.zeros(1, 1)},
+        {"generator_logprobs_bt": torch.zeros(1, 1)},
+    ):
+        kwargs = {"old_logprobs_bt": old, "generator_logprobs_bt": gen, **bad}
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} has shape"):
+            reinforce_loss(lp, _t([1.0]), mask, tis_cap=5.0, **kwargs)
