@@ -150,12 +150,29 @@ def check_teacher(cfg: Any) -> None:
             _check_moving(cfg)
         if not one.self_distill:
             one.model = resolve_model(one.model)
+            _check_model_exists(one.model, where)
             if cfg.policy.model != "from-run":  # a pipeline stage's policy is known only later
                 check_tokenizers(cfg.policy.model, one.model)
         if one.prompt is not None:
             check_prompt_fields(one.prompt, cfg.data, rewarded, cfg.rollout.group_size)
         if one.signal == "gkd":
             _check_gkd(cfg, one, where)
+
+
+def _check_model_exists(model: str, where: str) -> None:
+    """``FileNotFoundError`` for a teacher given as a local path (not a hub id) that does not
+    exist on the controller's host, whose files the teacher's hosts would be sent."""
+    from pathlib import Path
+
+    from forge.models.loading import _looks_like_path, check_architecture
+
+    if _looks_like_path(model) and not Path(model).expanduser().exists():
+        raise FileNotFoundError(
+            f"{where}.model={model!r}: no model directory there. A run's final policy is "
+            "<run dir>/rl/model (or <run dir>/model for a one-stage run); train the teacher "
+            "first or name an existing directory, GGUF file or shipped model"
+        )
+    check_architecture(model)
 
 
 def _check_gkd(cfg: Any, t: Any, where: str) -> None:

@@ -73,6 +73,19 @@ def test_a_teacher_with_another_tokenizer_is_refused_at_load(models):
         _cfg(models, teacher={"model": models["other"]})
 
 
+@pytest.mark.parametrize("policy", ["student", "from-run"])
+def test_a_teacher_path_that_does_not_exist_is_refused_at_load(models, tmp_path, policy):
+    """Also when the student is a pipeline stage's (``from-run``), whose tokenizer is known
+    only later: the teacher's path is checked either way, before anything starts."""
+    student = models["student"] if policy == "student" else "from-run"
+    for missing in (str(tmp_path / "runs/teacher/rl/model"), "./no/such/run/rl/model"):
+        with pytest.raises(FileNotFoundError, match=r"teacher\.model=.*no model directory"):
+            _cfg(models, policy={"model": student}, teacher={"model": missing})
+    several = {"key": "target", "models": {"a": {"model": str(tmp_path / "gone")}}}
+    with pytest.raises(FileNotFoundError, match=r"teacher\.models\.a\.model="):
+        _cfg(models, teacher=several)
+
+
 def test_special_ids_must_agree_too(models, tmp_path):
     import json
     import shutil
