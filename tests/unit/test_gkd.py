@@ -109,9 +109,11 @@ def test_properties_over_random_top_k(teacher, student, beta):
     p, q = coarse(teacher), coarse(student)
     assert fwd == pytest.approx(float((p * (p / q).log()).sum()), abs=1e-5, rel=1e-5)
     full_p, full_q = torch.softmax(_t(teacher), -1), torch.softmax(_t(student), -1)
-    assert fwd <= float((full_p * (full_p / full_q).log()).sum()) + 1e-5
+    full = float((full_p * (full_p / full_q).log()).sum())
+    assert fwd <= full + 1e-5 * (1 + abs(full))  # float32 rounding grows with the value
     if 0.0 < beta < 1.0:  # KL(T || M) <= (1 - beta) KL(T || S), KL(S || M) <= beta KL(S || T)
-        assert out <= beta * (1 - beta) * (fwd + rev) + 1e-5
+        bound = beta * (1 - beta) * (fwd + rev)
+        assert out <= bound + 1e-5 * (1 + abs(bound))
 
 
 def _episode(i: int, prompt, response, topk=None) -> Episode:
