@@ -160,14 +160,14 @@ def check_teacher(cfg: Any) -> None:
 
 
 def _check_model_exists(model: str, where: str) -> None:
-    """``FileNotFoundError`` for a teacher given as a local path (not a hub id) that does not
+    """``ValueError`` (a config error) for a teacher given as a local path (not a hub id) that does not
     exist on the controller's host, whose files the teacher's hosts would be sent."""
     from pathlib import Path
 
     from forge.models.loading import _looks_like_path, check_architecture
 
     if _looks_like_path(model) and not Path(model).expanduser().exists():
-        raise FileNotFoundError(
+        raise ValueError(
             f"{where}.model={model!r}: no model directory there. A run's final policy is "
             "<run dir>/rl/model (or <run dir>/model for a one-stage run); train the teacher "
             "first or name an existing directory, GGUF file or shipped model"

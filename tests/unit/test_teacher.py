@@ -79,10 +79,10 @@ def test_a_teacher_path_that_does_not_exist_is_refused_at_load(models, tmp_path,
     only later: the teacher's path is checked either way, before anything starts."""
     student = models["student"] if policy == "student" else "from-run"
     for missing in (str(tmp_path / "runs/teacher/rl/model"), "./no/such/run/rl/model"):
-        with pytest.raises(FileNotFoundError, match=r"teacher\.model=.*no model directory"):
+        with pytest.raises(ValueError, match=r"teacher\.model=.*no model directory"):
             _cfg(models, policy={"model": student}, teacher={"model": missing})
     several = {"key": "target", "models": {"a": {"model": str(tmp_path / "gone")}}}
-    with pytest.raises(FileNotFoundError, match=r"teacher\.models\.a\.model="):
+    with pytest.raises(ValueError, match=r"teacher\.models\.a\.model="):
         _cfg(models, teacher=several)
 
 
