@@ -94,13 +94,14 @@ class Addition:
         while True:
             a, b = self._draw(self._rng)
             if (a, b) not in self._held:
-                return {"prompt": prompt_for(a, b, self.style), "target": str(a + b)}
+                return self._item(a, b)
 
     def heldout(self) -> list[dict]:
-        return [
-            {"prompt": prompt_for(a, b, self.style), "target": str(a + b)}
-            for a, b in self.heldout_pairs
-        ]
+        return [self._item(a, b) for a, b in self.heldout_pairs]
+
+    def _item(self, a: int, b: int) -> dict:
+        """The question about the pair ``(a, b)`` and its answer."""
+        return {"prompt": prompt_for(a, b, self.style), "target": str(a + b)}
 
     def state_dict(self) -> dict:
         return {"rng": self._rng.getstate()}

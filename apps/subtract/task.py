@@ -12,8 +12,9 @@ Held-out pairs are drawn from their own seed and never used for training.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
+
+from apps.arith.task import Addition
 
 __all__ = ["Subtraction", "prompt_for"]
 
@@ -24,50 +25,16 @@ def prompt_for(a: int, b: int) -> list[dict]:
 
 
 @dataclass
-class Subtraction:
+class Subtraction(Addition):
     """An endless, seeded stream of ``a - b`` questions (both ``digits``-digit, drawn
     independently, so about half the answers are negative) and a fixed held-out set of
-    ``heldout_size`` pairs that training never sees."""
-
-    digits: int = 2
-    seed: int = 0
-    heldout_size: int = 200
-    heldout_seed: int = 10_000
+    ``heldout_size`` pairs that training never sees (``Addition``'s pairs, another
+    question). Chat prompts only."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.digits <= 9:
-            raise ValueError(f"digits must be 1..9, got {self.digits}")
-        lo, hi = 10 ** (self.digits - 1), 10**self.digits - 1
-        if self.heldout_size > (hi - lo + 1) ** 2 // 2:
-            raise ValueError(
-                f"heldout_size={self.heldout_size} leaves too few training pairs for "
-                f"digits={self.digits}; lower heldout_size or raise digits"
-            )
-        self._range, self._rng = (lo, hi), random.Random(self.seed)
-        hrng, held = random.Random(self.heldout_seed), []
-        seen: set[tuple[int, int]] = set()
-        while len(held) < self.heldout_size:
-            pair = self._draw(hrng)
-            if pair not in seen:
-                seen.add(pair)
-                held.append(pair)
-        self.heldout_pairs, self._held = held, seen
+        if self.style != "chat":
+            raise ValueError(f"Subtraction asks in chat only; style={self.style!r} is not one")
+        super().__post_init__()
 
-    def _draw(self, rng: random.Random) -> tuple[int, int]:
-        return rng.randint(*self._range), rng.randint(*self._range)
-
-    def sample(self) -> dict:
-        while True:
-            a, b = self._draw(self._rng)
-            if (a, b) not in self._held:
-                return {"prompt": prompt_for(a, b), "target": str(a - b)}
-
-    def heldout(self) -> list[dict]:
-        return [{"prompt": prompt_for(a, b), "target": str(a - b)} for a, b in self.heldout_pairs]
-
-    def state_dict(self) -> dict:
-        return {"rng": self._rng.getstate()}
-
-    def load_state_dict(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self._rng.setstate((version, tuple(internal), gauss))
+    def _item(self, a: int, b: int) -> dict:
+        return {"prompt": prompt_for(a, b), "target": str(a - b)}
