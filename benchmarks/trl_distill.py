@@ -5,7 +5,7 @@
     python -m benchmarks.trl_distill [--steps 10] [--warmup 2] [--seed 0] [--only forge trl]
 
 The student is SmolLM2-135M-Instruct (``smollm2-135m-instruct``, converted once); the task is
-``apps.subtract`` (2-digit subtraction asked in chat, half the answers negative; greedy
+``apps.arith.task.Subtraction`` (2-digit subtraction asked in chat, half the answers negative; greedy
 held-out accuracy about 0.05 at the start). The teacher is, in both systems, the student's own
 starting weights, frozen, shown a privileged prompt only the teacher reads: the user message
 followed by " (The answer is <target>.)". TRL's ``GKDTrainer`` and ``DistillationTrainer``
@@ -19,7 +19,7 @@ student sampled, no discount (Forge: ``teacher.coef: 1``, ``discount: 0``, ``rew
 TRL: ``distillation_mode="sampled_token"``, ``distillation_alpha=1.0``). Shapes are the main
 job's: 8 prompts x 8 completions, at most 16 new tokens, temperature 1.0, AdamW lr 1e-5,
 grad-norm clip 1.0, one optimizer step per generation batch, the same prompt stream
-(``Subtraction(seed=seed)``). Forge runs ``apps/subtract/distill.yaml`` with its precision
+(``Subtraction(seed=seed)``). Forge runs ``apps/arith/subtract_distill.yaml`` with its precision
 ``auto`` (bf16 generator and bf16-autocast trainer on a CPU with native bf16); TRL runs in this
 process with 2 torch threads, ``use_cpu``, ``bf16`` where the CPU computes it natively.
 
@@ -49,11 +49,13 @@ DISTILL_YAML = APP_DIR / "distill.yaml"
 GRPO_YAML = APP_DIR / "grpo.yaml"  # evaluation: the same held-out sets, scored by rewards
 SYSTEMS = ("forge", "trl")
 PROMPTS, GROUP, MAX_TOKENS, LR = 8, 8, 16, 1e-5
-PRIVILEGED = "{prompt} (The answer is {target}.)"  # apps/subtract/distill.yaml's teacher.prompt
+PRIVILEGED = (
+    "{prompt} (The answer is {target}.)"  # apps/arith/subtract_distill.yaml's teacher.prompt
+)
 
 
 async def run_forge(model: str, steps: int, seed: int, run_dir: Path) -> dict:
-    """``apps/subtract/distill.yaml`` without its reward (pure self-distillation, as TRL's),
+    """``apps/arith/subtract_distill.yaml`` without its reward (pure self-distillation, as TRL's),
     evaluation off; returns the step marks and the final model's directory."""
     from controller import shutdown
     from forge.launch import app_module, load_app
@@ -97,7 +99,7 @@ def run_trl(model: str, steps: int, seed: int, out_dir: Path) -> dict:
         raise ImportError("the TRL comparison needs: pip install 'trl==1.16.*'") from e
     import torch
 
-    from apps.subtract.task import Subtraction
+    from apps.arith.task import Subtraction
     from forge.models.precision import native_bf16
 
     source = Subtraction(seed=seed)

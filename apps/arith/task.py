@@ -1,6 +1,8 @@
-"""The real-model task: add two numbers, asked in chat ("What is 47 + 38?").
+"""The real-model tasks: add two numbers, asked in chat ("What is 47 + 38?"), and the sparse
+one, subtract them ("What is 27 - 82?").
 
-A data source (``Addition``) and three reward functions over the same answer:
+Two data sources (``Addition``, ``Subtraction``) and three reward functions over the same
+answer, whatever the operation:
 
 - ``correct``: the response's final number equals the sum (what RL trains on; it is Forge's
   ``math`` reward's rule: the last number, or a ``\\boxed{}`` / ``Answer:`` one).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from forge import extract_final_answer
 
-__all__ = ["Addition", "contains", "correct", "prompt_for", "strict"]
+__all__ = ["Addition", "Subtraction", "contains", "correct", "prompt_for", "strict"]
 
 INSTRUCTION = "Answer with just the number."
 _NUMBER = re.compile(r"(?<![\d.])-?\d+(?!\d|\.\d)")  # whole numbers; "149." counts
@@ -109,3 +111,23 @@ class Addition:
     def load_state_dict(self, state: dict) -> None:
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
+
+
+@dataclass
+class Subtraction(Addition):
+    """``a - b`` (both ``digits``-digit, drawn independently, so about half the answers are
+    negative) over ``Addition``'s pairs and held-out set; chat prompts only.
+
+    The sparse task: SmolLM2-135M-Instruct answers the question's form ("27 - 82 = 1") but
+    rarely the right number (greedy held-out about 0.05), so most GRPO groups score all 0 and
+    carry no signal, while the same model shown the answer in its prompt repeats it
+    (``apps/arith/subtract_distill.yaml``'s privileged teacher)."""
+
+    def __post_init__(self) -> None:
+        if self.style != "chat":
+            raise ValueError(f"Subtraction asks in chat only; style={self.style!r} is not one")
+        super().__post_init__()
+
+    def _item(self, a: int, b: int) -> dict:
+        question = f"What is {a} - {b}? {INSTRUCTION}"
+        return {"prompt": [{"role": "user", "content": question}], "target": str(a - b)}

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from apps.arith.task import contains, correct, strict
-from apps.subtract.task import Subtraction
+from apps.arith.task import Subtraction, contains, correct, strict
 
 _Q = re.compile(r"What is (\d+) - (\d+)\?")
 
