@@ -44,9 +44,9 @@ from benchmarks.e2e import step_clock, trl_clock
 from benchmarks.real_e2e import release_memory
 from controller import loops
 
-APP_DIR = Path(__file__).resolve().parents[1] / "apps" / "subtract"
-DISTILL_YAML = APP_DIR / "distill.yaml"
-GRPO_YAML = APP_DIR / "grpo.yaml"  # evaluation: the same held-out sets, scored by rewards
+APP_DIR = Path(__file__).resolve().parents[1] / "apps" / "arith"
+DISTILL_YAML = APP_DIR / "subtract_distill.yaml"
+GRPO_YAML = APP_DIR / "subtract_grpo.yaml"  # evaluation: the same held-out sets, scored by rewards
 SYSTEMS = ("forge", "trl")
 PROMPTS, GROUP, MAX_TOKENS, LR = 8, 8, 16, 1e-5
 PRIVILEGED = (

@@ -107,10 +107,14 @@ def test_properties_over_random_top_k(teacher, student, beta):
         return torch.cat([p[:4], p[4:].sum(0, keepdim=True)])
 
     p, q = coarse(teacher), coarse(student)
-    assert fwd == pytest.approx(float((p * (p / q).log()).sum()), abs=1e-5, rel=1e-5)
+    exact = float((p.double() * (p.double() / q.double()).log()).sum())
+    # float32: rounding grows with the value, and the student's tail, 1 - (its top-k mass),
+    # loses about eps32 absolutely, which the teacher's tail mass scales by 1 / q_tail.
+    tol = 1e-5 * (1 + abs(exact)) + 4e-7 * float(p[4] / q[4])
+    assert fwd == pytest.approx(exact, abs=tol)
     full_p, full_q = torch.softmax(_t(teacher), -1), torch.softmax(_t(student), -1)
     full = float((full_p * (full_p / full_q).log()).sum())
-    assert fwd <= full + 1e-5 * (1 + abs(full))  # float32 rounding grows with the value
+    assert fwd <= full + tol
     if 0.0 < beta < 1.0:  # KL(T || M) <= (1 - beta) KL(T || S), KL(S || M) <= beta KL(S || T)
         bound = beta * (1 - beta) * (fwd + rev)
         assert out <= bound + 1e-5 * (1 + abs(bound))
