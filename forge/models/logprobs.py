@@ -69,7 +69,8 @@ def head_logprobs(
     temperature: float = 1.0,
     chunk_elements: int = HEAD_CHUNK_ELEMENTS,
 ) -> torch.Tensor:
-    """log softmax(head(hidden) / temperature)[target] per position, fp32 ``[N]``.
+    """log softmax(head(hidden) / temperature)[target] per position, fp32 ``[N]``; with
+    ``targets_n`` of shape ``[N, J]``, the logprobs of the ``J`` ids at each position, ``[N, J]``.
 
     The ``[N, vocab]`` logits are the largest tensors of a step for a big vocabulary (262,144
     entries: 1 MB per position in fp32, and autograd keeps several copies per position for
@@ -84,6 +85,8 @@ def head_logprobs(
         logits_nv = head_logits(head, h_nd).float()
         if temperature != 1.0:  # (a full pass over [N, vocab], forward and backward)
             logits_nv = logits_nv / temperature
+        if t_n.dim() == 2:  # several ids per position: one log-normaliser for them all
+            return logits_nv.gather(-1, t_n) - torch.logsumexp(logits_nv, -1, keepdim=True)
         return gather_logprobs(logits_nv, t_n)
 
     n = hidden_nd.shape[0]
@@ -253,6 +256,43 @@ def token_logprobs(
         ).view(b, t)
     lp_bt = torch.cat([lp_bt.new_zeros(lp_bt.shape[0], 1), lp_bt], dim=1)
     return _only_scored(lp_bt, attention_mask_bt)
+
+
+def token_and_topk_logprobs(
+    model,
+    input_ids_bt: torch.Tensor,
+    attention_mask_bt: torch.Tensor,
+    ids_btk: torch.Tensor,
+    temperature: float = 1.0,
+    chunked: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs`` and, from the same forward, ``[B, T, K]`` fp32: at position ``t`` the
+    logprobs (at ``temperature``) of the ids ``ids_btk[:, t]`` as predictions of token ``t``
+    (made at ``t - 1``); position 0 holds 0. One pass of the body; the head goes in the
+    checkpointed pieces of ``head_logprobs`` where the model splits and ``chunked`` (a wrapped
+    model, DDP or FSDP, needs its own forward: ``chunked=False``), else ``[B, T, vocab]``
+    logits."""
+    temp = effective_temperature(temperature)
+    position_ids_bt = position_ids_from_mask(attention_mask_bt)
+    targets_btj = torch.cat([input_ids_bt[:, 1:, None], ids_btk[:, 1:]], -1)
+    split = _split_head(model) if chunked else None
+    if split is None:
+        out = model(
+            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
+        )
+        logits_btv = out.logits[:, :-1].float() / temp
+        picked_btj = logits_btv.gather(-1, targets_btj) - logits_btv.logsumexp(-1, keepdim=True)
+    else:
+        body, head = split
+        hidden_btd = body(
+            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
+        ).last_hidden_state[:, :-1]
+        b, t, d = hidden_btd.shape
+        picked_btj = head_logprobs(
+            head, hidden_btd.reshape(b * t, d), targets_btj.reshape(b * t, -1), temp
+        ).view(b, t, -1)
+    picked_btj = torch.nn.functional.pad(picked_btj, (0, 0, 1, 0))
+    return _only_scored(picked_btj[..., 0], attention_mask_bt), picked_btj[..., 1:]
 
 
 def _only_scored(x_bt: torch.Tensor, attention_mask_bt: torch.Tensor) -> torch.Tensor:

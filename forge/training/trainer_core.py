@@ -47,7 +47,7 @@ from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.losses.loss_config import zero_advantage_inexact
 from forge.models.cpu_head import use_onednn_head
-from forge.models.logprobs import set_head_precision
+from forge.models.logprobs import set_head_precision, token_and_topk_logprobs
 from forge.models.precision import resolve_device
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
@@ -505,7 +505,11 @@ class TrainerCore:
 
     def _micro_loss(self, b: TrainBatch, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         stats: dict[str, float] = {}
-        lp_bt = self._rows_logprobs(b, rows, stats)
+        targets = None if b.teacher_topk is None else b.teacher_topk.select(rows)
+        if targets is None:
+            lp_bt, student_btk = self._rows_logprobs(b, rows, stats), None
+        else:  # GKD: the student's logprobs of the teacher's top-k from the same forward
+            lp_bt, student_btk = self._rows_topk_logprobs(b, rows, targets.ids_btk)
         self._repeated_rows += stats.get("repeated_rows", 0.0)
         old_bt = lp_bt.detach() if self.cfg.old_logprobs == "current" else None
         if self._reference_from_base(b):  # the KL's reference: this model, adapter disabled
@@ -522,24 +526,33 @@ class TrainerCore:
             old_logprobs_bt=old_bt,
             ref_logprobs_bt=ref_bt,
         )
-        if b.teacher_topk is not None:  # GKD: the distillation loss against the teacher's top-k
-            term, gkd_metrics = self._gkd(b, rows, mask_bt)
+        if targets is not None:  # GKD: the distillation loss against the teacher's top-k
+            term, gkd_metrics = gkd_term(
+                student_btk, mask_bt, targets, self.aggregation, self.cfg.loss.max_tokens
+            )
             loss, metrics = loss + term, {**metrics, **gkd_metrics}
             metrics["loss"] = float(loss.detach())
         return loss, {**metrics, **mismatch_metrics(lp_bt.detach(), gen_bt, mask_bt)}
 
-    def _gkd(self, b: TrainBatch, rows: torch.Tensor, mask_bt: torch.Tensor):
+    def _rows_topk_logprobs(
+        self, b: TrainBatch, rows: torch.Tensor, ids_btk: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' logprobs ``[B, T]`` and their logprobs of ``ids_btk`` ``[B, T, K]``, in one
+        forward over the rows' own width (right padding past their longest is dropped)."""
+        width = b.attention_mask_bt.shape[1]
+        used = max(1, int(b.attention_mask_bt[rows].sum(-1).max()))
         with self.precision():
-            return gkd_term(
+            lp_bt, topk_btk = token_and_topk_logprobs(
                 self.model,
-                b.input_ids_bt[rows],
-                b.attention_mask_bt[rows],
-                mask_bt,
-                b.teacher_topk.select(rows),
+                b.input_ids_bt[rows, :used],
+                b.attention_mask_bt[rows, :used],
+                ids_btk[:, :used],
                 self.cfg.temperature,
-                self.aggregation,
-                self.cfg.loss.max_tokens,
+                chunked=self.world == 1,
             )
+        pad = width - used
+        pad_fn = torch.nn.functional.pad
+        return pad_fn(lp_bt, (0, pad)), pad_fn(topk_btk, (0, 0, 0, pad))
 
     def _no_sync(self, last: bool):
         """DDP: all-reduce gradients only on the last micro-batch's backward."""

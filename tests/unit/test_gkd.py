@@ -177,6 +177,57 @@ def test_student_logprobs_are_aligned_with_the_batch(tiny_model):
     torch.testing.assert_close(got[0, 2], logits[1, [5, 6]], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+def test_one_forward_gives_the_token_and_top_k_logprobs_and_their_gradients(tiny_model, chunked):
+    """The trainer's one forward for a GKD batch (the chunked head's pieces, or the model's own
+    logits) gives what two separate full forwards give: the sampled tokens' logprobs, the
+    top-k ids' logprobs, and the gradient of a loss over both; with left padding."""
+    from forge.models import load_model
+    from forge.models.logprobs import head_logprobs, token_and_topk_logprobs, token_logprobs
+
+    model = load_model(tiny_model).float()
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    ids_bt = torch.randint(0, vocab, (3, 7), generator=gen)
+    mask_bt = torch.ones_like(ids_bt)
+    mask_bt[0, :2] = 0  # left padding
+    topk_btk = torch.randint(0, vocab, (3, 7, 4), generator=gen)
+    weights_bt, weights_btk = torch.randn(3, 7, generator=gen), torch.randn(3, 7, 4, generator=gen)
+
+    def grads(lp_bt, s_btk):
+        model.zero_grad()
+        ((lp_bt * weights_bt).sum() + (s_btk * weights_btk).sum()).backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    lp_bt, s_btk = token_and_topk_logprobs(model, ids_bt, mask_bt, topk_btk, 0.7, chunked)
+    want_lp = token_logprobs(model, ids_bt, mask_bt, 0.7)
+    want_s = student_plain(model, ids_bt, mask_bt, topk_btk, 0.7)
+    torch.testing.assert_close(lp_bt, want_lp, atol=1e-5, rtol=1e-5)
+    valid = mask_bt.bool()
+    torch.testing.assert_close(s_btk[valid], want_s[valid], atol=1e-5, rtol=1e-5)
+    want = grads(want_lp, want_s * valid.unsqueeze(-1))
+    got = grads(lp_bt, s_btk * valid.unsqueeze(-1))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    # The head in pieces of one position at a time: the same [N, J] values.
+    hidden_nd = torch.randn(5, model.config.hidden_size, generator=gen)
+    ids_nj = torch.randint(0, vocab, (5, 3), generator=gen)
+    head = model.get_output_embeddings()
+    whole = head_logprobs(head, hidden_nd, ids_nj, 0.7)
+    torch.testing.assert_close(head_logprobs(head, hidden_nd, ids_nj, 0.7, vocab), whole)
+
+
+def student_plain(model, ids_bt, mask_bt, topk_btk, temperature):
+    """The top-k logprobs from the model's own full forward, by hand."""
+    from forge.models.logprobs import position_ids_from_mask
+
+    logits = model(
+        input_ids=ids_bt, attention_mask=mask_bt, position_ids=position_ids_from_mask(mask_bt)
+    ).logits[:, :-1]
+    logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, topk_btk[:, 1:])
+    return torch.nn.functional.pad(logp, (0, 0, 1, 0))
+
+
 def _exact_topk_kl(student, teacher, ids_bt, k: int) -> float:
     """The mean over response positions of KL(teacher || student) over the teacher's top-k
     and the tail."""
