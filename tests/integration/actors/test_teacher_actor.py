@@ -1,9 +1,11 @@
 """The OPD ``Teacher`` service in real processes: it scores responses like its core does, with
 and without a privileged prompt, and a replica that dies (between calls, or during one) is
-restarted and scores again (the call in flight retried)."""
+restarted and scores again (the call in flight retried); concurrent calls are scored in shared
+prefills, each caller getting what scoring it alone gives."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 
@@ -56,3 +58,28 @@ async def test_a_teacher_that_dies_during_a_call_is_restarted_and_the_call_retri
     assert _flat(got) == pytest.approx(_flat(want), abs=1e-5)
     assert got[0].topk_ids == want[0].topk_ids
     assert teacher.metrics()[0]["pids"] != [pid]
+
+
+async def test_concurrent_calls_share_prefills_and_each_gets_its_own_scores(tiny_model):
+    cfg = ReferenceConfig(model=tiny_model, device="cpu")
+    core = TeacherCore(cfg)
+
+    def episode(i: int) -> Episode:
+        response = [10 + i, 11, 12][: 1 + i % 3]  # rows of different lengths
+        return Episode(f"e{i}", [5, 6 + i % 3], response, [0.0] * len(response), 0.0, 0)
+
+    # Kinds mixed: privileged prompts or not, top-k or not.
+    calls = [
+        ([episode(i)], None if i % 2 else [f"hint: {i}"], 3 if i % 3 == 0 else 0) for i in range(12)
+    ]
+    want = [core.score(*call) for call in calls]  # one at a time
+    teacher = await Teacher.options(num_replicas=1).as_service(cfg)
+    got = await asyncio.wait_for(asyncio.gather(*(teacher.score.route(*c) for c in calls)), 60)
+    for g, w in zip(got, want, strict=True):
+        assert _flat(g) == pytest.approx(_flat(w), abs=1e-5)
+        assert [x for s in g for x in s.entropy] == pytest.approx(
+            [x for s in w for x in s.entropy], abs=1e-4
+        )
+        assert g[0].topk_ids == w[0].topk_ids
+    (stats,) = await teacher.batching.fanout()
+    assert stats["calls"] == 12 and stats["batches"] < 12
