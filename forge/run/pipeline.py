@@ -189,8 +189,8 @@ def build_fingerprint(corpus: list[str] | None = None) -> str:
 async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: str) -> dict:
     """Build (or reuse) the base model, run the SFT stage (if any), then the RL stage from
     its result. Returns ``{"evals": {step: score}, "first", "last", "mean_turns", "sets",
-    "minutes", "history", "model"}`` (``first``/``last``: the first and last evaluation,
-    ``nan`` if none ran; ``mean_turns``: the last evaluation's, with an environment;
+    "minutes", "history", "model"}`` (``first``: the evaluation before the first step,
+    ``last``: the last one after a step, each ``nan`` if none ran; ``mean_turns``: the last evaluation's, with an environment;
     ``sets``: ``{name: (first, last)}`` of each ``eval.sets`` entry's pass@1; ``model``: the
     final policy's directory); writes ``curves.png`` into ``run_dir``."""
     t0 = time.perf_counter()
@@ -208,15 +208,15 @@ async def sft_then_rl(cfg: PipelineConfig, run_dir: Path, resume: bool, name: st
     for key in sets:
         col = _column(rows, key)
         if col:
-            set_scores[key.split("/")[1]] = (col[min(col)], col[max(col)])
+            set_scores[key.split("/")[1]] = (_before(col), _after(col))
     keys = [M.REWARD, M.LOSS, M.HELDOUT_ACCURACY, *sets]
     plot_curves(result["history"], keys, run_dir / "curves.png")
     print(f"[{name}] curves: {run_dir / 'curves.png'}")
     nan = float("nan")
     return {
         "evals": evals,
-        "first": evals[min(evals)] if evals else nan,
-        "last": evals[max(evals)] if evals else nan,
+        "first": _before(evals),
+        "last": _after(evals),
         "mean_turns": turns[max(turns)] if turns else nan,
         "sets": set_scores,
         "minutes": (time.perf_counter() - t0) / 60,
@@ -234,6 +234,16 @@ def summary(result: dict, env: bool) -> str:
         head = f"success_rate={r['last']:.3f} baseline={r['first']:.3f} "
         return head + f"mean_turns={r['mean_turns']:.2f} minutes={r['minutes']:.2f}"
     return f"heldout_accuracy={r['last']:.3f} baseline={r['first']:.3f} minutes={r['minutes']:.2f}"
+
+
+def _before(col: dict[int, float]) -> float:
+    """The evaluation at step 0 (before training: ``eval.at_start``), else ``nan``."""
+    return col.get(0, float("nan"))
+
+
+def _after(col: dict[int, float]) -> float:
+    """The last evaluation after a training step, else ``nan``."""
+    return col[max(col)] if col and max(col) > 0 else float("nan")
 
 
 def _rows(path: Path) -> list[dict]:

@@ -21,9 +21,10 @@ NEEDS_A_RUN = {"apps/arith/smollm2_distill_trained.yaml": "rl.teacher.model"}
 
 
 @pytest.mark.parametrize("path", CONFIGS)
-def test_config_validates(path, tmp_path):
+def test_config_validates(path, tmp_path, monkeypatch):
     overrides = []
     if path in NEEDS_A_RUN:
+        monkeypatch.chdir(tmp_path)  # where the other run has not run (its path is relative)
         with pytest.raises(ValueError, match="no model directory there"):
             load_app(REPO / path, [])
         from forge.models import make_tiny_model

@@ -189,3 +189,16 @@ def test_deterministic_actors_need_fixed_threads():
     assert env["FORGE_THREAD_BUDGET"] == "0" and env["PYTHONHASHSEED"] == "0"
     with pytest.raises(ValueError, match="fixed thread count"):
         actor_env_vars(0, deterministic=True)
+
+
+def test_a_pipelines_before_and_after_are_the_step_0_and_a_later_evaluation():
+    """``baseline`` is the evaluation before training (step 0) and the result one after a
+    step; a run that evaluated only at its end has no baseline (nan), not its result twice."""
+    import math
+
+    from forge.run.pipeline import _after, _before
+
+    assert (_before({0: 0.2, 10: 0.5, 30: 0.7}), _after({0: 0.2, 10: 0.5, 30: 0.7})) == (0.2, 0.7)
+    assert math.isnan(_before({30: 0.7})) and _after({30: 0.7}) == 0.7
+    assert _before({0: 0.2}) == 0.2 and math.isnan(_after({0: 0.2}))
+    assert math.isnan(_before({})) and math.isnan(_after({}))
