@@ -26,6 +26,7 @@ only_mutate=
     forge/losses/policy_gradient.py
     forge/losses/tis.py
     forge/training/trainer_core.py
+    forge/training/micro_batches.py
 do_not_mutate_patterns=
     raise \w+\(
     warnings\.warn\(
@@ -56,6 +57,7 @@ echo "[mutation] $WORK" >&2
 # folding), against their unit tests; train_step/accumulate are left to the model-level
 # equivalence tests (tests/unit/test_trainer_core.py), minutes per mutant on 2 cores.
 T=forge.training.trainer_core
+M=forge.training.micro_batches
 "$MUTMUT" run --max-children "${MAX_CHILDREN:-2}" "forge.losses.*" \
-  "$T.x_loss_denominator*" "$T.x_fold_metrics*" "$T.x__over_trained_rows*" "$T.x__micro_rows*" \
-  "$T.x__token_cap*" "$T.x__length_cuts*"
+  "$T.x_loss_denominator*" "$T.x_fold_metrics*" "$T.x__over_trained_rows*" "$M.x_micro_rows*" \
+  "$M.x_token_cap*" "$M.x_length_cuts*"

@@ -19,9 +19,9 @@ import torch
 from forge.losses.gkd import generalized_jsd
 from forge.losses.normalize import aggregate
 from forge.models.logprobs import token_and_topk_logprobs
-from forge.types import TopKTargets
+from forge.types import TopKTargets, TrainBatch
 
-__all__ = ["gkd_term", "student_topk_logprobs"]
+__all__ = ["gkd_term", "rows_topk_logprobs", "student_topk_logprobs"]
 
 
 def student_topk_logprobs(
@@ -36,6 +36,32 @@ def student_topk_logprobs(
     ``ids_btk[:, t]``; position 0 holds 0. Aligned like every logprob tensor of a
     ``TrainBatch``."""
     return token_and_topk_logprobs(model, input_ids_bt, attention_mask_bt, ids_btk, temperature)[1]
+
+
+def rows_topk_logprobs(
+    model,
+    b: TrainBatch,
+    rows: torch.Tensor,
+    ids_btk: torch.Tensor,
+    temperature: float,
+    chunked: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rows`` of ``b``: their logprobs ``[R, T]`` and their logprobs of ``ids_btk``
+    (``[R, T, K]``, the rows' targets) from one forward over the rows' own width (right
+    padding past their longest is dropped, then restored as zeros)."""
+    width = b.attention_mask_bt.shape[1]
+    used = max(1, int(b.attention_mask_bt[rows].sum(-1).max()))
+    lp_bt, topk_btk = token_and_topk_logprobs(
+        model,
+        b.input_ids_bt[rows, :used],
+        b.attention_mask_bt[rows, :used],
+        ids_btk[:, :used],
+        temperature,
+        chunked=chunked,
+    )
+    pad = width - used
+    pad_fn = torch.nn.functional.pad
+    return pad_fn(lp_bt, (0, pad)), pad_fn(topk_btk, (0, 0, 0, pad))
 
 
 def gkd_term(

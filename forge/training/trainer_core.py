@@ -36,7 +36,6 @@ loss (``forge.training.gkd_term``), and none of its rows is skipped as zero-adva
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import fields, replace
 from typing import Any
@@ -47,12 +46,13 @@ from controller import threads
 from forge.losses import LossConfig, build_loss
 from forge.losses.loss_config import zero_advantage_inexact
 from forge.models.cpu_head import use_onednn_head
-from forge.models.logprobs import set_head_precision, token_and_topk_logprobs
+from forge.models.logprobs import set_head_precision
 from forge.models.precision import resolve_device
 from forge.models.shared_prefix import shared_prefix_logprobs
 from forge.training import parallel
-from forge.training.gkd_term import gkd_term
+from forge.training.gkd_term import gkd_term, rows_topk_logprobs
 from forge.training.hf_trainer import HFAdapter
+from forge.training.micro_batches import micro_rows, token_cap
 from forge.training.schedule import build_optimizer, build_scheduler
 from forge.training.trainer_config import (
     TrainerConfig,
@@ -143,101 +143,6 @@ def _batch_to(batch: TrainBatch, device: str) -> TrainBatch:
     if batch.teacher_topk is not None:
         moved["teacher_topk"] = batch.teacher_topk.to(device)
     return TrainBatch(**moved)
-
-
-def _micro_rows(
-    lengths: list[int],
-    micro_batch_size: int | None,
-    device: str,
-    bucket_cost: int | None = None,
-    prefixes: list[tuple[object, int]] | None = None,
-    row_keys: list[object] | None = None,
-) -> list[torch.Tensor]:
-    """Row indices of each micro-batch; every rank gets the same (global max) count.
-
-    ``bucket_cost`` (``None``: rows in batch order): rows are sorted by length, so a
-    micro-batch pads to lengths close to its own; with ``micro_batch_size`` unset on one rank,
-    the sorted rows are split where that saves positions (``_length_cuts``; ``prefixes``: each
-    row's shared prefix as ``(key, length)``, computed once per micro-batch that has it;
-    ``row_keys``: rows with equal keys are computed once per micro-batch)."""
-    rows = len(lengths)
-    world = parallel.rank_and_world()[1]
-    order = list(range(rows))
-    if bucket_cost is not None:
-        order.sort(key=lengths.__getitem__)
-        if micro_batch_size is None and world == 1 and rows > 1:
-            idx = torch.tensor(order, device=device)
-            pre = None if prefixes is None else [prefixes[i] for i in order]
-            keys = None if row_keys is None else [row_keys[i] for i in order]
-            cuts = _length_cuts([lengths[i] for i in order], bucket_cost, pre, keys)
-            return [idx[a:b] for a, b in zip([0, *cuts], [*cuts, rows])]
-    per = rows if micro_batch_size is None else micro_batch_size
-    local = math.ceil(rows / per)
-    n = local
-    if world > 1:
-        t = torch.tensor([local], device=device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        n = int(t.item())
-    idx = torch.tensor(order, dtype=torch.long, device=device)
-    return [idx[i * per : (i + 1) * per] for i in range(n)]
-
-
-def _token_cap(rows_m: torch.Tensor, lengths: list[int], cap: int) -> list[torch.Tensor]:
-    """``rows_m`` in consecutive pieces of at most ``cap`` padded positions each (rows x the
-    piece's longest row, ``lengths`` indexed by row); a row longer than ``cap`` is a piece of
-    its own."""
-    pieces, start, longest = [], 0, 0
-    order = rows_m.tolist()
-    for i, row in enumerate(order):
-        longest = max(longest, lengths[row])
-        if i > start and (i - start + 1) * longest > cap:
-            pieces.append(rows_m[start:i])
-            start, longest = i, lengths[row]
-    pieces.append(rows_m[start:])
-    return pieces
-
-
-def _length_cuts(
-    sorted_lengths: list[int],
-    cost: int,
-    prefixes: list[tuple[object, int]] | None = None,
-    row_keys: list[object] | None = None,
-) -> list[int]:
-    """Where to split ascending ``sorted_lengths`` so that the positions computed are least:
-    per part, its rows x its longest row (rows with the same ``row_keys`` entry count once),
-    plus each distinct prefix in it once (``prefixes``: per row ``(key, length)``), plus
-    ``cost``. Exact dynamic programming over blocks of rows (single rows up to 128 rows; cuts
-    fall on block edges beyond)."""
-    n = len(sorted_lengths)
-    block = max(1, math.ceil(n / 128))
-    edges = list(range(0, n, block)) + [n]
-    m = len(edges) - 1
-    best, prev = [0.0] + [math.inf] * m, [0] * (m + 1)
-    for j in range(1, m + 1):
-        longest = sorted_lengths[edges[j] - 1]
-        seen: set = set()
-        shared = 0
-        rows: set = set()
-        for i in range(j - 1, -1, -1):  # part = blocks i..j-1
-            if prefixes is not None:
-                for key, plen in prefixes[edges[i] : edges[i + 1]]:
-                    if key not in seen:
-                        seen.add(key)
-                        shared += plen
-            if row_keys is None:
-                count = edges[j] - edges[i]
-            else:
-                rows.update(row_keys[edges[i] : edges[i + 1]])
-                count = len(rows)
-            c = best[i] + cost + shared + count * longest
-            if c < best[j]:
-                best[j], prev[j] = c, i
-    cuts, j = [], m
-    while j > 0:
-        j = prev[j]
-        if j:
-            cuts.append(edges[j])
-    return cuts[::-1]
 
 
 class TrainerCore:
@@ -463,9 +368,9 @@ class TrainerCore:
             keys = [(tuple(row[:m]), c) for row, m, c in zip(ids, n, cuts)]
             lengths_b = lengths_b - cut_b
         lengths = lengths_b.tolist()
-        micro = _micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes, keys)
+        micro = micro_rows(lengths, self.cfg.micro_batch_size, self.device, cost, prefixes, keys)
         if self.cfg.max_micro_tokens is not None and self.world == 1:
-            micro = [p for m in micro for p in _token_cap(m, lengths, self.cfg.max_micro_tokens)]
+            micro = [p for m in micro for p in token_cap(m, lengths, self.cfg.max_micro_tokens)]
         return micro if rows is None else [rows[m] for m in micro]
 
     def _rows_logprobs(
@@ -534,25 +439,11 @@ class TrainerCore:
             metrics["loss"] = float(loss.detach())
         return loss, {**metrics, **mismatch_metrics(lp_bt.detach(), gen_bt, mask_bt)}
 
-    def _rows_topk_logprobs(
-        self, b: TrainBatch, rows: torch.Tensor, ids_btk: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows' logprobs ``[B, T]`` and their logprobs of ``ids_btk`` ``[B, T, K]``, in one
-        forward over the rows' own width (right padding past their longest is dropped)."""
-        width = b.attention_mask_bt.shape[1]
-        used = max(1, int(b.attention_mask_bt[rows].sum(-1).max()))
+    def _rows_topk_logprobs(self, b: TrainBatch, rows: torch.Tensor, ids_btk: torch.Tensor):
         with self.precision():
-            lp_bt, topk_btk = token_and_topk_logprobs(
-                self.model,
-                b.input_ids_bt[rows, :used],
-                b.attention_mask_bt[rows, :used],
-                ids_btk[:, :used],
-                self.cfg.temperature,
-                chunked=self.world == 1,
+            return rows_topk_logprobs(
+                self.model, b, rows, ids_btk, self.cfg.temperature, chunked=self.world == 1
             )
-        pad = width - used
-        pad_fn = torch.nn.functional.pad
-        return pad_fn(lp_bt, (0, pad)), pad_fn(topk_btk, (0, 0, 0, pad))
 
     def _no_sync(self, last: bool):
         """DDP: all-reduce gradients only on the last micro-batch's backward."""

@@ -10,13 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from forge.training.micro_batches import length_cuts, micro_rows, token_cap
 from forge.training.trainer_core import (
     ADDITIVE_METRICS,
     MAX_METRICS,
-    _length_cuts,
-    _micro_rows,
     _over_trained_rows,
-    _token_cap,
     fold_metrics,
     loss_denominator,
 )
@@ -55,22 +53,22 @@ def test_length_cuts_are_optimal_against_every_partition(lengths, cost, data):
         st.none() | st.lists(st.sampled_from([("a", 5), ("b", 17)]), min_size=n, max_size=n)
     )
     keys = data.draw(st.none() | st.lists(st.integers(0, 2), min_size=n, max_size=n))
-    cuts = _length_cuts(lengths, cost, prefixes, keys)
+    cuts = length_cuts(lengths, cost, prefixes, keys)
     assert cuts == sorted(set(cuts)) and all(0 < c < n for c in cuts)
     assert _cost(lengths, cuts, cost, prefixes, keys) == _best(lengths, cost, prefixes, keys)
 
 
 def test_length_cuts_on_a_hand_checked_case():
     # [1, 1, 9, 9] at cost 2: apart 2 + 2 + 2 + 18 = 24 against 2 + 36 = 38 together
-    assert _length_cuts([1, 1, 9, 9], 2) == [2]
+    assert length_cuts([1, 1, 9, 9], 2) == [2]
     # a shared prefix of 30 paid twice when split: 24 + 60 against 38 + 30
-    assert _length_cuts([1, 1, 9, 9], 2, [("p", 30)] * 4) == []
+    assert length_cuts([1, 1, 9, 9], 2, [("p", 30)] * 4) == []
     # at cost 0 every row apart is cheapest (1 + 2 + 3 against 2 x 2 + 3 or 3 x 3)
-    assert _length_cuts([1, 2, 3], 0) == [1, 2]
+    assert length_cuts([1, 2, 3], 0) == [1, 2]
     # one position decides: apart 1 + 1 + 1 + 3 = 6 against 1 + 2 x 3 = 7
-    assert _length_cuts([1, 3], 1) == [1]
+    assert length_cuts([1, 3], 1) == [1]
     # past 128 rows the cuts fall on blocks of ceil(n / 128) rows: 2 rows at n = 129
-    assert _length_cuts(list(range(1, 130)), 0)[:3] == [2, 4, 6]
+    assert length_cuts(list(range(1, 130)), 0)[:3] == [2, 4, 6]
 
 
 @SETTINGS
@@ -78,7 +76,7 @@ def test_length_cuts_on_a_hand_checked_case():
 def test_token_cap_pieces_keep_order_and_are_packed_tight(lengths, cap):
     # lengths of 0: rows whose every position is a shared prefix cost nothing of their own
     rows_m = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(len(lengths)))
-    pieces = _token_cap(rows_m, lengths, cap)
+    pieces = token_cap(rows_m, lengths, cap)
     assert torch.equal(torch.cat(pieces), rows_m)
     for i, piece in enumerate(pieces):
         size = len(piece) * max(lengths[r] for r in piece.tolist())
@@ -91,7 +89,7 @@ def test_token_cap_pieces_keep_order_and_are_packed_tight(lengths, cap):
 @SETTINGS
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=20), st.integers(1, 7), st.booleans())
 def test_micro_rows_cover_every_row_once_in_chunks_of_the_micro_batch_size(lengths, per, bucket):
-    parts = _micro_rows(lengths, per, "cpu", 10 if bucket else None)
+    parts = micro_rows(lengths, per, "cpu", 10 if bucket else None)
     rows = torch.cat(parts).tolist()
     assert sorted(rows) == list(range(len(lengths)))
     assert [len(p) for p in parts[:-1]] == [per] * (len(parts) - 1) and 1 <= len(parts[-1]) <= per
@@ -107,35 +105,35 @@ def test_micro_rows_without_a_size_cut_the_sorted_rows_where_length_cuts_says(le
         st.none() | st.lists(st.sampled_from([("a", 5), ("b", 60)]), min_size=n, max_size=n)
     )
     keys = data.draw(st.none() | st.lists(st.integers(0, 1), min_size=n, max_size=n))
-    parts = _micro_rows(lengths, None, "cpu", cost, prefixes, keys)
+    parts = micro_rows(lengths, None, "cpu", cost, prefixes, keys)
     order = sorted(range(n), key=lengths.__getitem__)
     assert torch.cat(parts).tolist() == order
     cuts = list(itertools.accumulate(len(p) for p in parts))[:-1]
     pre = None if prefixes is None else [prefixes[i] for i in order]
     k = None if keys is None else [keys[i] for i in order]
-    assert cuts == _length_cuts([lengths[i] for i in order], cost, pre, k)
+    assert cuts == length_cuts([lengths[i] for i in order], cost, pre, k)
 
 
 def test_micro_rows_pay_a_shared_prefix_once_per_part():
     lengths = [1, 1, 9, 9]
-    assert len(_micro_rows(lengths, None, "cpu", 2)) == 2  # 24 positions apart, 38 together
-    assert len(_micro_rows(lengths, None, "cpu", 2, [("p", 30)] * 4)) == 1  # 84 against 68
+    assert len(micro_rows(lengths, None, "cpu", 2)) == 2  # 24 positions apart, 38 together
+    assert len(micro_rows(lengths, None, "cpu", 2, [("p", 30)] * 4)) == 1  # 84 against 68
     # three copies of one short row count once: 11 + 19 = 30 apart against 10 + 2 x 9 = 28
     # together (distinct rows: 13 + 19 = 32 against 46)
-    assert len(_micro_rows([1, 1, 1, 9], None, "cpu", 10)) == 2
-    assert len(_micro_rows([1, 1, 1, 9], None, "cpu", 10, None, ["a", "a", "a", "b"])) == 1
+    assert len(micro_rows([1, 1, 1, 9], None, "cpu", 10)) == 2
+    assert len(micro_rows([1, 1, 1, 9], None, "cpu", 10, None, ["a", "a", "a", "b"])) == 1
 
 
 def test_micro_rows_with_no_size_and_no_buckets_are_one_part_in_batch_order():
-    assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
+    assert [p.tolist() for p in micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
 
 
 def test_token_cap_fills_a_piece_up_to_exactly_the_cap():
-    assert [p.tolist() for p in _token_cap(torch.arange(3), [3, 3, 3], 6)] == [[0, 1], [2]]
+    assert [p.tolist() for p in token_cap(torch.arange(3), [3, 3, 3], 6)] == [[0, 1], [2]]
 
 
 def test_token_cap_counts_rows_of_length_zero_as_no_positions():
-    pieces = _token_cap(torch.arange(3), [0, 0, 5], 1)
+    pieces = token_cap(torch.arange(3), [0, 0, 5], 1)
     assert [p.tolist() for p in pieces] == [[0, 1], [2]]
 
 

@@ -129,27 +129,27 @@ def test_micro_batches_give_the_gradient_of_one_big_batch(tiny_model, loss):
 
 
 def test_length_buckets_split_where_padding_saved_exceeds_the_cost():
-    from forge.training.trainer_core import _length_cuts, _micro_rows
+    from forge.training.micro_batches import length_cuts, micro_rows
 
-    assert _length_cuts([64] * 32, 96) == []  # nothing to save
-    assert _length_cuts([10] * 8 + [64] * 8, 96) == [8]  # saves 8 x 54 = 432 > 96
-    assert _length_cuts([60] * 8 + [64] * 8, 96) == []  # saves 32 < 96
-    assert _length_cuts([1, 2, 3], 0) == [1, 2]
+    assert length_cuts([64] * 32, 96) == []  # nothing to save
+    assert length_cuts([10] * 8 + [64] * 8, 96) == [8]  # saves 8 x 54 = 432 > 96
+    assert length_cuts([60] * 8 + [64] * 8, 96) == []  # saves 32 < 96
+    assert length_cuts([1, 2, 3], 0) == [1, 2]
     # a shared prompt is computed once per part that has it: splitting pays it twice
     short_long = [1] * 8 + [9] * 8
-    assert _length_cuts(short_long, 1) == [8]
-    assert _length_cuts(short_long, 1, [("p", 100)] * 16) == []  # 282 > 245 positions
-    assert _length_cuts(short_long, 1, [("p", 10)] * 16) == [8]  # 102 < 155
-    assert _length_cuts(list(range(300)), 0)[:2] == [3, 6]  # > 128 rows: cuts on blocks of 3
+    assert length_cuts(short_long, 1) == [8]
+    assert length_cuts(short_long, 1, [("p", 100)] * 16) == []  # 282 > 245 positions
+    assert length_cuts(short_long, 1, [("p", 10)] * 16) == [8]  # 102 < 155
+    assert length_cuts(list(range(300)), 0)[:2] == [3, 6]  # > 128 rows: cuts on blocks of 3
     # identical rows are computed once per part: 8 copies of one short row cost one row
     # (distinct: 60 + 16 x 9 = 204 against 60 + 8 + 60 + 72 = 200, split; copies: 60 + 9 x 9 =
     # 141 against 60 + 1 + 60 + 72 = 193, not)
-    assert _length_cuts(short_long, 60, None, list(range(16))) == [8]
-    assert _length_cuts(short_long, 60, None, ["a"] * 8 + list(range(8))) == []
-    parts = _micro_rows([5, 40, 6, 41, 7], None, "cpu", bucket_cost=10)
+    assert length_cuts(short_long, 60, None, list(range(16))) == [8]
+    assert length_cuts(short_long, 60, None, ["a"] * 8 + list(range(8))) == []
+    parts = micro_rows([5, 40, 6, 41, 7], None, "cpu", bucket_cost=10)
     assert [p.tolist() for p in parts] == [[0, 2, 4], [1, 3]]
-    assert [p.tolist() for p in _micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
-    assert [p.tolist() for p in _micro_rows([5, 40, 6], 2, "cpu", 10)] == [[0, 2], [1]]
+    assert [p.tolist() for p in micro_rows([5, 40, 6], None, "cpu")] == [[0, 1, 2]]
+    assert [p.tolist() for p in micro_rows([5, 40, 6], 2, "cpu", 10)] == [[0, 2], [1]]
 
 
 def test_loss_denominators():
