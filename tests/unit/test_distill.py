@@ -127,3 +127,17 @@ def test_a_policy_gradient_step_on_the_advantages_lowers_the_reverse_kl():
         logits -= 0.5 * logits.grad
     assert kl() < before - 0.05, (before, kl())
     assert math.isfinite(kl())
+
+
+def test_distill_share_checks_both_shapes_and_counts_any_magnitude():
+    """Mutation pass: each argument's shape is checked, and a share is taken whenever the
+    two terms are not both 0, however small they are (not only past a total of 1)."""
+    mask = torch.ones(1, 2)
+    assert distill_share(torch.zeros(1, 2), torch.tensor([[0.1, -0.1]]), mask) == 1.0
+    share = distill_share(torch.tensor([[0.3, 0.0]]), torch.tensor([[0.0, -0.1]]), mask)
+    assert share == pytest.approx(0.25)
+    assert distill_share(torch.zeros(1, 2), torch.zeros(1, 2), mask) == 0.0
+    with pytest.raises(ValueError, match="reward_advantages_bt has shape"):
+        distill_share(torch.zeros(1, 3), torch.zeros(1, 2), mask)
+    with pytest.raises(ValueError, match="distill_bt has shape"):
+        distill_share(torch.zeros(1, 2), torch.zeros(2, 2), mask)
