@@ -61,6 +61,7 @@ from forge import (
     check_parity,
     load_tokenizer,
     progress,
+    progress_fields,
     spawn_teachers,
     step_row,
     train_batch,
@@ -233,7 +234,7 @@ async def train(
                 await colocation.to_generate()  # the generator (asleep) has the new weights
             row = step_row(metrics, waited, took, time.perf_counter() - push_start)
             row = log.step(version, {**row, **await actor_metrics.step_fields()})
-            bar.set_postfix(reward=f"{row.get(M.REWARD, 0):.3f}", loss=f"{metrics['loss']:.4f}")
+            bar.set_postfix(progress_fields(row, metrics))
             if cfg.eval.every and version % cfg.eval.every == 0:
                 await evaluate(version)
             await checkpoints.maybe_save(version, *state)

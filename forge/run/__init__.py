@@ -28,7 +28,7 @@ from forge.run.colocate import Colocation
 from forge.run.evaluate import Evaluator, evaluate_policy
 from forge.run.flush import ActorMetrics
 from forge.run.gae_critic import GAECritic, check_ppo, train_step
-from forge.run.metric_log import MetricLog, progress, step_row
+from forge.run.metric_log import MetricLog, progress, progress_fields, step_row
 from forge.run.parity import ParityConfig, ParityWatch, PolicyMismatchError
 from forge.run.parity import check_at_start as check_parity
 from forge.run.placement import PlacementConfig
@@ -67,6 +67,7 @@ __all__ = [
     "next_batch",
     "progress",
     "retarget",
+    "progress_fields",
     "step_row",
     "train_batch",
     "train_next",

@@ -121,6 +121,18 @@ def progress(steps: Iterable, desc: str) -> tqdm:
     return tqdm(steps, desc=desc, file=sys.stdout, dynamic_ncols=True)
 
 
+def progress_fields(row: dict[str, float], train_metrics: dict[str, float]) -> dict[str, str]:
+    """The progress bar's postfix after a step: the rollouts' mean reward where rewards were
+    scored, the teacher's KL where a teacher scored them (pure distillation has no reward to
+    show, and a ``reward=0.000`` there would read as a run that cannot learn), and the loss."""
+    shown = {}
+    if M.REWARD in row or M.TEACHER_KL not in row:
+        shown["reward"] = f"{row.get(M.REWARD, 0):.3f}"
+    if M.TEACHER_KL in row:
+        shown["teacher_kl"] = f"{row[M.TEACHER_KL]:.3f}"
+    return {**shown, "loss": f"{train_metrics['loss']:.4f}"}
+
+
 def step_row(
     train_metrics: dict[str, float], wait_s: float, train_s: float, sync_s: float
 ) -> dict[str, float]:

@@ -202,3 +202,18 @@ def test_a_pipelines_before_and_after_are_the_step_0_and_a_later_evaluation():
     assert math.isnan(_before({30: 0.7})) and _after({30: 0.7}) == 0.7
     assert _before({0: 0.2}) == 0.2 and math.isnan(_after({0: 0.2}))
     assert math.isnan(_before({})) and math.isnan(_after({}))
+
+
+def test_the_progress_bar_shows_the_teacher_kl_where_there_is_no_reward():
+    """Pure distillation logs no reward: its bar shows the teacher's KL, not reward=0.000
+    (which reads as a run that cannot learn); with rewards, both."""
+    from forge.run.metric_log import progress_fields
+
+    train = {"loss": 0.25}
+    assert progress_fields({"rollout/teacher_kl": 0.1}, train) == {
+        "teacher_kl": "0.100",
+        "loss": "0.2500",
+    }
+    both = progress_fields({"rollout/reward": 0.5, "rollout/teacher_kl": 0.1}, train)
+    assert both == {"reward": "0.500", "teacher_kl": "0.100", "loss": "0.2500"}
+    assert progress_fields({}, train) == {"reward": "0.000", "loss": "0.2500"}
