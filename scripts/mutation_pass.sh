@@ -21,6 +21,8 @@ cat >setup.cfg <<'CFG'
 source_paths=forge
 only_mutate=
     forge/losses/advantages.py
+    forge/losses/distill.py
+    forge/losses/gkd.py
     forge/losses/kl.py
     forge/losses/normalize.py
     forge/losses/policy_gradient.py
@@ -49,6 +51,8 @@ pytest_add_cli_args_test_selection=
     tests/unit/test_loss_invariants.py
     tests/unit/test_rl_maths_guards.py
     tests/unit/test_advantages.py
+    tests/unit/test_gkd.py
+    tests/unit/test_distill.py
 CFG
 ls tests/unit/test_mutants_*.py >/dev/null 2>&1 &&
   printf '    %s\n' tests/unit/test_mutants_*.py >>setup.cfg
