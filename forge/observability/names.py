@@ -24,6 +24,7 @@ class M:
     TEACHER_KL = "rollout/teacher_kl"  # log p_student - log p_teacher, per sampled token
     TEACHER_ENTROPY = "rollout/teacher_entropy"  # the teacher's entropy at sampled tokens
     DISTILL_SHARE = "rollout/distill_share"  # |distillation advantage| / |whole advantage|
+    DISTILLED_FRACTION = "rollout/distilled_fraction"  # tokens before teacher.stop_at_logprob
     TURNS = "env/turns"
     STEP_GROUPED_TURNS = "credit/step_grouped_turns"  # share of turns in step-level groups
     RETRIED_EPISODES = "env/retried_episodes"

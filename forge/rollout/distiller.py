@@ -35,6 +35,7 @@ with several teachers also ``rollout/teacher_kl/<name>`` and ``rollout/teacher_e
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import string
 from dataclasses import dataclass, field
@@ -96,10 +97,16 @@ class TeacherConfig:
     alone, 1: the whole rest of the response)."""
     top_k: int | None = None
     """``gkd`` (required there): how many of the teacher's likeliest tokens per position the
-    loss compares over (both distributions renormalised over them)."""
+    loss compares over (both distributions coarsened to those ids and the rest)."""
     beta: float | None = None
     """``gkd``: 0 forward KL(teacher || student), 1 reverse KL(student || teacher), between:
     the generalized JSD of TRL's GKD (``None``: 0.5)."""
+    stop_at_logprob: float | None = None
+    """Distil each response only up to the first sampled token to which the teacher gives a
+    logprob below this, that token included (``None``: every token). Past a token the teacher
+    would not have written, the student is somewhere the teacher would not be, and what the
+    teacher says there (often: end now) is not worth learning: a teacher that knows only the
+    answer, shown a wrong first digit, teaches the student to stop after one digit."""
     replicas: int | None = None
     """This teacher's service replicas (``None``: ``replicas.teacher``)."""
     key: str | None = None
@@ -147,6 +154,11 @@ class TeacherConfig:
             raise ValueError(f"teacher.coef must be > 0, got {self.coef}")
         if not 0.0 <= self.discount <= 1.0:
             raise ValueError(f"teacher.discount must be in [0, 1], got {self.discount}")
+        if self.stop_at_logprob is not None and not self.stop_at_logprob < 0:
+            raise ValueError(
+                f"teacher.stop_at_logprob is a logprob and must be < 0 (e.g. -4.6, a 1% "
+                f"token), got {self.stop_at_logprob}"
+            )
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"teacher.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.prompt is not None:
@@ -309,39 +321,62 @@ def _rows(group: list[Episode], values: list[list[float]]) -> torch.Tensor:
     return out_bt
 
 
+def distilled_tokens(teacher_logprobs: list[float], stop_at_logprob: float | None) -> int:
+    """How many leading tokens of a response are distilled: up to and including the first
+    whose teacher logprob is below ``stop_at_logprob`` (all of them when ``None`` or none is)."""
+    if stop_at_logprob is None:
+        return len(teacher_logprobs)
+    for i, q in enumerate(teacher_logprobs):
+        if q < stop_at_logprob:
+            return i + 1
+    return len(teacher_logprobs)
+
+
 def add_distillation(
     group: list[Episode],
     scores: list[TeacherScore],
     coef: float,
     discount: float,
     beta: float | None = None,
+    stop_at_logprob: float | None = None,
 ) -> dict[str, list[float]]:
     """Set each episode's ``token_advantages`` to its reward advantage plus the distillation
     advantage against ``scores`` (one per episode); with ``beta`` (GKD) set its
-    ``teacher_topk`` instead and leave its advantage alone. Every episode keeps the teacher's
-    logprobs (``teacher_logprobs``). Returns the group's metric values."""
+    ``teacher_topk`` instead and leave its advantage alone. Only each response's first
+    ``distilled_tokens(..., stop_at_logprob)`` tokens are distilled (past them: no distillation
+    advantage, and top-k targets of ``-inf``, which the GKD loss counts as no term). Every
+    episode keeps the teacher's logprobs (``teacher_logprobs``). Returns the group's metric
+    values."""
     if len(scores) != len(group):
         raise ValueError(f"the teacher scored {len(scores)} responses of a group of {len(group)}")
     for e, score in zip(group, scores):
         e.teacher_logprobs = list(score.logprobs)
+    kept = [distilled_tokens(s.logprobs, stop_at_logprob) for s in scores]
     mask_bt = _rows(group, [[1.0] * len(e.response_ids) for e in group])  # single-turn
+    distil_bt = _rows(group, [[1.0] * n for n in kept])
     s_bt = _rows(group, [e.behavior_logprobs for e in group])
     q_bt = _rows(group, [s.logprobs for s in scores])
     tokens_b = mask_bt.sum(-1).clamp(min=1.0)
     kl_b = reverse_kl(s_bt, q_bt, mask_bt).sum(-1) / tokens_b
     ent_b = (_rows(group, [s.entropy for s in scores]) * mask_bt).sum(-1) / tokens_b
     metrics = {M.TEACHER_KL: kl_b.tolist(), M.TEACHER_ENTROPY: ent_b.tolist()}
+    if stop_at_logprob is not None:
+        metrics[M.DISTILLED_FRACTION] = (distil_bt.sum(-1) / tokens_b).tolist()
     if beta is not None:
-        for e, score in zip(group, scores):
+        for e, score, n in zip(group, scores, kept):
             if score.topk_ids is None or score.topk_logprobs is None:
                 raise ValueError("teacher.signal: gkd, but the teacher returned no top-k")
-            e.teacher_topk = TeacherTopK(score.topk_ids, score.topk_logprobs, beta, coef)
+            lps = [
+                list(x) if i < n else [-math.inf] * len(x)
+                for i, x in enumerate(score.topk_logprobs)
+            ]
+            e.teacher_topk = TeacherTopK(score.topk_ids, lps, beta, coef)
         return metrics
     reward_bt = _rows(
         group,
         [e.token_advantages or [e.advantage] * len(e.response_ids) for e in group],
     )
-    d_bt = distill_advantages(s_bt, q_bt, mask_bt, coef, discount)
+    d_bt = distill_advantages(s_bt, q_bt, distil_bt, coef, discount)
     for b, e in enumerate(group):
         n = len(e.response_ids)
         e.token_advantages = (reward_bt[b, :n] + d_bt[b, :n]).tolist()
@@ -382,7 +417,9 @@ class Distiller:
             prompts = [privileged_prompt(t.prompt, item, best)] * len(group)
         gkd = t.signal == "gkd"
         scores = await self.services[name].score.route(group, prompts, t.top_k or 0)
-        metrics = add_distillation(group, scores, t.coef, t.discount, t.beta if gkd else None)
+        metrics = add_distillation(
+            group, scores, t.coef, t.discount, t.beta if gkd else None, t.stop_at_logprob
+        )
         for key, values in metrics.items():
             self.log.add(key, values)
             if name and key != M.DISTILL_SHARE:
