@@ -280,6 +280,38 @@ def test_a_groups_token_advantages_are_reward_plus_distillation():
     assert metrics[M.DISTILL_SHARE] == pytest.approx([1.5 / (1.5 + 1.5)])
 
 
+@pytest.mark.parametrize("gkd", [False, True])
+def test_stop_at_logprob_distils_up_to_the_first_surprising_token_only(gkd):
+    """Past the first sampled token the teacher gives less than ``stop_at_logprob`` (that
+    token included), no distillation advantage and no GKD term, with either signal; the
+    reward advantage stays on every token, and the share distilled is logged."""
+    from forge.rollout.distiller import distilled_tokens
+
+    assert distilled_tokens([-0.1, -9.0, -0.2, -8.0], -4.6) == 2
+    assert distilled_tokens([-0.1, -0.2], -4.6) == 2 and distilled_tokens([-9.0], None) == 1
+    assert distilled_tokens([-9.0, -0.1], -4.6) == 1
+    group = [_episode([-1.0, -1.0, -1.0, -1.0], advantage=0.5), _episode([-1.0], advantage=0.5)]
+    scores = [TeacherScore([-2.0, -6.0, -2.0, -2.0], [1.0] * 4), TeacherScore([-2.0], [1.0])]
+    for sc in scores:
+        sc.topk_ids = [[1, 2]] * len(sc.logprobs)
+        sc.topk_logprobs = [[-0.1, -3.0]] * len(sc.logprobs)
+    metrics = add_distillation(group, scores, 1.0, 0.0, 0.5 if gkd else None, -4.6)
+    assert metrics[M.DISTILLED_FRACTION] == pytest.approx([0.5, 1.0])
+    if gkd:
+        top = group[0].teacher_topk.logprobs
+        assert top[:2] == [[-0.1, -3.0]] * 2 and all(math.isinf(x) for x in top[2] + top[3])
+        assert group[1].teacher_topk.logprobs == [[-0.1, -3.0]]
+        return
+    # d = -(s - q): -1 and -5 on the first two tokens (s = -1; q = -2, -6), nothing after
+    assert group[0].token_advantages == pytest.approx([0.5 - 1.0, 0.5 - 5.0, 0.5, 0.5])
+    assert group[1].token_advantages == pytest.approx([0.5 - 1.0])
+
+
+def test_stop_at_logprob_is_a_logprob():
+    with pytest.raises(ValueError, match="stop_at_logprob is a logprob and must be < 0"):
+        TeacherConfig(model="policy", stop_at_logprob=0.5)
+
+
 class _FakeTeacherService:
     """``teacher.score.route`` in process: the student's own logprobs, shifted by ``gap``."""
 
