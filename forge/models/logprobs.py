@@ -236,24 +236,13 @@ def token_logprobs(
     (position ids come from the mask). Differentiable: the trainer calls it under grad.
     """
     temp = effective_temperature(temperature)
-    position_ids_bt = position_ids_from_mask(attention_mask_bt)
-    targets_bt = input_ids_bt[:, 1:]
     split = _split_head(model)
-    if split is None:
-        out = model(
-            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
-        )
-        lp_bt = gather_logprobs(out.logits[:, :-1].float() / temp, targets_bt)
-    else:
-        body, head = split
-        hidden_btd = body(
-            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
-        ).last_hidden_state[:, :-1]
-        b, t, d = hidden_btd.shape
-        elements = min(HEAD_CHUNK_ELEMENTS, b * chunk_tokens * head.weight.shape[0])
-        lp_bt = head_logprobs(
-            head, hidden_btd.reshape(b * t, d), targets_bt.reshape(b * t), temp, elements
-        ).view(b, t)
+    elements = HEAD_CHUNK_ELEMENTS
+    if split is not None:
+        elements = min(elements, input_ids_bt.shape[0] * chunk_tokens * split[1].weight.shape[0])
+    lp_bt = _picked(
+        model, split, input_ids_bt, attention_mask_bt, input_ids_bt[:, 1:], temp, elements
+    )
     lp_bt = torch.cat([lp_bt.new_zeros(lp_bt.shape[0], 1), lp_bt], dim=1)
     return _only_scored(lp_bt, attention_mask_bt)
 
@@ -272,27 +261,45 @@ def token_and_topk_logprobs(
     checkpointed pieces of ``head_logprobs`` where the model splits and ``chunked`` (a wrapped
     model, DDP or FSDP, needs its own forward: ``chunked=False``), else ``[B, T, vocab]``
     logits."""
-    temp = effective_temperature(temperature)
-    position_ids_bt = position_ids_from_mask(attention_mask_bt)
     targets_btj = torch.cat([input_ids_bt[:, 1:, None], ids_btk[:, 1:]], -1)
     split = _split_head(model) if chunked else None
+    temp = effective_temperature(temperature)
+    picked_btj = _picked(model, split, input_ids_bt, attention_mask_bt, targets_btj, temp)
+    picked_btj = torch.nn.functional.pad(picked_btj, (0, 0, 1, 0))
+    return _only_scored(picked_btj[..., 0], attention_mask_bt), picked_btj[..., 1:]
+
+
+def _picked(
+    model,
+    split,
+    input_ids_bt: torch.Tensor,
+    attention_mask_bt: torch.Tensor,
+    targets: torch.Tensor,
+    temp: float,
+    elements: int = HEAD_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """The logprobs at ``temp`` of ``targets`` (``[B, T - 1]``, or ``[B, T - 1, J]``: several
+    ids per position) as predictions made at positions ``0 .. T - 2``: from the model's own
+    logits (``split`` ``None``), or from its body and head (``split``: ``(body, head)``), the
+    head in ``head_logprobs``' pieces of ``elements`` logits."""
+    position_ids_bt = position_ids_from_mask(attention_mask_bt)
     if split is None:
         out = model(
             input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
         )
         logits_btv = out.logits[:, :-1].float() / temp
-        picked_btj = logits_btv.gather(-1, targets_btj) - logits_btv.logsumexp(-1, keepdim=True)
-    else:
-        body, head = split
-        hidden_btd = body(
-            input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
-        ).last_hidden_state[:, :-1]
-        b, t, d = hidden_btd.shape
-        picked_btj = head_logprobs(
-            head, hidden_btd.reshape(b * t, d), targets_btj.reshape(b * t, -1), temp
-        ).view(b, t, -1)
-    picked_btj = torch.nn.functional.pad(picked_btj, (0, 0, 1, 0))
-    return _only_scored(picked_btj[..., 0], attention_mask_bt), picked_btj[..., 1:]
+        if targets.dim() == 2:
+            return gather_logprobs(logits_btv, targets)
+        return logits_btv.gather(-1, targets) - logits_btv.logsumexp(-1, keepdim=True)
+    body, head = split
+    hidden_btd = body(
+        input_ids=input_ids_bt, attention_mask=attention_mask_bt, position_ids=position_ids_bt
+    ).last_hidden_state[:, :-1]
+    b, t, d = hidden_btd.shape
+    per_row = targets.reshape(b * t, *targets.shape[2:])
+    return head_logprobs(head, hidden_btd.reshape(b * t, d), per_row, temp, elements).view(
+        b, t, *targets.shape[2:]
+    )
 
 
 def _only_scored(x_bt: torch.Tensor, attention_mask_bt: torch.Tensor) -> torch.Tensor:
